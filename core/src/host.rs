@@ -1,0 +1,115 @@
+use serde::{Deserialize, Serialize};
+
+use crate::CoreError;
+
+/// The shareable resources of one server, as the controller sees them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCapacity {
+    /// Human name of the platform, e.g. `Xeon E5-2697 v4`.
+    pub name: String,
+    /// Logical cores (hardware threads) available to managed services.
+    pub cores: u32,
+    /// Nominal core frequency.
+    pub freq_ghz: f64,
+    /// Number of last-level-cache ways that Intel CAT can hand out (bits in `cbm_mask`).
+    pub llc_ways: u32,
+    /// Size of one LLC way in bytes (LLC size / ways).
+    pub llc_way_bytes: u64,
+    /// Peak memory bandwidth of the socket(s).
+    pub mem_bw_bytes_per_s: f64,
+    /// GPUs that can be shared through NVIDIA MPS.
+    #[serde(default)]
+    pub gpus: Vec<GpuCapacity>,
+}
+
+/// One GPU shared through MPS.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuCapacity {
+    /// Model name, e.g. `A100-SXM4-40GB`.
+    pub name: String,
+    /// Streaming multiprocessors; the MPS active-thread percentage is a share of these.
+    pub sms: u32,
+}
+
+impl HostCapacity {
+    /// Total LLC size in bytes.
+    pub fn llc_bytes(&self) -> u64 {
+        self.llc_way_bytes * u64::from(self.llc_ways)
+    }
+
+    /// Checks that every capacity is positive and finite; the error names the field.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        if self.cores == 0 {
+            return Err(CoreError::invalid("host.cores", "must be at least 1, got 0"));
+        }
+        if !(self.freq_ghz.is_finite() && self.freq_ghz > 0.0) {
+            return Err(CoreError::invalid(
+                "host.freq_ghz",
+                format!("must be a positive number, got {}", self.freq_ghz),
+            ));
+        }
+        if self.llc_ways == 0 || self.llc_ways > 64 {
+            return Err(CoreError::invalid(
+                "host.llc_ways",
+                format!("must be between 1 and 64, got {}", self.llc_ways),
+            ));
+        }
+        if self.llc_way_bytes == 0 {
+            return Err(CoreError::invalid("host.llc_way_bytes", "must be positive, got 0"));
+        }
+        if !(self.mem_bw_bytes_per_s.is_finite() && self.mem_bw_bytes_per_s > 0.0) {
+            return Err(CoreError::invalid(
+                "host.mem_bw_bytes_per_s",
+                format!("must be a positive number, got {}", self.mem_bw_bytes_per_s),
+            ));
+        }
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            if gpu.sms == 0 {
+                return Err(CoreError::invalid(
+                    format!("host.gpus[{i}].sms"),
+                    "must be positive, got 0",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostCapacity {
+        HostCapacity {
+            name: "test".into(),
+            cores: 8,
+            freq_ghz: 2.0,
+            llc_ways: 11,
+            llc_way_bytes: 1 << 20,
+            mem_bw_bytes_per_s: 20e9,
+            gpus: vec![],
+        }
+    }
+
+    #[test]
+    fn valid_host_passes_and_reports_llc_size() {
+        let h = host();
+        h.validate().unwrap();
+        assert_eq!(h.llc_bytes(), 11 << 20);
+    }
+
+    #[test]
+    fn zero_or_negative_capacities_name_the_field() {
+        let mut h = host();
+        h.cores = 0;
+        assert!(h.validate().unwrap_err().to_string().contains("host.cores"));
+        let mut h = host();
+        h.mem_bw_bytes_per_s = -1.0;
+        assert!(h.validate().unwrap_err().to_string().contains("mem_bw_bytes_per_s"));
+        let mut h = host();
+        h.freq_ghz = f64::NAN;
+        assert!(h.validate().unwrap_err().to_string().contains("freq_ghz"));
+    }
+}

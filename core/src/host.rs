@@ -42,7 +42,10 @@ impl HostCapacity {
     /// Checks that every capacity is positive and finite; the error names the field.
     pub fn validate(&self) -> Result<(), CoreError> {
         if self.cores == 0 {
-            return Err(CoreError::invalid("host.cores", "must be at least 1, got 0"));
+            return Err(CoreError::invalid(
+                "host.cores",
+                "must be at least 1, got 0",
+            ));
         }
         if !(self.freq_ghz.is_finite() && self.freq_ghz > 0.0) {
             return Err(CoreError::invalid(
@@ -57,7 +60,10 @@ impl HostCapacity {
             ));
         }
         if self.llc_way_bytes == 0 {
-            return Err(CoreError::invalid("host.llc_way_bytes", "must be positive, got 0"));
+            return Err(CoreError::invalid(
+                "host.llc_way_bytes",
+                "must be positive, got 0",
+            ));
         }
         if !(self.mem_bw_bytes_per_s.is_finite() && self.mem_bw_bytes_per_s > 0.0) {
             return Err(CoreError::invalid(
@@ -107,7 +113,11 @@ mod tests {
         assert!(h.validate().unwrap_err().to_string().contains("host.cores"));
         let mut h = host();
         h.mem_bw_bytes_per_s = -1.0;
-        assert!(h.validate().unwrap_err().to_string().contains("mem_bw_bytes_per_s"));
+        assert!(h
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("mem_bw_bytes_per_s"));
         let mut h = host();
         h.freq_ghz = f64::NAN;
         assert!(h.validate().unwrap_err().to_string().contains("freq_ghz"));

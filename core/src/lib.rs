@@ -22,3 +22,24 @@ pub use plan::{Change, Plan, BEST_EFFORT_GROUP};
 pub use record::{DecisionRecord, GroundTruth, Prediction, DECISION_SCHEMA_VERSION};
 pub use sample::{Observation, Sample, ServiceObservation};
 pub use service::{ServiceClass, ServiceSpec};
+
+/// Where telemetry comes from: the simulator, or a real host's collectors.
+///
+/// `collect` returns the telemetry of the interval since the previous call, together with
+/// the allocation that was in force during it. A real host waits for wall-clock time to
+/// pass between calls; the simulator advances its clock by one tick on each call.
+pub trait Collector {
+    /// Why a collection failed as a whole (single missing readings are `None` fields).
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Telemetry of the interval that just ended.
+    fn collect(&mut self) -> Result<Observation, Self::Error>;
+}
+
+/// Where plans are applied: the simulator, or a real host's resctrl/cgroup/MPS actuators.
+pub trait Actuator {
+    /// Why applying failed; the host keeps its last good state.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Applies `plan`. `changes` is the difference from the plan now in force, so an
+    /// actuator can write only what changed.
+    fn apply(&mut self, plan: &Plan, changes: &[Change]) -> Result<(), Self::Error>;
+}

@@ -101,7 +101,10 @@ impl Plan {
             }
         }
         for name in self.services.keys() {
-            if !specs.iter().any(|s| &s.name == name && s.is_latency_critical()) {
+            if !specs
+                .iter()
+                .any(|s| &s.name == name && s.is_latency_critical())
+            {
                 return Err(CoreError::invalid(
                     format!("plan.{name}"),
                     "is not a configured latency-critical service",
@@ -182,8 +185,11 @@ mod tests {
     fn validate_rejects_oversubscribed_cores_and_missing_services() {
         let specs = [lc("a"), lc("b")];
         let p = Plan {
-            services: [("a".to_string(), alloc(4, 0, 2)), ("b".to_string(), alloc(4, 2, 2))]
-                .into(),
+            services: [
+                ("a".to_string(), alloc(4, 0, 2)),
+                ("b".to_string(), alloc(4, 2, 2)),
+            ]
+            .into(),
             best_effort: alloc(1, 4, 4),
         };
         let e = p.validate(&host(), &specs).unwrap_err().to_string();

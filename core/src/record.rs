@@ -17,7 +17,7 @@ pub struct Prediction {
     pub log_qos_sigma: f64,
 }
 
-/// Ground truth of the simulator for the interval that follows a decision. Absent on real
+/// Ground truth of the simulator for one interval. Absent on real
 /// hosts. Used for metrics, never shown to policies other than the oracle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroundTruth {
@@ -53,7 +53,7 @@ pub struct DecisionRecord {
     /// Model predictions per service, where the policy used a model.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub predictions: BTreeMap<String, Prediction>,
-    /// Simulator only: what really happened in the interval after this decision.
+    /// Simulator only: the ground truth of the interval the observation describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truth: Option<GroundTruth>,
 }

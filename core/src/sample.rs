@@ -62,12 +62,16 @@ pub struct Observation {
 impl Observation {
     /// The latency-critical services.
     pub fn latency_critical(&self) -> impl Iterator<Item = &ServiceObservation> {
-        self.services.iter().filter(|s| s.spec.is_latency_critical())
+        self.services
+            .iter()
+            .filter(|s| s.spec.is_latency_critical())
     }
 
     /// The best-effort jobs.
     pub fn best_effort(&self) -> impl Iterator<Item = &ServiceObservation> {
-        self.services.iter().filter(|s| !s.spec.is_latency_critical())
+        self.services
+            .iter()
+            .filter(|s| !s.spec.is_latency_critical())
     }
 
     /// Measured p99 over target for a latency-critical service, if both are known.

@@ -73,7 +73,10 @@ mod tests {
             gpu: None,
         };
         let err = s.validate().unwrap_err().to_string();
-        assert!(err.contains("memcached") && err.contains("p99_target_ms"), "{err}");
+        assert!(
+            err.contains("memcached") && err.contains("p99_target_ms"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -84,7 +87,10 @@ mod tests {
             gpu: None,
         };
         let json = serde_json::to_string(&s).unwrap();
-        assert_eq!(json, r#"{"name":"x","class":"latency-critical","p99_target_ms":5.0}"#);
+        assert_eq!(
+            json,
+            r#"{"name":"x","class":"latency-critical","p99_target_ms":5.0}"#
+        );
         let back: ServiceSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
     }

@@ -1,0 +1,522 @@
+//! Platforms and services the simulator knows, calibrated from published tables.
+//!
+//! Sources (numbers only; see `shared/data/published_tables` in the project's data folder):
+//! - PARTIES (Chen, Delimitrou, Martínez, ASPLOS 2019), Table 2: QoS target (p99 at the
+//!   knee), max load, IPC and LLC MPKI at max load for memcached, xapian, nginx, moses,
+//!   mongodb and sphinx.
+//! - OSML (Liu et al., FAST 2023), `configs.py` of the AI4System-OSML repository: QoS targets
+//!   and max loads of img-dnn, masstree, specjbb and silo on a Xeon E5-2697 v4, and the
+//!   Xeon E5-2697 v4 and Gold 6338 platforms.
+//! - BigHouse (Meisner et al.) empirical service-time distributions: coefficient of
+//!   variation 1.13 for search, 2.1 for web, 1.0 for DNS; used for xapian, nginx, memcached.
+//!
+//! Calibration: a table gives the knee of each service (target p99 at max load). We take the
+//! knee on the simulator's reference host ([`Platform::XeonE5_2697V4`], the whole machine to
+//! the one service) and solve for the instructions per request that put the simulated p99
+//! exactly on the target at max load, unless that would leave the service's own service
+//! time too close to its target (then its knee lies beyond the published max load); see
+//! `world::calibrate`. Scenario loads are fractions of that simulated knee. The IPC and MPKI from the table fix the
+//! base CPI and the LLC access rate; the miss-ratio curve's shape (working-set size,
+//! steepness), memory-level parallelism and service-time variability are our assumptions,
+//! marked as such below. PARTIES measured its knees on a two-socket E5-2699 v4; we reinterpret
+//! them on one socket, so a service here is heavier per request than there, not lighter.
+//!
+//! GPU inference services and the best-effort jobs are not in those tables: their parameters
+//! are assumptions chosen to exhibit the behaviour the literature reports (sub-linear
+//! MPS scaling of small batches, streaming jobs that saturate memory bandwidth, cache-hungry
+//! jobs that pollute the LLC).
+
+use cohabit_core::{GpuCapacity, HostCapacity};
+
+use crate::physics::MissRatioCurve;
+
+const MB: f64 = 1024.0 * 1024.0;
+
+/// A simulated server platform: what the controller sees ([`HostCapacity`]) plus the
+/// physical constants only the simulator needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimHost {
+    /// Capacities shared with the controller.
+    pub capacity: HostCapacity,
+    /// Unloaded memory latency.
+    pub mem_latency_ns: f64,
+    /// Memory bandwidth one core can pull on its own (the base of the MBA per-core cap).
+    pub core_peak_bw_bytes_per_s: f64,
+    /// Strength of the memory-controller queueing term.
+    pub mem_queue_factor: f64,
+}
+
+/// Built-in platforms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    /// Intel Xeon E5-2697 v4 (18 cores / 36 threads, 2.3 GHz, 45 MB 20-way LLC, 76.8 GB/s),
+    /// the platform of OSML's configs and the simulator's calibration reference.
+    XeonE5_2697V4,
+    /// Intel Xeon Gold 6338 (32 cores / 64 threads, 2.0 GHz, 48 MB 12-way LLC, ~94 GB/s
+    /// per socket), OSML+'s second platform.
+    XeonGold6338,
+    /// The E5-2697 v4 with one NVIDIA A100 shared through MPS.
+    XeonE5_2697V4A100,
+}
+
+impl Platform {
+    /// Every built-in platform with its preset name.
+    pub const ALL: [(&'static str, Platform); 3] = [
+        ("xeon-e5-2697v4", Platform::XeonE5_2697V4),
+        ("xeon-gold-6338", Platform::XeonGold6338),
+        ("xeon-e5-2697v4-a100", Platform::XeonE5_2697V4A100),
+    ];
+
+    /// Looks a platform up by preset name.
+    pub fn by_name(name: &str) -> Option<Platform> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+    }
+
+    /// The platform's physical description.
+    pub fn host(self) -> SimHost {
+        let e5 = SimHost {
+            capacity: HostCapacity {
+                name: "Xeon E5-2697 v4 (simulated)".into(),
+                cores: 36,
+                freq_ghz: 2.3,
+                llc_ways: 20,
+                llc_way_bytes: (2.25 * MB) as u64,
+                mem_bw_bytes_per_s: 76.8e9,
+                gpus: vec![],
+            },
+            mem_latency_ns: 90.0,
+            core_peak_bw_bytes_per_s: 12e9,
+            mem_queue_factor: 0.5,
+        };
+        match self {
+            Platform::XeonE5_2697V4 => e5,
+            Platform::XeonGold6338 => SimHost {
+                capacity: HostCapacity {
+                    name: "Xeon Gold 6338 (simulated)".into(),
+                    cores: 64,
+                    freq_ghz: 2.0,
+                    llc_ways: 12,
+                    llc_way_bytes: (4.0 * MB) as u64,
+                    mem_bw_bytes_per_s: 94e9,
+                    gpus: vec![],
+                },
+                mem_latency_ns: 95.0,
+                core_peak_bw_bytes_per_s: 14e9,
+                mem_queue_factor: 0.5,
+            },
+            Platform::XeonE5_2697V4A100 => {
+                let mut h = e5;
+                h.capacity.name = "Xeon E5-2697 v4 + A100 (simulated)".into();
+                h.capacity.gpus = vec![GpuCapacity {
+                    name: "A100-SXM4-40GB (simulated)".into(),
+                    sms: 108,
+                }];
+                h
+            }
+        }
+    }
+}
+
+/// How a service uses the CPU side of the host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuWork {
+    /// CPI with every access hitting the LLC.
+    pub cpi_base: f64,
+    /// LLC accesses per thousand instructions.
+    pub apki: f64,
+    /// Miss ratio as a function of the LLC it holds.
+    pub mrc: MissRatioCurve,
+    /// Memory-level parallelism: misses overlapped on average.
+    pub mlp: f64,
+    /// Instructions per request (latency-critical only; calibrated).
+    pub instructions_per_request: f64,
+}
+
+/// How a service uses a GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuWork {
+    /// GPU time per request with the whole GPU (latency-critical only; calibrated).
+    pub ms_per_request_full: f64,
+    /// Exponent α of the share scaling: time ∝ share^-α (α < 1 is sub-linear).
+    pub share_exponent: f64,
+    /// Share of the GPU's memory bandwidth it uses while running (interference it causes).
+    pub mem_intensity: f64,
+    /// Concurrent requests it runs (batch slots), the servers of its GPU queue.
+    pub streams: u32,
+    /// Time to restart its MPS client so a new share takes effect.
+    pub restart_ms: f64,
+}
+
+/// Latency-critical facts of a service.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyTarget {
+    /// p99 target.
+    pub p99_target_ms: f64,
+    /// Load at the knee on the reference platform.
+    pub max_load_rps: f64,
+    /// Coefficient of variation of the service time.
+    pub service_cv: f64,
+    /// Load at which the simulated service, alone on the reference host, reaches its target
+    /// (calibrated; at least the published max load). Scenario load fractions are of this.
+    pub knee_rps: f64,
+}
+
+/// A service or job the simulator can run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceModel {
+    /// Catalogue name (`model = "..."` in scenarios).
+    pub name: &'static str,
+    /// One line on what it stands for.
+    pub about: &'static str,
+    /// Where its numbers come from.
+    pub source: &'static str,
+    /// Present for latency-critical services.
+    pub latency: Option<LatencyTarget>,
+    /// CPU behaviour, if it runs on the CPU.
+    pub cpu: Option<CpuWork>,
+    /// GPU behaviour, if it runs on a GPU.
+    pub gpu: Option<GpuWork>,
+}
+
+struct Row {
+    name: &'static str,
+    about: &'static str,
+    source: &'static str,
+    target_ms: f64,
+    max_load: f64,
+    ipc: f64,
+    llc_mpki: f64,
+    wss_mb: f64,
+    m_inf: f64,
+    steepness: f64,
+    cv: f64,
+}
+
+const PARTIES: &str =
+    "PARTIES ASPLOS'19 Table 2 (target, max load, IPC, LLC MPKI); MRC shape assumed";
+const OSML: &str = "OSML FAST'23 configs.py, E5-2697 v4 (target, max load); counters assumed";
+
+const LC_ROWS: [Row; 10] = [
+    Row {
+        name: "memcached",
+        about: "key-value store",
+        source: PARTIES,
+        target_ms: 0.6,
+        max_load: 1_280_000.0,
+        ipc: 0.74,
+        llc_mpki: 0.55,
+        wss_mb: 6.0,
+        m_inf: 0.05,
+        steepness: 2.0,
+        cv: 1.0,
+    },
+    Row {
+        name: "xapian",
+        about: "web search",
+        source: PARTIES,
+        target_ms: 5.0,
+        max_load: 8_000.0,
+        ipc: 1.16,
+        llc_mpki: 0.03,
+        wss_mb: 4.0,
+        m_inf: 0.005,
+        steepness: 2.5,
+        cv: 1.13,
+    },
+    Row {
+        name: "nginx",
+        about: "web server",
+        source: PARTIES,
+        target_ms: 10.0,
+        max_load: 560_000.0,
+        ipc: 0.67,
+        llc_mpki: 0.06,
+        wss_mb: 5.0,
+        m_inf: 0.01,
+        steepness: 2.0,
+        cv: 2.1,
+    },
+    Row {
+        name: "moses",
+        about: "real-time translation",
+        source: PARTIES,
+        target_ms: 15.0,
+        max_load: 2_800.0,
+        ipc: 0.74,
+        llc_mpki: 10.48,
+        wss_mb: 20.0,
+        m_inf: 0.3,
+        steepness: 3.0,
+        cv: 0.6,
+    },
+    Row {
+        name: "mongodb",
+        about: "persistent database",
+        source: PARTIES,
+        target_ms: 300.0,
+        max_load: 240.0,
+        ipc: 0.40,
+        llc_mpki: 0.01,
+        wss_mb: 8.0,
+        m_inf: 0.002,
+        steepness: 2.0,
+        cv: 1.5,
+    },
+    Row {
+        name: "sphinx",
+        about: "speech recognition",
+        source: PARTIES,
+        target_ms: 2500.0,
+        max_load: 14.0,
+        ipc: 0.79,
+        llc_mpki: 6.28,
+        wss_mb: 16.0,
+        m_inf: 0.3,
+        steepness: 3.0,
+        cv: 0.4,
+    },
+    Row {
+        name: "img-dnn",
+        about: "image recognition (CPU)",
+        source: OSML,
+        target_ms: 10.0,
+        max_load: 5_500.0,
+        ipc: 1.2,
+        llc_mpki: 2.0,
+        wss_mb: 12.0,
+        m_inf: 0.1,
+        steepness: 2.5,
+        cv: 0.8,
+    },
+    Row {
+        name: "masstree",
+        about: "in-memory key-value store",
+        source: OSML,
+        target_ms: 10.0,
+        max_load: 1_200.0,
+        ipc: 0.9,
+        llc_mpki: 4.0,
+        wss_mb: 30.0,
+        m_inf: 0.2,
+        steepness: 2.0,
+        cv: 1.0,
+    },
+    Row {
+        name: "specjbb",
+        about: "Java middleware",
+        source: OSML,
+        target_ms: 10.0,
+        max_load: 18_000.0,
+        ipc: 1.0,
+        llc_mpki: 1.5,
+        wss_mb: 10.0,
+        m_inf: 0.1,
+        steepness: 2.0,
+        cv: 1.2,
+    },
+    Row {
+        name: "silo",
+        about: "in-memory OLTP database",
+        source: OSML,
+        target_ms: 10.0,
+        max_load: 2_400.0,
+        ipc: 1.1,
+        llc_mpki: 1.0,
+        wss_mb: 8.0,
+        m_inf: 0.08,
+        steepness: 2.5,
+        cv: 0.9,
+    },
+];
+
+/// Memory-level parallelism assumed for the CPU services above.
+const LC_MLP: f64 = 2.0;
+
+fn lc_model(row: &Row) -> ServiceModel {
+    let reference = Platform::XeonE5_2697V4.host();
+    let mrc = MissRatioCurve {
+        wss_bytes: row.wss_mb * MB,
+        m_inf: row.m_inf,
+        steepness: row.steepness,
+    };
+    let full_cache = reference.capacity.llc_bytes() as f64;
+    let apki = row.llc_mpki / mrc.miss_ratio(full_cache);
+    let miss_cycles = reference.mem_latency_ns * reference.capacity.freq_ghz / LC_MLP;
+    let cpi_base = (1.0 / row.ipc - row.llc_mpki / 1000.0 * miss_cycles).max(0.25);
+    ServiceModel {
+        name: row.name,
+        about: row.about,
+        source: row.source,
+        latency: Some(LatencyTarget {
+            p99_target_ms: row.target_ms,
+            max_load_rps: row.max_load,
+            service_cv: row.cv,
+            knee_rps: f64::NAN,
+        }),
+        cpu: Some(CpuWork {
+            cpi_base,
+            apki,
+            mrc,
+            mlp: LC_MLP,
+            instructions_per_request: f64::NAN,
+        }),
+        gpu: None,
+    }
+}
+
+fn gpu_lc(
+    name: &'static str,
+    about: &'static str,
+    target_ms: f64,
+    max_load: f64,
+    exponent: f64,
+    intensity: f64,
+    streams: u32,
+) -> ServiceModel {
+    ServiceModel {
+        name,
+        about,
+        source: "assumed: small-batch GPU inference behind MPS (sub-linear SM scaling)",
+        latency: Some(LatencyTarget {
+            p99_target_ms: target_ms,
+            max_load_rps: max_load,
+            service_cv: 0.5,
+            knee_rps: f64::NAN,
+        }),
+        cpu: Some(CpuWork {
+            cpi_base: 0.8,
+            apki: 4.0,
+            mrc: MissRatioCurve {
+                wss_bytes: 4.0 * MB,
+                m_inf: 0.05,
+                steepness: 2.0,
+            },
+            mlp: 2.0,
+            // Pre- and post-processing on the host: ~0.4 ms at 2.3 GHz.
+            instructions_per_request: 1.0e6,
+        }),
+        gpu: Some(GpuWork {
+            ms_per_request_full: f64::NAN,
+            share_exponent: exponent,
+            mem_intensity: intensity,
+            streams,
+            restart_ms: 3000.0,
+        }),
+    }
+}
+
+fn be_cpu(
+    name: &'static str,
+    about: &'static str,
+    cpi_base: f64,
+    apki: f64,
+    mrc: MissRatioCurve,
+    mlp: f64,
+) -> ServiceModel {
+    ServiceModel {
+        name,
+        about,
+        source: "assumed best-effort profile",
+        latency: None,
+        cpu: Some(CpuWork {
+            cpi_base,
+            apki,
+            mrc,
+            mlp,
+            instructions_per_request: 0.0,
+        }),
+        gpu: None,
+    }
+}
+
+/// Every service model, calibrated on the reference platform (once per process).
+pub fn catalogue() -> &'static [ServiceModel] {
+    static CATALOGUE: std::sync::OnceLock<Vec<ServiceModel>> = std::sync::OnceLock::new();
+    CATALOGUE.get_or_init(build_catalogue)
+}
+
+fn build_catalogue() -> Vec<ServiceModel> {
+    let mut out: Vec<ServiceModel> = LC_ROWS.iter().map(lc_model).collect();
+    out.push(gpu_lc(
+        "resnet-infer",
+        "ResNet-50 image classification on a GPU (MPS client)",
+        25.0,
+        900.0,
+        0.45,
+        0.3,
+        4,
+    ));
+    out.push(gpu_lc(
+        "llm-infer",
+        "LLM generation requests on a GPU (MPS client)",
+        1500.0,
+        24.0,
+        0.7,
+        0.6,
+        16,
+    ));
+    out.push(be_cpu(
+        "stream",
+        "memory-bandwidth streaming kernel (STREAM-like)",
+        0.6,
+        60.0,
+        MissRatioCurve {
+            wss_bytes: 2048.0 * MB,
+            m_inf: 0.9,
+            steepness: 1.0,
+        },
+        6.0,
+    ));
+    out.push(be_cpu(
+        "graph",
+        "graph analytics with a cache-sized working set (PageRank-like)",
+        0.9,
+        25.0,
+        MissRatioCurve {
+            wss_bytes: 24.0 * MB,
+            m_inf: 0.15,
+            steepness: 3.0,
+        },
+        2.0,
+    ));
+    out.push(be_cpu(
+        "compute",
+        "compute-bound batch job (compression, encoding)",
+        0.7,
+        0.5,
+        MissRatioCurve {
+            wss_bytes: 0.5 * MB,
+            m_inf: 0.01,
+            steepness: 2.0,
+        },
+        2.0,
+    ));
+    out.push(ServiceModel {
+        name: "gpu-train",
+        about: "GPU training job (best effort, memory-bandwidth heavy)",
+        source: "assumed best-effort profile",
+        latency: None,
+        cpu: None,
+        gpu: Some(GpuWork {
+            ms_per_request_full: 0.0,
+            share_exponent: 0.9,
+            mem_intensity: 0.8,
+            streams: 1,
+            restart_ms: 3000.0,
+        }),
+    });
+    let reference = Platform::XeonE5_2697V4A100.host();
+    for m in &mut out {
+        if let Some(knee) = crate::world::calibrate(m, &reference) {
+            if let Some(l) = m.latency.as_mut() {
+                l.knee_rps = knee;
+            }
+        }
+    }
+    out
+}
+
+/// Looks a calibrated model up by name.
+pub fn model(name: &str) -> Option<&'static ServiceModel> {
+    catalogue().iter().find(|m| m.name == name)
+}

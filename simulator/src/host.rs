@@ -1,0 +1,351 @@
+//! The simulated host as the controller sees it: a [`Collector`] and an [`Actuator`].
+//!
+//! [`SimulatedHost`] keeps the state a real host would have (the plan in force, GPU clients
+//! whose MPS share changes only after a restart), advances one control interval per
+//! [`Collector::collect`], and reports telemetry with the dirt of real counters: lognormal
+//! noise, rare glitches and missing readings. [`TruthModel`] is the same physics without
+//! noise or state, for metrics and for the oracle policy.
+
+use std::sync::Arc;
+
+use cohabit_core::{
+    Actuator, Change, Collector, GroundTruth, Observation, Plan, Sample, ServiceObservation,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+use crate::scenario::{Noise, Scenario};
+use crate::world::{self, Evaluation, Outcome, Tenant};
+use crate::SimError;
+
+/// The noise-free physics of a scenario: evaluates any plan at any time.
+#[derive(Debug, Clone)]
+pub struct TruthModel {
+    scenario: Arc<Scenario>,
+    /// Solo progress rate of each best-effort job (0 for latency-critical services).
+    be_solo: Vec<f64>,
+}
+
+impl TruthModel {
+    /// The physics of `scenario`.
+    pub fn new(scenario: Arc<Scenario>) -> Self {
+        let be_solo = scenario
+            .services
+            .iter()
+            .map(|s| {
+                if s.model.latency.is_some() {
+                    0.0
+                } else {
+                    world::solo_rate(&scenario.host, s.model)
+                }
+            })
+            .collect();
+        Self { scenario, be_solo }
+    }
+
+    /// The scenario.
+    pub fn scenario(&self) -> &Scenario {
+        &self.scenario
+    }
+
+    /// The tenants of the host under `plan` at `t_s`, with the GPU shares in effect and
+    /// the restart downtime of each service in this interval.
+    pub fn tenants(
+        &self,
+        plan: &Plan,
+        t_s: f64,
+        gpu_effective: &[Option<u8>],
+        downtime_ms: &[f64],
+    ) -> Vec<Tenant<'_>> {
+        let sc = &self.scenario;
+        let cpu_be = sc
+            .services
+            .iter()
+            .filter(|s| s.model.latency.is_none() && s.model.cpu.is_some())
+            .count()
+            .max(1) as f64;
+        sc.services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let lc = s.spec.is_latency_critical();
+                let alloc = if lc {
+                    plan.services
+                        .get(&s.spec.name)
+                        .copied()
+                        .unwrap_or(plan.best_effort)
+                } else {
+                    plan.best_effort
+                };
+                let cores = if lc {
+                    f64::from(alloc.cores)
+                } else {
+                    f64::from(alloc.cores) / cpu_be
+                };
+                Tenant {
+                    model: s.model,
+                    p99_target_ms: s.spec.p99_target_ms(),
+                    cores,
+                    ways: alloc.llc_ways,
+                    mba_pct: f64::from(alloc.mba_pct),
+                    load_rps: sc.load_rps(i, t_s),
+                    gpu: s.spec.gpu.map(|g| {
+                        let pct = gpu_effective.get(i).copied().flatten().unwrap_or(100);
+                        (g, f64::from(pct) / 100.0)
+                    }),
+                    downtime_ms: downtime_ms.get(i).copied().unwrap_or(0.0),
+                }
+            })
+            .collect()
+    }
+
+    /// Ground truth of one interval centred on `t_s` under `plan`.
+    pub fn evaluate(
+        &self,
+        plan: &Plan,
+        t_s: f64,
+        gpu_effective: &[Option<u8>],
+        downtime_ms: &[f64],
+    ) -> (Evaluation, GroundTruth) {
+        let tenants = self.tenants(plan, t_s, gpu_effective, downtime_ms);
+        let eval = world::evaluate(&self.scenario.host, &tenants, self.scenario.tick_ms as f64);
+        let truth = self.truth(&eval.outcomes, &tenants);
+        (eval, truth)
+    }
+
+    /// Summarises outcomes as ground truth.
+    pub fn truth(&self, outcomes: &[Outcome], tenants: &[Tenant<'_>]) -> GroundTruth {
+        let mut truth = GroundTruth {
+            p99_ms: Default::default(),
+            load_rps: Default::default(),
+            be_throughput: 0.0,
+        };
+        for (i, (s, o)) in self.scenario.services.iter().zip(outcomes).enumerate() {
+            if let Some(p) = o.p99_ms {
+                truth.p99_ms.insert(s.spec.name.clone(), p);
+                truth
+                    .load_rps
+                    .insert(s.spec.name.clone(), tenants[i].load_rps);
+            } else {
+                truth.be_throughput += self.be_progress(i, o);
+            }
+        }
+        truth
+    }
+
+    /// Progress of best-effort job `i` relative to running alone on the whole host.
+    pub fn be_progress(&self, i: usize, o: &Outcome) -> f64 {
+        let solo = self.be_solo[i];
+        if solo > 0.0 {
+            o.progress / solo
+        } else {
+            0.0
+        }
+    }
+
+    /// The GPU shares each service's client starts with under `plan`.
+    pub fn gpu_shares(&self, plan: &Plan) -> Vec<Option<u8>> {
+        self.scenario
+            .services
+            .iter()
+            .map(|s| {
+                s.spec.gpu?;
+                let alloc = if s.spec.is_latency_critical() {
+                    plan.services.get(&s.spec.name)
+                } else {
+                    Some(&plan.best_effort)
+                };
+                Some(alloc.and_then(|a| a.gpu_mps_pct).unwrap_or(100))
+            })
+            .collect()
+    }
+}
+
+/// An MPS client's share: the one published for it and the one its running process has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct GpuClient {
+    published: Option<u8>,
+    effective: Option<u8>,
+    restart_left_ms: f64,
+}
+
+/// A simulated co-located host that a controller drives like a real one.
+#[derive(Debug)]
+pub struct SimulatedHost {
+    truth: TruthModel,
+    rng: ChaCha8Rng,
+    tick: u64,
+    plan: Plan,
+    gpu: Vec<GpuClient>,
+    last_truth: Option<GroundTruth>,
+}
+
+impl SimulatedHost {
+    /// Starts every service of `scenario` under `plan` (GPU clients start with their
+    /// shares, no restart needed). `seed` overrides the scenario's seed.
+    pub fn launch(
+        scenario: Arc<Scenario>,
+        plan: &Plan,
+        seed: Option<u64>,
+    ) -> Result<Self, SimError> {
+        plan.validate(scenario.capacity(), &scenario.specs())?;
+        let rng = ChaCha8Rng::seed_from_u64(seed.unwrap_or(scenario.seed));
+        let truth = TruthModel::new(scenario);
+        let gpu = truth
+            .gpu_shares(plan)
+            .into_iter()
+            .map(|s| GpuClient {
+                published: s,
+                effective: s,
+                restart_left_ms: 0.0,
+            })
+            .collect();
+        Ok(Self {
+            truth,
+            rng,
+            tick: 0,
+            plan: plan.clone(),
+            gpu,
+            last_truth: None,
+        })
+    }
+
+    /// The noise-free physics, for metrics and the oracle.
+    pub fn truth_model(&self) -> &TruthModel {
+        &self.truth
+    }
+
+    /// Ground truth of the interval the last [`Collector::collect`] reported.
+    pub fn last_truth(&self) -> Option<&GroundTruth> {
+        self.last_truth.as_ref()
+    }
+
+    /// Control intervals simulated so far.
+    pub fn ticks_done(&self) -> u64 {
+        self.tick
+    }
+
+    /// The GPU share each service's running client has (`None` for CPU services).
+    pub fn gpu_effective(&self) -> Vec<Option<u8>> {
+        self.gpu.iter().map(|g| g.effective).collect()
+    }
+}
+
+impl Collector for SimulatedHost {
+    type Error = SimError;
+
+    fn collect(&mut self) -> Result<Observation, SimError> {
+        let sc = Arc::clone(&self.truth.scenario);
+        let tick_ms = sc.tick_ms as f64;
+        let t_mid_s = (self.tick as f64 + 0.5) * tick_ms / 1000.0;
+        let downtime: Vec<f64> = self
+            .gpu
+            .iter()
+            .map(|g| g.restart_left_ms.clamp(0.0, tick_ms))
+            .collect();
+        let effective = self.gpu_effective();
+        let tenants = self
+            .truth
+            .tenants(&self.plan, t_mid_s, &effective, &downtime);
+        let eval = world::evaluate(&sc.host, &tenants, tick_ms);
+        self.last_truth = Some(self.truth.truth(&eval.outcomes, &tenants));
+        for g in &mut self.gpu {
+            if g.restart_left_ms > 0.0 {
+                g.restart_left_ms -= tick_ms;
+                if g.restart_left_ms <= 0.0 {
+                    g.restart_left_ms = 0.0;
+                    g.effective = g.published;
+                }
+            }
+        }
+        let services = sc
+            .services
+            .iter()
+            .zip(&eval.outcomes)
+            .zip(&tenants)
+            .zip(&self.gpu)
+            .map(|(((s, o), t), g)| ServiceObservation {
+                spec: s.spec.clone(),
+                sample: measure(&mut self.rng, o, t.load_rps, &sc.noise, tick_ms / 1000.0),
+                gpu_mps_effective_pct: g.effective,
+            })
+            .collect();
+        self.tick += 1;
+        Ok(Observation {
+            t_ms: self.tick * sc.tick_ms,
+            services,
+            current: self.plan.clone(),
+        })
+    }
+}
+
+impl Actuator for SimulatedHost {
+    type Error = SimError;
+
+    fn apply(&mut self, plan: &Plan, _changes: &[Change]) -> Result<(), SimError> {
+        let sc = &self.truth.scenario;
+        plan.validate(sc.capacity(), &sc.specs())?;
+        let wanted = self.truth.gpu_shares(plan);
+        for ((client, want), s) in self.gpu.iter_mut().zip(wanted).zip(&sc.services) {
+            if want != client.published {
+                // Publishing a share restarts the MPS client; it takes effect when the
+                // restart completes. A second change during a restart starts it over.
+                client.published = want;
+                client.restart_left_ms = s.model.gpu.map_or(0.0, |g| g.restart_ms);
+                if client.restart_left_ms <= 0.0 {
+                    client.effective = want;
+                }
+            }
+        }
+        self.plan = plan.clone();
+        Ok(())
+    }
+}
+
+/// A counter reading with measurement dirt. Every call draws the same number of random
+/// numbers whatever the values, so runs of different policies on one seed see the same
+/// noise.
+fn measure(
+    rng: &mut ChaCha8Rng,
+    o: &Outcome,
+    load_rps: f64,
+    noise: &Noise,
+    interval_s: f64,
+) -> Sample {
+    let mut read = |value: Option<f64>, sigma: f64, glitch: f64| -> Option<f64> {
+        let z: f64 = rng.sample(StandardNormal);
+        let g: f64 = rng.gen();
+        let m: f64 = rng.gen();
+        let v = value?;
+        if m < noise.missing_prob {
+            None
+        } else if g < noise.glitch_prob {
+            Some(glitch)
+        } else {
+            Some(v * (sigma * z - sigma * sigma / 2.0).exp())
+        }
+    };
+    let c = noise.counter_sigma;
+    let has_cpu = o.instructions_per_s > 0.0;
+    let cpu = |v: f64| has_cpu.then_some(v);
+    // The p99 of a short window is noisier when it rests on few requests.
+    let requests = load_rps * interval_s;
+    let p99_sigma = noise.p99_sigma + 0.2 / (1.0 + 0.01 * requests).sqrt();
+    // Glitch values like those in public counter data: a bandwidth counter reading near
+    // 1.8e14 B/s and an IPC above 1000 (OSML's training-set maxima).
+    Sample {
+        ipc: read(cpu(o.ipc), c, 1046.2),
+        llc_misses_per_s: read(cpu(o.llc_misses_per_s), c, 0.0),
+        llc_occupancy_bytes: read(cpu(o.llc_bytes), c, 0.0),
+        mem_bw_bytes_per_s: read(cpu(o.mem_bw_bytes_per_s), c, 1.759_218_6e14),
+        cpu_busy_cores: read(cpu(o.cpu_busy_cores), c, 0.0),
+        gpu_util_pct: read(o.gpu_util_pct, c, 0.0).map(|u| u.min(100.0)),
+        p99_ms: read(o.p99_ms, p99_sigma, o.p99_ms.unwrap_or(0.0) * 50.0),
+        requests_per_s: read(
+            o.p99_ms.map(|_| o.served_rps),
+            1.0 / (1.0 + requests).sqrt(),
+            0.0,
+        ),
+    }
+}

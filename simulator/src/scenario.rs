@@ -1,0 +1,583 @@
+//! Scenarios: a host, the services and jobs on it, their load, and how long to run.
+//!
+//! A scenario is a TOML file (every table is `deny_unknown_fields`; see
+//! `simulator/scenarios/*.toml` for the built-in ones):
+//!
+//! ```toml
+//! name = "demo"
+//! description = "two latency-critical services and a streaming batch job"
+//! duration_s = 600
+//! tick_ms = 1000          # control interval; 100 ms works too
+//! seed = 7                # noise and glitches; same seed, same run
+//!
+//! [host]
+//! preset = "xeon-e5-2697v4"   # see `cohabit scenarios --platforms`; fields below override
+//! # cores = 36, freq_ghz = 2.3, llc_ways = 20, llc_mb = 45, mem_bw_gbps = 76.8, mem_latency_ns = 90
+//!
+//! [[service]]                 # latency-critical
+//! name = "memcached"
+//! model = "memcached"         # from the catalogue
+//! load = { kind = "steps", steps = [{ at_s = 0, fraction = 0.2 }, { at_s = 300, fraction = 0.3 }] }
+//! # p99_target_ms = 0.6       # overrides the catalogue's target
+//! # gpu = 0                   # GPU index, for GPU services
+//!
+//! [[best_effort]]
+//! name = "stream"
+//! model = "stream"
+//! ```
+
+use std::path::Path;
+
+use cohabit_core::{HostCapacity, ServiceClass, ServiceSpec, BEST_EFFORT_GROUP};
+use serde::Deserialize;
+
+use crate::catalogue::{self, Platform, ServiceModel, SimHost};
+use crate::trace::LoadTrace;
+use crate::SimError;
+
+/// A validated scenario, ready to simulate.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Scenario name.
+    pub name: String,
+    /// One line on what it exercises.
+    pub description: String,
+    /// Simulated time.
+    pub duration_s: f64,
+    /// Control interval.
+    pub tick_ms: u64,
+    /// Seed of the noise.
+    pub seed: u64,
+    /// The simulated platform.
+    pub host: SimHost,
+    /// Latency-critical services first, then best-effort jobs, in file order.
+    pub services: Vec<SimService>,
+    /// Measurement dirt.
+    pub noise: Noise,
+}
+
+/// One service or job of a scenario.
+#[derive(Debug, Clone)]
+pub struct SimService {
+    /// What the controller is told.
+    pub spec: ServiceSpec,
+    /// Its physics.
+    pub model: &'static ServiceModel,
+    /// Offered load (latency-critical only).
+    pub load: Option<LoadTrace>,
+}
+
+/// How dirty measurements are (DESIGN.md 4: a few percent of lognormal noise, rare glitches,
+/// missing readings).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Noise {
+    /// Lognormal sigma of counter readings (IPC, misses, bandwidth, occupancy, CPU, GPU).
+    #[serde(default = "default_counter_sigma")]
+    pub counter_sigma: f64,
+    /// Lognormal sigma of the measured p99 with many samples; fewer samples add more.
+    #[serde(default = "default_p99_sigma")]
+    pub p99_sigma: f64,
+    /// Probability that a counter reading is a glitch (absurd value).
+    #[serde(default = "default_glitch")]
+    pub glitch_prob: f64,
+    /// Probability that a reading is missing.
+    #[serde(default = "default_missing")]
+    pub missing_prob: f64,
+}
+
+fn default_counter_sigma() -> f64 {
+    0.03
+}
+fn default_p99_sigma() -> f64 {
+    0.05
+}
+fn default_glitch() -> f64 {
+    0.001
+}
+fn default_missing() -> f64 {
+    0.005
+}
+
+impl Default for Noise {
+    fn default() -> Self {
+        Self {
+            counter_sigma: default_counter_sigma(),
+            p99_sigma: default_p99_sigma(),
+            glitch_prob: default_glitch(),
+            missing_prob: default_missing(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    name: String,
+    #[serde(default)]
+    description: String,
+    duration_s: f64,
+    #[serde(default = "default_tick")]
+    tick_ms: i64,
+    #[serde(default)]
+    seed: u64,
+    host: HostFile,
+    #[serde(default)]
+    service: Vec<ServiceFile>,
+    #[serde(default)]
+    best_effort: Vec<BestEffortFile>,
+    #[serde(default)]
+    noise: Noise,
+}
+
+fn default_tick() -> i64 {
+    1000
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostFile {
+    #[serde(default)]
+    preset: Option<String>,
+    cores: Option<i64>,
+    freq_ghz: Option<f64>,
+    llc_ways: Option<i64>,
+    llc_mb: Option<f64>,
+    mem_bw_gbps: Option<f64>,
+    mem_latency_ns: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceFile {
+    name: String,
+    model: String,
+    load: LoadTrace,
+    p99_target_ms: Option<f64>,
+    gpu: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BestEffortFile {
+    name: String,
+    model: String,
+    gpu: Option<i64>,
+}
+
+/// The scenarios built into the binary: (name, TOML text).
+const BUILTIN: [(&str, &str); 4] = [
+    ("demo", include_str!("../scenarios/demo.toml")),
+    ("parties-mix", include_str!("../scenarios/parties-mix.toml")),
+    (
+        "gpu-inference",
+        include_str!("../scenarios/gpu-inference.toml"),
+    ),
+    ("load-spike", include_str!("../scenarios/load-spike.toml")),
+];
+
+/// Trace files the built-in scenarios replay: (file name, CSV text).
+const BUILTIN_TRACES: [(&str, &str); 1] = [(
+    "traces/azure-llm-conv-rps.csv",
+    include_str!("../scenarios/traces/azure-llm-conv-rps.csv"),
+)];
+
+/// Names of the built-in scenarios.
+pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+    BUILTIN.iter().map(|(n, _)| *n)
+}
+
+impl Scenario {
+    /// A built-in scenario by name, or a scenario file by path.
+    pub fn load(name_or_path: &str) -> Result<Scenario, SimError> {
+        if let Some((_, text)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
+            return Self::parse(text, name_or_path, TraceSource::Builtin);
+        }
+        let path = Path::new(name_or_path);
+        if !path.exists() {
+            let names: Vec<&str> = builtin_names().collect();
+            return Err(SimError::UnknownScenario {
+                name: name_or_path.to_string(),
+                builtin: names.join(", "),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| SimError::Io {
+            path: path.display().to_string(),
+            what: "reading a scenario",
+            source: e,
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, &path.display().to_string(), TraceSource::Dir(dir))
+    }
+
+    /// Parses and validates scenario TOML; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str, base_dir: &Path) -> Result<Scenario, SimError> {
+        Self::parse(text, origin, TraceSource::Dir(base_dir))
+    }
+
+    fn parse(text: &str, origin: &str, traces: TraceSource<'_>) -> Result<Scenario, SimError> {
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| SimError::Toml {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        let scenario_err = |msg: String| SimError::Scenario(format!("{origin}: {msg}"));
+        let host = host_from(&file.host).map_err(|m| scenario_err(m))?;
+        host.capacity
+            .validate()
+            .map_err(|e| scenario_err(e.to_string()))?;
+        if !(file.duration_s.is_finite() && file.duration_s > 0.0) {
+            return Err(scenario_err(format!(
+                "duration_s must be a positive number of seconds, got {}",
+                file.duration_s
+            )));
+        }
+        if !(10..=60_000).contains(&file.tick_ms) {
+            return Err(scenario_err(format!(
+                "tick_ms must be between 10 and 60000, got {}",
+                file.tick_ms
+            )));
+        }
+        if file.service.is_empty() {
+            return Err(scenario_err(
+                "needs at least one [[service]] (latency-critical)".into(),
+            ));
+        }
+        let gpus = host.capacity.gpus.len();
+        let check_gpu =
+            |name: &str, model: &ServiceModel, gpu: Option<i64>| -> Result<Option<u32>, String> {
+                match (model.gpu.is_some(), gpu) {
+                    (false, None) => Ok(None),
+                    (false, Some(_)) => Err(format!(
+                        "service {name}: model {} does not use a GPU, remove `gpu`",
+                        model.name
+                    )),
+                    (true, g) => {
+                        let g = g.unwrap_or(0);
+                        if g < 0 || g as usize >= gpus {
+                            Err(format!(
+                                "service {name}: gpu = {g} but the host has {gpus} GPU(s)"
+                            ))
+                        } else {
+                            Ok(Some(g as u32))
+                        }
+                    }
+                }
+            };
+        let mut services = Vec::new();
+        for s in file.service {
+            let model = find_model(&s.name, &s.model).map_err(&scenario_err)?;
+            let Some(lat) = model.latency else {
+                return Err(scenario_err(format!(
+                    "service {}: model {} is a best-effort job; put it under [[best_effort]]",
+                    s.name, s.model
+                )));
+            };
+            let target = s.p99_target_ms.unwrap_or(lat.p99_target_ms);
+            let gpu = check_gpu(&s.name, model, s.gpu).map_err(&scenario_err)?;
+            let mut load = s.load;
+            match traces {
+                TraceSource::Builtin => {
+                    if let LoadTrace::Replay { file, .. } = &load {
+                        let text = BUILTIN_TRACES
+                            .iter()
+                            .find(|(n, _)| n == file)
+                            .map(|(_, t)| *t)
+                            .ok_or_else(|| scenario_err(format!("no built-in trace {file}")))?;
+                        load.load_text(text)?;
+                    }
+                }
+                TraceSource::Dir(dir) => load.load_file(dir)?,
+            }
+            load.validate(&s.name)
+                .map_err(|e| scenario_err(e.to_string()))?;
+            let spec = ServiceSpec {
+                name: s.name,
+                class: ServiceClass::LatencyCritical {
+                    p99_target_ms: target,
+                },
+                gpu,
+            };
+            spec.validate().map_err(|e| scenario_err(e.to_string()))?;
+            services.push(SimService {
+                spec,
+                model,
+                load: Some(load),
+            });
+        }
+        for b in file.best_effort {
+            let model = find_model(&b.name, &b.model).map_err(&scenario_err)?;
+            if model.latency.is_some() {
+                return Err(scenario_err(format!(
+                    "best-effort job {}: model {} is latency-critical; put it under [[service]]",
+                    b.name, b.model
+                )));
+            }
+            let gpu = check_gpu(&b.name, model, b.gpu).map_err(&scenario_err)?;
+            let spec = ServiceSpec {
+                name: b.name,
+                class: ServiceClass::BestEffort,
+                gpu,
+            };
+            spec.validate().map_err(|e| scenario_err(e.to_string()))?;
+            services.push(SimService {
+                spec,
+                model,
+                load: None,
+            });
+        }
+        for (i, s) in services.iter().enumerate() {
+            if s.spec.name == BEST_EFFORT_GROUP {
+                return Err(scenario_err(format!(
+                    "the name {BEST_EFFORT_GROUP} is reserved for the pool"
+                )));
+            }
+            if services[..i].iter().any(|o| o.spec.name == s.spec.name) {
+                return Err(scenario_err(format!(
+                    "service name {} is used twice",
+                    s.spec.name
+                )));
+            }
+        }
+        let n = &file.noise;
+        for (what, v, max) in [
+            ("noise.counter_sigma", n.counter_sigma, 2.0),
+            ("noise.p99_sigma", n.p99_sigma, 2.0),
+            ("noise.glitch_prob", n.glitch_prob, 1.0),
+            ("noise.missing_prob", n.missing_prob, 1.0),
+        ] {
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
+                return Err(scenario_err(format!(
+                    "{what} must be between 0 and {max}, got {v}"
+                )));
+            }
+        }
+        Ok(Scenario {
+            name: file.name,
+            description: file.description,
+            duration_s: file.duration_s,
+            tick_ms: file.tick_ms as u64,
+            seed: file.seed,
+            host,
+            services,
+            noise: file.noise,
+        })
+    }
+
+    /// Number of control intervals in the run.
+    pub fn ticks(&self) -> u64 {
+        (self.duration_s * 1000.0 / self.tick_ms as f64).round() as u64
+    }
+
+    /// What the controller is told about every service and job.
+    pub fn specs(&self) -> Vec<ServiceSpec> {
+        self.services.iter().map(|s| s.spec.clone()).collect()
+    }
+
+    /// The host capacity the controller sees.
+    pub fn capacity(&self) -> &HostCapacity {
+        &self.host.capacity
+    }
+
+    /// Offered load of service `i` at `t_s` (0 for best-effort jobs).
+    pub fn load_rps(&self, i: usize, t_s: f64) -> f64 {
+        let s = &self.services[i];
+        match (&s.load, s.model.latency) {
+            (Some(trace), Some(lat)) => trace.at(t_s) * lat.knee_rps,
+            _ => 0.0,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum TraceSource<'a> {
+    Builtin,
+    Dir(&'a Path),
+}
+
+fn find_model(service: &str, model: &str) -> Result<&'static ServiceModel, String> {
+    catalogue::model(model).ok_or_else(|| {
+        let names: Vec<&str> = catalogue::catalogue().iter().map(|m| m.name).collect();
+        format!(
+            "service {service}: unknown model {model:?}; the catalogue has {}",
+            names.join(", ")
+        )
+    })
+}
+
+fn host_from(f: &HostFile) -> Result<SimHost, String> {
+    let preset = f.preset.as_deref().unwrap_or("xeon-e5-2697v4");
+    let platform = Platform::by_name(preset).ok_or_else(|| {
+        let names: Vec<&str> = Platform::ALL.iter().map(|(n, _)| *n).collect();
+        format!(
+            "host.preset {preset:?} is unknown; presets: {}",
+            names.join(", ")
+        )
+    })?;
+    let mut h = platform.host();
+    let positive = |what: &str, v: f64| -> Result<f64, String> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("host.{what} must be a positive number, got {v}"))
+        }
+    };
+    let count = |what: &str, v: i64| -> Result<u32, String> {
+        u32::try_from(v)
+            .ok()
+            .filter(|c| *c > 0)
+            .ok_or_else(|| format!("host.{what} must be a positive whole number, got {v}"))
+    };
+    if let Some(c) = f.cores {
+        h.capacity.cores = count("cores", c)?;
+    }
+    if let Some(v) = f.freq_ghz {
+        h.capacity.freq_ghz = positive("freq_ghz", v)?;
+    }
+    let llc_bytes = h.capacity.llc_bytes() as f64;
+    if let Some(w) = f.llc_ways {
+        h.capacity.llc_ways = count("llc_ways", w)?;
+        h.capacity.llc_way_bytes = (llc_bytes / f64::from(h.capacity.llc_ways)) as u64;
+    }
+    if let Some(mb) = f.llc_mb {
+        let bytes = positive("llc_mb", mb)? * 1024.0 * 1024.0;
+        h.capacity.llc_way_bytes = (bytes / f64::from(h.capacity.llc_ways)) as u64;
+    }
+    if let Some(v) = f.mem_bw_gbps {
+        h.capacity.mem_bw_bytes_per_s = positive("mem_bw_gbps", v)? * 1e9;
+    }
+    if let Some(v) = f.mem_latency_ns {
+        h.mem_latency_ns = positive("mem_latency_ns", v)?;
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "t"
+duration_s = 60
+[host]
+preset = "xeon-e5-2697v4"
+[[service]]
+name = "mc"
+model = "memcached"
+load = { kind = "constant", fraction = 0.2 }
+[[best_effort]]
+name = "s"
+model = "stream"
+"#;
+
+    fn parse(text: &str) -> Result<Scenario, SimError> {
+        Scenario::from_toml(text, "test.toml", Path::new("."))
+    }
+
+    #[test]
+    fn every_builtin_scenario_parses_and_validates() {
+        for name in builtin_names() {
+            let s = Scenario::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(s.ticks() > 0, "{name}");
+            assert!(
+                s.services.iter().any(|s| s.spec.is_latency_critical()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_good_file_parses_with_defaults() {
+        let s = parse(GOOD).unwrap();
+        assert_eq!(s.tick_ms, 1000);
+        assert_eq!(s.ticks(), 60);
+        assert_eq!(s.services.len(), 2);
+        assert_eq!(s.services[0].spec.p99_target_ms(), Some(0.6));
+        assert!(s.load_rps(0, 0.0) > 0.0 && s.load_rps(1, 0.0) == 0.0);
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let err = parse(&GOOD.replace("duration_s = 60", "duration_s = 60\nspeed = 3"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("speed") && err.contains("test.toml"), "{err}");
+        let err = parse(&GOOD.replace("preset =", "cpus = 4\npreset ="))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cpus"), "{err}");
+    }
+
+    #[test]
+    fn a_negative_capacity_is_named() {
+        let err = parse(&GOOD.replace("preset = \"xeon-e5-2697v4\"", "cores = -4"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("host.cores") && err.contains("-4"), "{err}");
+        let err = parse(&GOOD.replace("preset = \"xeon-e5-2697v4\"", "mem_bw_gbps = -1.5"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("host.mem_bw_gbps"), "{err}");
+    }
+
+    #[test]
+    fn a_target_of_zero_is_named() {
+        let err = parse(&GOOD.replace(
+            "model = \"memcached\"",
+            "model = \"memcached\"\np99_target_ms = 0",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("mc") && err.contains("p99_target_ms"), "{err}");
+    }
+
+    #[test]
+    fn wrong_classes_models_and_names_are_explained() {
+        let err = parse(&GOOD.replace("model = \"stream\"", "model = \"xapian\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("latency-critical"), "{err}");
+        let err = parse(&GOOD.replace("model = \"memcached\"", "model = \"memcache\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown model") && err.contains("memcached"),
+            "{err}"
+        );
+        let err = parse(&GOOD.replace("name = \"s\"", "name = \"mc\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("used twice"), "{err}");
+        let err = parse(&GOOD.replace("model = \"stream\"", "model = \"gpu-train\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPU"), "{err}");
+    }
+
+    #[test]
+    fn a_replay_trace_is_read_relative_to_the_scenario_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("load.csv"), "t_s,fraction\n0,0.1\n10,0.3\n").unwrap();
+        let text = GOOD.replace(
+            r#"load = { kind = "constant", fraction = 0.2 }"#,
+            r#"load = { kind = "replay", file = "load.csv" }"#,
+        );
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, text).unwrap();
+        let s = Scenario::load(path.to_str().unwrap()).unwrap();
+        assert!(s.load_rps(0, 11.0) > 2.9 * s.load_rps(0, 1.0));
+        std::fs::remove_file(dir.path().join("load.csv")).unwrap();
+        let err = Scenario::load(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("load.csv"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_scenario_lists_the_builtin_ones() {
+        let err = Scenario::load("no-such-scenario").unwrap_err().to_string();
+        assert!(
+            err.contains("demo") && err.contains("no-such-scenario"),
+            "{err}"
+        );
+    }
+}

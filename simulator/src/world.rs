@@ -1,0 +1,483 @@
+//! One interval of the simulated host: who runs where, and what comes out.
+//!
+//! Problem: given each tenant's allocation (cores, way range, MBA, GPU share) and offered
+//! load, find every tenant's CPI, bandwidth, cache holding, p99 and progress.
+//!
+//! Approach: a damped fixed-point iteration over the three quantities that depend on each
+//! other (DESIGN.md 4): the memory latency (set by everyone's bandwidth demand), each
+//! tenant's share of the ways it shares (proportional to its LLC insertion rate, i.e. its
+//! miss rate, as under LRU competition), and each tenant's CPI (set by its miss ratio and the
+//! memory latency). Latency-critical demand is fixed by the offered load; best-effort jobs
+//! run flat out on their cores. It converges in a few dozen rounds because every map is
+//! monotone and damped. GPU tenants have a second small fixed point over their mutual
+//! memory-bandwidth interference.
+
+use cohabit_core::WayRange;
+
+use crate::catalogue::{ServiceModel, SimHost};
+use crate::physics::{self, LINE_BYTES};
+
+/// A saturated or unavailable service reports this multiple of its target as its p99, as
+/// clients would time out.
+pub const TIMEOUT_FACTOR: f64 = 20.0;
+
+/// How strongly GPU co-runners slow each other through GPU memory bandwidth.
+const GPU_INTERFERENCE: f64 = 0.5;
+
+/// One service or job during one interval.
+#[derive(Debug, Clone)]
+pub struct Tenant<'a> {
+    /// Its physics.
+    pub model: &'a ServiceModel,
+    /// p99 target (latency-critical), used for the timeout.
+    pub p99_target_ms: Option<f64>,
+    /// Cores it runs on (a share of a pool may be fractional).
+    pub cores: f64,
+    /// LLC ways it may fill.
+    pub ways: WayRange,
+    /// MBA throttle, percent.
+    pub mba_pct: f64,
+    /// Offered load (latency-critical only).
+    pub load_rps: f64,
+    /// GPU index and the MPS share (0–1] in effect.
+    pub gpu: Option<(u32, f64)>,
+    /// Milliseconds of this interval its GPU client was down restarting.
+    pub downtime_ms: f64,
+}
+
+/// What one tenant did in one interval (the simulator's ground truth).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// p99 latency, capped at the timeout (latency-critical only).
+    pub p99_ms: Option<f64>,
+    /// Requests served per second.
+    pub served_rps: f64,
+    /// Instructions per cycle while running.
+    pub ipc: f64,
+    /// Instructions retired per second.
+    pub instructions_per_s: f64,
+    /// LLC misses per second.
+    pub llc_misses_per_s: f64,
+    /// LLC bytes it holds.
+    pub llc_bytes: f64,
+    /// Memory bandwidth it moves.
+    pub mem_bw_bytes_per_s: f64,
+    /// Average busy cores.
+    pub cpu_busy_cores: f64,
+    /// Share of time its GPU work was running, percent.
+    pub gpu_util_pct: Option<f64>,
+    /// Best-effort progress: instructions per second for CPU jobs, share of a whole
+    /// uncontended GPU for GPU jobs.
+    pub progress: f64,
+    /// Slowdown of its GPU work caused by co-runners on the same GPU (1 = none).
+    pub gpu_interference: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuState {
+    cache: f64,
+    cpi: f64,
+    ips: f64,
+    misses: f64,
+    bw: f64,
+}
+
+/// The whole host over one interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// One outcome per tenant, in the order given.
+    pub outcomes: Vec<Outcome>,
+    /// Loaded memory latency everyone saw.
+    pub mem_latency_ns: f64,
+}
+
+/// Evaluates one interval. `interval_ms` only matters for restart downtime.
+pub fn evaluate(host: &SimHost, tenants: &[Tenant<'_>], interval_ms: f64) -> Evaluation {
+    let cap = &host.capacity;
+    let way_bytes = cap.llc_way_bytes as f64;
+    let mut st: Vec<CpuState> = tenants
+        .iter()
+        .map(|t| CpuState {
+            cache: way_bytes * f64::from(t.ways.count),
+            ..Default::default()
+        })
+        .collect();
+    let mut latency = host.mem_latency_ns;
+    for round in 0..200 {
+        let mut total_bw = 0.0;
+        for (t, s) in tenants.iter().zip(st.iter_mut()) {
+            *s = cpu_state(host, t, s.cache, latency);
+            total_bw += s.bw;
+        }
+        let new_latency = physics::memory_latency_ns(
+            host.mem_latency_ns,
+            total_bw,
+            cap.mem_bw_bytes_per_s,
+            host.mem_queue_factor,
+        );
+        let new_cache = share_ways(cap.llc_ways, way_bytes, tenants, &st);
+        let mut delta = ((new_latency - latency) / latency).abs();
+        latency = 0.5 * latency + 0.5 * new_latency;
+        for (s, c) in st.iter_mut().zip(new_cache) {
+            delta = delta.max((c - s.cache).abs() / way_bytes.max(1.0) / 64.0);
+            s.cache = 0.5 * s.cache + 0.5 * c;
+        }
+        if round > 3 && delta < 1e-6 {
+            break;
+        }
+    }
+    let gpu = gpu_times(tenants, interval_ms);
+    let outcomes = tenants
+        .iter()
+        .zip(&st)
+        .zip(gpu)
+        .map(|((t, s), g)| outcome(host, t, s, g))
+        .collect();
+    Evaluation {
+        outcomes,
+        mem_latency_ns: latency,
+    }
+}
+
+/// One tenant's outcome with everything around it frozen: it holds `cache_bytes` of LLC
+/// (e.g. its own isolated ways), memory latency is `mem_latency_ns`, and its GPU work is
+/// slowed by `gpu_interference` (1 = none) from co-runners. Cheap: for searches that vary
+/// one tenant's allocation and keep the rest of the host fixed.
+pub fn isolated(
+    host: &SimHost,
+    t: &Tenant<'_>,
+    cache_bytes: f64,
+    mem_latency_ns: f64,
+    gpu_interference: f64,
+) -> Outcome {
+    let s = cpu_state(host, t, cache_bytes, mem_latency_ns);
+    let g = t.model.gpu.and_then(|work| {
+        let (_, share) = t.gpu?;
+        let slowdown =
+            physics::gpu_time_scale(share.min(1.0), work.share_exponent) * gpu_interference;
+        let ms = work.ms_per_request_full * slowdown;
+        let busy = if t.model.latency.is_some() {
+            (t.load_rps * ms / 1000.0 / f64::from(work.streams)).min(1.0)
+        } else {
+            1.0
+        };
+        Some(GpuState {
+            ms_per_request: ms,
+            busy,
+            slowdown,
+            interference: gpu_interference,
+        })
+    });
+    outcome(host, t, &s, g)
+}
+
+/// A tenant's CPU behaviour holding `cache` bytes of LLC at memory latency `latency_ns`.
+fn cpu_state(host: &SimHost, t: &Tenant<'_>, cache: f64, latency_ns: f64) -> CpuState {
+    let Some(cpu) = &t.model.cpu else {
+        return CpuState {
+            cache,
+            ..Default::default()
+        };
+    };
+    if t.cores <= 0.0 {
+        return CpuState {
+            cache,
+            ..Default::default()
+        };
+    }
+    let f = host.capacity.freq_ghz;
+    let mr = cpu.mrc.miss_ratio(cache);
+    let bpi = cpu.apki / 1000.0 * mr * LINE_BYTES;
+    let raw = physics::cpi(cpu.cpi_base, cpu.apki, mr, latency_ns, f, cpu.mlp);
+    let core_cap = t.mba_pct / 100.0 * host.core_peak_bw_bytes_per_s;
+    let cpi = physics::mba_limited_cpi(raw, bpi, f, core_cap);
+    let capacity_ips = t.cores * f * 1e9 / cpi;
+    let ips = if t.model.latency.is_some() {
+        (t.load_rps * cpu.instructions_per_request).min(capacity_ips)
+    } else {
+        capacity_ips
+    };
+    let misses = ips * cpu.apki / 1000.0 * mr;
+    CpuState {
+        cache,
+        cpi,
+        ips,
+        misses,
+        bw: misses * LINE_BYTES,
+    }
+}
+
+/// Splits every way among the tenants allowed to fill it, by LLC insertion (miss) rate.
+fn share_ways(ways: u32, way_bytes: f64, tenants: &[Tenant<'_>], st: &[CpuState]) -> Vec<f64> {
+    let mut cache = vec![0.0; tenants.len()];
+    for w in 0..ways {
+        let occupants = || {
+            tenants
+                .iter()
+                .enumerate()
+                .filter(move |(_, t)| t.model.cpu.is_some() && t.cores > 0.0 && t.ways.contains(w))
+        };
+        let total: f64 = occupants().map(|(i, _)| st[i].misses).sum();
+        let n = occupants().count() as f64;
+        for (i, _) in occupants() {
+            cache[i] += if total > 0.0 {
+                way_bytes * st[i].misses / total
+            } else {
+                way_bytes / n
+            };
+        }
+    }
+    cache
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct GpuState {
+    ms_per_request: f64,
+    busy: f64,
+    slowdown: f64,
+    interference: f64,
+}
+
+/// Per-request GPU time of each GPU tenant, with MPS share scaling and interference.
+fn gpu_times(tenants: &[Tenant<'_>], interval_ms: f64) -> Vec<Option<GpuState>> {
+    let mut out: Vec<Option<GpuState>> = vec![None; tenants.len()];
+    let gpus: Vec<u32> = {
+        let mut g: Vec<u32> = tenants
+            .iter()
+            .filter_map(|t| t.gpu.map(|(i, _)| i))
+            .collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    };
+    for gpu in gpus {
+        let members: Vec<usize> = (0..tenants.len())
+            .filter(|&i| {
+                tenants[i].model.gpu.is_some() && tenants[i].gpu.is_some_and(|(g, _)| g == gpu)
+            })
+            .collect();
+        // MPS percentages are limits, not reservations: oversubscribed shares contend.
+        let total: f64 = members
+            .iter()
+            .map(|&i| tenants[i].gpu.map_or(0.0, |(_, s)| s))
+            .sum();
+        let norm = total.max(1.0);
+        let mut busy: Vec<f64> = members
+            .iter()
+            .map(|&i| {
+                if tenants[i].model.latency.is_some() {
+                    0.5
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let mut state = vec![GpuState::default(); members.len()];
+        for _ in 0..30 {
+            for (k, &i) in members.iter().enumerate() {
+                let t = &tenants[i];
+                let Some(work) = &t.model.gpu else { continue };
+                let share = t.gpu.map_or(0.0, |(_, s)| s) / norm;
+                let others: f64 = members
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != k)
+                    .map(|(j, &m)| busy[j] * tenants[m].model.gpu.map_or(0.0, |g| g.mem_intensity))
+                    .sum();
+                let interference = 1.0 + GPU_INTERFERENCE * others;
+                let slowdown = physics::gpu_time_scale(share, work.share_exponent) * interference;
+                let ms = work.ms_per_request_full * slowdown;
+                let up = (1.0 - t.downtime_ms / interval_ms.max(1.0)).clamp(0.0, 1.0);
+                let b = if t.model.latency.is_some() {
+                    (t.load_rps * ms / 1000.0 / f64::from(work.streams)).min(1.0) * up
+                } else {
+                    up
+                };
+                state[k] = GpuState {
+                    ms_per_request: ms,
+                    busy: b,
+                    slowdown,
+                    interference,
+                };
+            }
+            for (k, s) in state.iter().enumerate() {
+                busy[k] = 0.5 * busy[k] + 0.5 * s.busy;
+            }
+        }
+        for (k, &i) in members.iter().enumerate() {
+            out[i] = Some(state[k]);
+        }
+    }
+    out
+}
+
+fn outcome(host: &SimHost, t: &Tenant<'_>, s: &CpuState, g: Option<GpuState>) -> Outcome {
+    let f = host.capacity.freq_ghz;
+    let mut o = Outcome {
+        ipc: if s.cpi > 0.0 { 1.0 / s.cpi } else { 0.0 },
+        instructions_per_s: s.ips,
+        llc_misses_per_s: s.misses,
+        llc_bytes: s.cache,
+        mem_bw_bytes_per_s: s.bw,
+        cpu_busy_cores: if s.cpi > 0.0 {
+            s.ips * s.cpi / (f * 1e9)
+        } else {
+            0.0
+        },
+        gpu_util_pct: g.map(|g| g.busy * 100.0),
+        gpu_interference: g.map_or(1.0, |g| g.interference),
+        ..Default::default()
+    };
+    match (&t.model.latency, t.p99_target_ms) {
+        (Some(lat), Some(target)) => {
+            let timeout = target * TIMEOUT_FACTOR;
+            let mut p99_s = 0.0;
+            let mut capacity_rps = f64::INFINITY;
+            if let Some(cpu) = &t.model.cpu {
+                // Whole cores serve requests; a fractional pool share rounds down.
+                let c = t.cores.floor() as u32;
+                let mu = f * 1e9 / (s.cpi.max(1e-9) * cpu.instructions_per_request);
+                p99_s += physics::mgc_p99_s(t.load_rps, mu, c, lat.service_cv);
+                capacity_rps = capacity_rps.min(f64::from(c) * mu);
+            }
+            if let (Some(work), Some(g)) = (&t.model.gpu, g) {
+                let mu = 1000.0 / g.ms_per_request.max(1e-9);
+                p99_s += physics::mgc_p99_s(t.load_rps, mu, work.streams, lat.service_cv);
+                capacity_rps = capacity_rps.min(f64::from(work.streams) * mu);
+            } else if t.model.gpu.is_some() {
+                p99_s = f64::INFINITY;
+                capacity_rps = 0.0;
+            }
+            let mut p99 = (p99_s * 1000.0).min(timeout);
+            // Requests that arrive while the client restarts wait for it.
+            if t.downtime_ms > 0.0 {
+                p99 = p99.max(t.downtime_ms.min(timeout));
+            }
+            o.p99_ms = Some(p99);
+            o.served_rps = t.load_rps.min(capacity_rps);
+        }
+        _ => {
+            o.progress = match (&t.model.cpu, g) {
+                (Some(_), _) => s.ips,
+                (None, Some(g)) => g.busy / g.slowdown.max(1e-9),
+                (None, None) => 0.0,
+            };
+        }
+    }
+    o
+}
+
+/// Instructions per second a best-effort CPU job reaches alone on the whole host: the
+/// denominator of its progress.
+pub fn solo_rate(host: &SimHost, model: &ServiceModel) -> f64 {
+    let cap = &host.capacity;
+    let t = Tenant {
+        model,
+        p99_target_ms: None,
+        cores: f64::from(cap.cores),
+        ways: WayRange::new(0, cap.llc_ways),
+        mba_pct: 100.0,
+        load_rps: 0.0,
+        gpu: model.gpu.map(|_| (0, 1.0)),
+        downtime_ms: 0.0,
+    };
+    evaluate(host, &[t], 1000.0).outcomes[0].progress
+}
+
+/// The p99 of a latency-critical model alone on the whole host at `load_rps`.
+pub fn solo_p99_ms(host: &SimHost, model: &ServiceModel, load_rps: f64) -> f64 {
+    let cap = &host.capacity;
+    let t = Tenant {
+        model,
+        p99_target_ms: model.latency.map(|l| l.p99_target_ms),
+        cores: f64::from(cap.cores),
+        ways: WayRange::new(0, cap.llc_ways),
+        mba_pct: 100.0,
+        load_rps,
+        gpu: model.gpu.map(|_| (0, 1.0)),
+        downtime_ms: 0.0,
+    };
+    evaluate(host, &[t], 1000.0).outcomes[0]
+        .p99_ms
+        .unwrap_or(f64::INFINITY)
+}
+
+/// How far under its target a service's own p99 service time must stay on the reference
+/// host (full cache, no contention): room for queueing and interference.
+pub const TAIL_HEADROOM: f64 = 2.0;
+
+/// Solves for the per-request work of a latency-critical model on the reference host, and
+/// returns the model's knee: the load at which, alone on the whole host, its p99 reaches
+/// the target.
+///
+/// The work is the smaller of
+/// 1. the work that puts the p99 exactly on the target at the published max load (a
+///    queueing-dominated knee, as for memcached: 600 µs against a ~30 µs service time), and
+/// 2. the work whose own p99 service time is the target over [`TAIL_HEADROOM`].
+///
+/// Without the second bound, a published target that is tight relative to a lognormal
+/// service time with the assumed CV would make the service a knife edge that meets its
+/// target at max load and fails it at any load with a little less cache. With it, such a
+/// service's knee lies beyond the published max load (reported by `cohabit scenarios`).
+pub(crate) fn calibrate(model: &mut ServiceModel, reference: &SimHost) -> Option<f64> {
+    let lat = model.latency?;
+    let range = if model.gpu.is_some() {
+        (1e-4, 1e5)
+    } else {
+        (1e2, 1e12)
+    };
+    let queueing = bisect_log(range, |x| {
+        set_work(model, x);
+        solo_p99_ms(reference, model, lat.max_load_rps) <= lat.p99_target_ms
+    });
+    let headroom = bisect_log(range, |x| {
+        set_work(model, x);
+        solo_p99_ms(reference, model, 0.0) <= lat.p99_target_ms / TAIL_HEADROOM
+    });
+    set_work(model, queueing.min(headroom));
+    let knee = bisect_log((1e-3, 1e9), |rps| {
+        solo_p99_ms(reference, model, rps) <= lat.p99_target_ms
+    });
+    Some(knee)
+}
+
+fn set_work(m: &mut ServiceModel, x: f64) {
+    if let Some(g) = m.gpu.as_mut() {
+        g.ms_per_request_full = x;
+    } else if let Some(c) = m.cpu.as_mut() {
+        c.instructions_per_request = x;
+    }
+}
+
+/// Largest `x` in `[lo, hi]` (log scale) for which `ok(x)` holds, assuming `ok` is true
+/// below some threshold and false above it.
+fn bisect_log((mut lo, mut hi): (f64, f64), mut ok: impl FnMut(f64) -> bool) -> f64 {
+    for _ in 0..80 {
+        let mid = (lo * hi).sqrt();
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Utilisation of the busier stage (cores or GPU streams) of a model alone on the whole host.
+pub fn bottleneck_utilisation(host: &SimHost, model: &ServiceModel, load_rps: f64) -> f64 {
+    let cap = &host.capacity;
+    let t = Tenant {
+        model,
+        p99_target_ms: model.latency.map(|l| l.p99_target_ms),
+        cores: f64::from(cap.cores),
+        ways: WayRange::new(0, cap.llc_ways),
+        mba_pct: 100.0,
+        load_rps,
+        gpu: model.gpu.map(|_| (0, 1.0)),
+        downtime_ms: 0.0,
+    };
+    let o = &evaluate(host, &[t], 1000.0).outcomes[0];
+    let cpu = o.cpu_busy_cores / f64::from(cap.cores);
+    let gpu = o.gpu_util_pct.map_or(0.0, |g| g / 100.0);
+    cpu.max(gpu)
+}

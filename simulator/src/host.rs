@@ -349,3 +349,133 @@ fn measure(
         ),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+mod tests {
+    use cohabit_core::{Allocation, WayRange};
+
+    use super::*;
+
+    fn plan(sc: &Scenario, gpu_pct: u8) -> Plan {
+        let lc: Vec<_> = sc
+            .services
+            .iter()
+            .filter(|s| s.spec.is_latency_critical())
+            .collect();
+        let mut services = std::collections::BTreeMap::new();
+        for (i, s) in lc.iter().enumerate() {
+            services.insert(
+                s.spec.name.clone(),
+                Allocation {
+                    cores: 8,
+                    llc_ways: WayRange::new(4 * i as u32, 4),
+                    mba_pct: 100,
+                    gpu_mps_pct: s.spec.gpu.map(|_| gpu_pct),
+                },
+            );
+        }
+        Plan {
+            services,
+            best_effort: Allocation {
+                cores: sc.capacity().cores - 8 * lc.len() as u32,
+                llc_ways: WayRange::new(
+                    4 * lc.len() as u32,
+                    sc.capacity().llc_ways - 4 * lc.len() as u32,
+                ),
+                mba_pct: 100,
+                gpu_mps_pct: Some(
+                    100 - gpu_pct * lc.iter().filter(|s| s.spec.gpu.is_some()).count() as u8,
+                )
+                .filter(|p| *p > 0),
+            },
+        }
+    }
+
+    fn run(seed: u64, ticks: usize) -> Vec<Observation> {
+        let sc = Arc::new(Scenario::load("demo").unwrap());
+        let p = plan(&sc, 50);
+        let mut host = SimulatedHost::launch(sc, &p, Some(seed)).unwrap();
+        (0..ticks).map(|_| host.collect().unwrap()).collect()
+    }
+
+    #[test]
+    fn same_seed_same_telemetry_other_seed_other_noise() {
+        let a = run(1, 20);
+        assert_eq!(a, run(1, 20));
+        assert_ne!(a, run(2, 20));
+        assert_eq!(a[0].t_ms, 1000);
+        assert_eq!(a[19].t_ms, 20_000);
+    }
+
+    #[test]
+    fn noise_is_a_few_percent_and_dirt_shows_up() {
+        let obs = run(3, 600);
+        let ipcs: Vec<f64> = obs
+            .iter()
+            .filter_map(|o| o.services[1].sample.ipc)
+            .collect();
+        let mean = ipcs.iter().filter(|v| **v < 100.0).sum::<f64>() / ipcs.len() as f64;
+        let spread = ipcs
+            .iter()
+            .filter(|v| **v < 100.0)
+            .map(|v| (v / mean - 1.0).abs())
+            .fold(0.0, f64::max);
+        assert!(spread > 0.01 && spread < 0.25, "noise {spread}");
+        let missing = obs
+            .iter()
+            .flat_map(|o| &o.services)
+            .filter(|s| s.sample.ipc.is_none())
+            .count();
+        assert!(missing > 0, "some readings go missing");
+        // A best-effort job has no latency.
+        assert!(obs.iter().all(|o| o.services[2].sample.p99_ms.is_none()));
+    }
+
+    #[test]
+    fn a_gpu_share_change_waits_for_the_client_restart() {
+        let sc = Arc::new(Scenario::load("gpu-inference").unwrap());
+        let restart_ms = sc.services[0].model.gpu.unwrap().restart_ms;
+        let before = plan(&sc, 30);
+        let mut host = SimulatedHost::launch(Arc::clone(&sc), &before, Some(1)).unwrap();
+        let obs = host.collect().unwrap();
+        assert_eq!(obs.services[0].gpu_mps_effective_pct, Some(30));
+        let after = plan(&sc, 45);
+        host.apply(&after, &before.diff(&after)).unwrap();
+        let restart_ticks = (restart_ms / sc.tick_ms as f64).ceil() as usize;
+        let mut during = 0.0;
+        for k in 0..restart_ticks {
+            let obs = host.collect().unwrap();
+            let p = host.last_truth().unwrap().p99_ms["llm-infer"];
+            // While the client restarts, requests wait for it.
+            assert!(p >= sc.tick_ms as f64, "tick {k}: {p}");
+            during = p;
+            let expect = if k + 1 < restart_ticks { 30 } else { 45 };
+            assert_eq!(
+                obs.services[0].gpu_mps_effective_pct,
+                Some(expect),
+                "tick {k}"
+            );
+            assert_eq!(
+                obs.current.services["llm-infer"].gpu_mps_pct,
+                Some(45),
+                "published at once"
+            );
+        }
+        host.collect().unwrap();
+        let settled = host.last_truth().unwrap().p99_ms["llm-infer"];
+        assert!(settled < during, "{settled} vs {during}");
+    }
+
+    #[test]
+    fn an_invalid_plan_is_rejected_and_the_old_one_kept() {
+        let sc = Arc::new(Scenario::load("demo").unwrap());
+        let good = plan(&sc, 50);
+        let mut host = SimulatedHost::launch(Arc::clone(&sc), &good, Some(1)).unwrap();
+        let mut bad = good.clone();
+        bad.best_effort.cores += 1;
+        let err = host.apply(&bad, &good.diff(&bad)).unwrap_err().to_string();
+        assert!(err.contains("cores"), "{err}");
+        assert_eq!(host.collect().unwrap().current, good);
+    }
+}

@@ -12,10 +12,12 @@
 //! - CPI ([`cpi`]): `CPI = CPI_base + APKI/1000 * m(c) * L_mem * f / MLP` (DESIGN.md 4).
 //! - Memory latency ([`memory_latency_ns`]): `L = L0 * (1 + k * u / (1 - u))` with `u` the
 //!   total bandwidth demand over the peak, clipped below 1 (a queueing term).
-//! - MBA ([`mba_limited_cpi`]): Intel MBA throttles each core of a group; a core may move at
-//!   most `mba% * per-core peak` bytes/s, so a core that would exceed it runs at the CPI at
-//!   which its demand fits the cap. A cache-resident service needs almost no bandwidth and
-//!   is not slowed.
+//! - MBA ([`mba_cpi`]): Intel MBA throttles each core of a group by delaying its memory
+//!   requests. We model the throttle as a queue in front of memory with a per-core rate of
+//!   `mba% * per-core peak` bytes/s: a core whose demand is a fraction `u` of that rate
+//!   sees `L0 * u / (1 - u)` of extra latency per miss (solved to a fixed point, since the
+//!   slower core demands less), and can never exceed the rate (the CPI at which its demand
+//!   fits). A cache-resident service needs almost no bandwidth and is not slowed.
 //! - Queueing ([`mgc_p99_s`]): each latency-critical service is an M/G/c queue. The waiting
 //!   probability comes from Erlang C; the waiting-time tail of M/M/c, `P(W > t) = C e^{-(cμ-λ)t}`,
 //!   is stretched by the Allen–Cunneen factor `(1 + cv²)/2` for general service times; the
@@ -62,6 +64,41 @@ pub fn cpi(
     mlp: f64,
 ) -> f64 {
     cpi_base + apki / 1000.0 * miss_ratio * mem_latency_ns * freq_ghz / mlp
+}
+
+/// CPI under an MBA throttle of `core_cap_bytes_per_s` per core: the throttle's queueing
+/// delay is added to every miss, and the result never lets the core exceed the cap.
+#[allow(clippy::too_many_arguments)]
+pub fn mba_cpi(
+    cpi_base: f64,
+    apki: f64,
+    miss_ratio: f64,
+    mem_latency_ns: f64,
+    idle_latency_ns: f64,
+    freq_ghz: f64,
+    mlp: f64,
+    core_cap_bytes_per_s: f64,
+) -> f64 {
+    let bpi = apki / 1000.0 * miss_ratio * LINE_BYTES;
+    let mut c = cpi(cpi_base, apki, miss_ratio, mem_latency_ns, freq_ghz, mlp);
+    if bpi <= 0.0 || core_cap_bytes_per_s <= 0.0 {
+        return c;
+    }
+    for _ in 0..30 {
+        let demand = freq_ghz * 1e9 / c * bpi;
+        let u = (demand / core_cap_bytes_per_s).min(0.97);
+        let extra = idle_latency_ns * u / (1.0 - u);
+        let next = cpi(
+            cpi_base,
+            apki,
+            miss_ratio,
+            mem_latency_ns + extra,
+            freq_ghz,
+            mlp,
+        );
+        c = 0.5 * c + 0.5 * next;
+    }
+    mba_limited_cpi(c, bpi, freq_ghz, core_cap_bytes_per_s)
 }
 
 /// CPI once Intel MBA caps each core at `core_cap_bytes_per_s`: a core that would move
@@ -205,6 +242,17 @@ mod tests {
         assert!(mba_limited_cpi(1.2, 1.5, f, cap) > 1.2 * 1.1);
         // 0.001 bytes per instruction: nowhere near it.
         assert_eq!(mba_limited_cpi(1.0, 0.001, f, cap), 1.0);
+    }
+
+    #[test]
+    fn an_mba_throttle_delays_every_miss_of_a_bandwidth_user() {
+        // ~1.3 GB/s per core under a 2.4 GB/s throttle: not capped, but delayed.
+        let free = mba_cpi(0.3, 29.0, 0.95, 90.0, 90.0, 2.3, 2.0, 12e9);
+        let throttled = mba_cpi(0.3, 29.0, 0.95, 90.0, 90.0, 2.3, 2.0, 2.4e9);
+        assert!(throttled > free * 1.2, "{free} -> {throttled}");
+        let resident_free = mba_cpi(0.9, 4.0, 0.001, 90.0, 90.0, 2.3, 2.0, 12e9);
+        let resident = mba_cpi(0.9, 4.0, 0.001, 90.0, 90.0, 2.3, 2.0, 2.4e9);
+        assert!((resident / resident_free - 1.0).abs() < 0.01);
     }
 
     #[test]

@@ -221,7 +221,7 @@ impl Scenario {
             message: e.to_string(),
         })?;
         let scenario_err = |msg: String| SimError::Scenario(format!("{origin}: {msg}"));
-        let host = host_from(&file.host).map_err(|m| scenario_err(m))?;
+        let host = host_from(&file.host).map_err(&scenario_err)?;
         host.capacity
             .validate()
             .map_err(|e| scenario_err(e.to_string()))?;
@@ -253,13 +253,13 @@ impl Scenario {
                     )),
                     (true, g) => {
                         let g = g.unwrap_or(0);
-                        if g < 0 || g as usize >= gpus {
-                            Err(format!(
-                                "service {name}: gpu = {g} but the host has {gpus} GPU(s)"
-                            ))
-                        } else {
-                            Ok(Some(g as u32))
-                        }
+                        u32::try_from(g)
+                            .ok()
+                            .filter(|i| usize::try_from(*i).is_ok_and(|i| i < gpus))
+                            .map(Some)
+                            .ok_or_else(|| {
+                                format!("service {name}: gpu = {g} but the host has {gpus} GPU(s)")
+                            })
                     }
                 }
             };
@@ -355,7 +355,7 @@ impl Scenario {
             name: file.name,
             description: file.description,
             duration_s: file.duration_s,
-            tick_ms: file.tick_ms as u64,
+            tick_ms: file.tick_ms.unsigned_abs(),
             seed: file.seed,
             host,
             services,
@@ -365,7 +365,7 @@ impl Scenario {
 
     /// Number of control intervals in the run.
     pub fn ticks(&self) -> u64 {
-        (self.duration_s * 1000.0 / self.tick_ms as f64).round() as u64
+        crate::whole(self.duration_s * 1000.0 / self.tick_ms as f64)
     }
 
     /// What the controller is told about every service and job.
@@ -436,11 +436,11 @@ fn host_from(f: &HostFile) -> Result<SimHost, String> {
     let llc_bytes = h.capacity.llc_bytes() as f64;
     if let Some(w) = f.llc_ways {
         h.capacity.llc_ways = count("llc_ways", w)?;
-        h.capacity.llc_way_bytes = (llc_bytes / f64::from(h.capacity.llc_ways)) as u64;
+        h.capacity.llc_way_bytes = crate::whole(llc_bytes / f64::from(h.capacity.llc_ways));
     }
     if let Some(mb) = f.llc_mb {
         let bytes = positive("llc_mb", mb)? * 1024.0 * 1024.0;
-        h.capacity.llc_way_bytes = (bytes / f64::from(h.capacity.llc_ways)) as u64;
+        h.capacity.llc_way_bytes = crate::whole(bytes / f64::from(h.capacity.llc_ways));
     }
     if let Some(v) = f.mem_bw_gbps {
         h.capacity.mem_bw_bytes_per_s = positive("mem_bw_gbps", v)? * 1e9;

@@ -139,7 +139,7 @@ impl LoadTrace {
                 period_s,
                 ..
             } => {
-                if !(*period_s > 0.0) {
+                if period_s.is_nan() || *period_s <= 0.0 {
                     return bad("period_s", *period_s);
                 }
                 if !(mean.is_finite() && *mean >= 0.0) {
@@ -157,7 +157,7 @@ impl LoadTrace {
                 duration_s,
                 ..
             } => {
-                if !(*every_s > 0.0) {
+                if every_s.is_nan() || *every_s <= 0.0 {
                     return bad("every_s", *every_s);
                 }
                 for (n, v) in [("base", base), ("peak", peak), ("duration_s", duration_s)] {

@@ -10,7 +10,8 @@
 //! memory latency). Latency-critical demand is fixed by the offered load; best-effort jobs
 //! run flat out on their cores. It converges in a few dozen rounds because every map is
 //! monotone and damped. GPU tenants have a second small fixed point over their mutual
-//! memory-bandwidth interference.
+//! memory-bandwidth interference: each co-runner slows the others in proportion to its busy
+//! time, its memory intensity and the speed its share gives it.
 
 use cohabit_core::WayRange;
 
@@ -187,10 +188,22 @@ fn cpu_state(host: &SimHost, t: &Tenant<'_>, cache: f64, latency_ns: f64) -> Cpu
     }
     let f = host.capacity.freq_ghz;
     let mr = cpu.mrc.miss_ratio(cache);
-    let bpi = cpu.apki / 1000.0 * mr * LINE_BYTES;
-    let raw = physics::cpi(cpu.cpi_base, cpu.apki, mr, latency_ns, f, cpu.mlp);
-    let core_cap = t.mba_pct / 100.0 * host.core_peak_bw_bytes_per_s;
-    let cpi = physics::mba_limited_cpi(raw, bpi, f, core_cap);
+    // At 100 % MBA does not throttle at all.
+    let core_cap = if t.mba_pct >= 100.0 {
+        f64::INFINITY
+    } else {
+        t.mba_pct / 100.0 * host.core_peak_bw_bytes_per_s
+    };
+    let cpi = physics::mba_cpi(
+        cpu.cpi_base,
+        cpu.apki,
+        mr,
+        latency_ns,
+        host.mem_latency_ns,
+        f,
+        cpu.mlp,
+        core_cap,
+    );
     let capacity_ips = t.cores * f * 1e9 / cpi;
     let ips = if t.model.latency.is_some() {
         (t.load_rps * cpu.instructions_per_request).min(capacity_ips)
@@ -282,7 +295,15 @@ fn gpu_times(tenants: &[Tenant<'_>], interval_ms: f64) -> Vec<Option<GpuState>> 
                     .iter()
                     .enumerate()
                     .filter(|(j, _)| *j != k)
-                    .map(|(j, &m)| busy[j] * tenants[m].model.gpu.map_or(0.0, |g| g.mem_intensity))
+                    .map(|(j, &m)| {
+                        // A co-runner presses on GPU memory in proportion to how fast it
+                        // runs: busy time, intensity, and the speed its share gives it.
+                        let other = &tenants[m];
+                        other.model.gpu.map_or(0.0, |g| {
+                            let s = other.gpu.map_or(0.0, |(_, s)| s) / norm;
+                            busy[j] * g.mem_intensity / physics::gpu_time_scale(s, g.share_exponent)
+                        })
+                    })
                     .sum();
                 let interference = 1.0 + GPU_INTERFERENCE * others;
                 let slowdown = physics::gpu_time_scale(share, work.share_exponent) * interference;
@@ -335,7 +356,7 @@ fn outcome(host: &SimHost, t: &Tenant<'_>, s: &CpuState, g: Option<GpuState>) ->
             let mut capacity_rps = f64::INFINITY;
             if let Some(cpu) = &t.model.cpu {
                 // Whole cores serve requests; a fractional pool share rounds down.
-                let c = t.cores.floor() as u32;
+                let c = u32::try_from(crate::whole(t.cores.floor())).unwrap_or(u32::MAX);
                 let mu = f * 1e9 / (s.cpi.max(1e-9) * cpu.instructions_per_request);
                 p99_s += physics::mgc_p99_s(t.load_rps, mu, c, lat.service_cv);
                 capacity_rps = capacity_rps.min(f64::from(c) * mu);
@@ -480,4 +501,199 @@ pub fn bottleneck_utilisation(host: &SimHost, model: &ServiceModel, load_rps: f6
     let cpu = o.cpu_busy_cores / f64::from(cap.cores);
     let gpu = o.gpu_util_pct.map_or(0.0, |g| g / 100.0);
     cpu.max(gpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::{model, Platform};
+
+    fn host() -> SimHost {
+        Platform::XeonE5_2697V4.host()
+    }
+
+    fn lc<'a>(
+        name: &str,
+        m: &'a ServiceModel,
+        cores: f64,
+        ways: WayRange,
+        fraction: f64,
+    ) -> Tenant<'a> {
+        let lat = m
+            .latency
+            .unwrap_or_else(|| panic!("{name} is latency-critical"));
+        Tenant {
+            model: m,
+            p99_target_ms: Some(lat.p99_target_ms),
+            cores,
+            ways,
+            mba_pct: 100.0,
+            load_rps: fraction * lat.knee_rps,
+            gpu: None,
+            downtime_ms: 0.0,
+        }
+    }
+
+    fn p99(tenants: &[Tenant<'_>]) -> f64 {
+        evaluate(&host(), tenants, 1000.0).outcomes[0]
+            .p99_ms
+            .unwrap()
+    }
+
+    #[test]
+    fn calibration_puts_every_service_on_its_target_at_its_knee() {
+        let h = Platform::XeonE5_2697V4A100.host();
+        for m in crate::catalogue::catalogue() {
+            let Some(lat) = m.latency else { continue };
+            let at_knee = solo_p99_ms(&h, m, lat.knee_rps);
+            assert!(
+                (at_knee / lat.p99_target_ms - 1.0).abs() < 0.01,
+                "{}: {at_knee} vs {}",
+                m.name,
+                lat.p99_target_ms
+            );
+            assert!(
+                lat.knee_rps >= lat.max_load_rps * 0.999,
+                "{}: knee below the published max load",
+                m.name
+            );
+            assert!(
+                solo_p99_ms(&h, m, lat.knee_rps * 0.5) < lat.p99_target_ms,
+                "{}",
+                m.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_core_cliff_exists() {
+        // memcached at 30 % of its knee: one core fewer than it needs and the p99 explodes.
+        let m = model("memcached").unwrap();
+        let target = m.latency.unwrap().p99_target_ms;
+        let p: Vec<f64> = (8..=16)
+            .map(|c| p99(&[lc("memcached", m, f64::from(c), WayRange::new(0, 10), 0.3)]))
+            .collect();
+        let first_ok = p
+            .iter()
+            .position(|&x| x <= target)
+            .expect("enough cores meet the target");
+        assert!(first_ok > 0);
+        assert!(p[first_ok - 1] > 2.0 * p[first_ok], "no cliff: {p:?}");
+        assert!(
+            p.windows(2).all(|w| w[1] <= w[0]),
+            "more cores never hurt: {p:?}"
+        );
+    }
+
+    #[test]
+    fn a_cache_cliff_exists() {
+        // moses is cache-hungry: below some way count its p99 jumps past the target.
+        let m = model("moses").unwrap();
+        let target = m.latency.unwrap().p99_target_ms;
+        let p: Vec<f64> = (1..=20)
+            .map(|w| p99(&[lc("moses", m, 20.0, WayRange::new(0, w), 0.3)]))
+            .collect();
+        assert!(
+            p.windows(2).all(|w| w[1] <= w[0] * 1.0001),
+            "more ways never hurt: {p:?}"
+        );
+        assert!(p[19] < target && p[0] > target, "{p:?}");
+        let worst_step = p.windows(2).map(|w| w[0] / w[1]).fold(0.0, f64::max);
+        assert!(
+            worst_step > 1.5,
+            "one way should matter a lot somewhere: {p:?}"
+        );
+    }
+
+    #[test]
+    fn an_mba_cap_slows_a_bandwidth_heavy_service_and_not_a_cache_resident_one() {
+        let moses = model("moses").unwrap();
+        let xapian = model("xapian").unwrap();
+        let capped = |m: &ServiceModel, name: &str, mba: f64| {
+            let mut t = lc(name, m, 16.0, WayRange::new(0, 3), 0.2);
+            t.mba_pct = mba;
+            p99(&[t])
+        };
+        let (moses_free, moses_capped) =
+            (capped(moses, "moses", 100.0), capped(moses, "moses", 20.0));
+        let (xap_free, xap_capped) = (
+            capped(xapian, "xapian", 100.0),
+            capped(xapian, "xapian", 20.0),
+        );
+        assert!(
+            moses_capped > 1.2 * moses_free,
+            "moses {moses_free} -> {moses_capped}"
+        );
+        assert!(
+            (xap_capped / xap_free - 1.0).abs() < 0.01,
+            "xapian {xap_free} -> {xap_capped}"
+        );
+    }
+
+    #[test]
+    fn p99_grows_without_bound_toward_capacity_and_saturation_times_out() {
+        let m = model("memcached").unwrap();
+        let target = m.latency.unwrap().p99_target_ms;
+        let mut last = 0.0;
+        for f in [0.1, 0.2, 0.25, 0.28] {
+            let p = p99(&[lc("memcached", m, 10.0, WayRange::new(0, 20), f)]);
+            assert!(p > last, "{f}: {p}");
+            last = p;
+        }
+        let saturated = p99(&[lc("memcached", m, 10.0, WayRange::new(0, 20), 0.9)]);
+        assert_eq!(saturated, target * TIMEOUT_FACTOR);
+    }
+
+    #[test]
+    fn a_streaming_neighbour_in_shared_ways_hurts_and_isolation_helps() {
+        let moses = model("moses").unwrap();
+        let stream = model("stream").unwrap();
+        let be = |ways: WayRange| Tenant {
+            model: stream,
+            p99_target_ms: None,
+            cores: 14.0,
+            ways,
+            mba_pct: 100.0,
+            load_rps: 0.0,
+            gpu: None,
+            downtime_ms: 0.0,
+        };
+        let alone = p99(&[lc("moses", moses, 20.0, WayRange::new(0, 14), 0.3)]);
+        let shared = p99(&[
+            lc("moses", moses, 20.0, WayRange::new(0, 20), 0.3),
+            be(WayRange::new(0, 20)),
+        ]);
+        let isolated = p99(&[
+            lc("moses", moses, 20.0, WayRange::new(0, 14), 0.3),
+            be(WayRange::new(14, 6)),
+        ]);
+        assert!(
+            shared > alone * 1.1,
+            "sharing with a streamer must hurt: {alone} vs {shared}"
+        );
+        assert!(isolated < shared, "{isolated} vs {shared}");
+        // Isolated ways still share memory bandwidth: a little worse than alone.
+        assert!(isolated >= alone, "{isolated} vs {alone}");
+    }
+
+    #[test]
+    fn gpu_latency_falls_sub_linearly_with_share() {
+        let h = Platform::XeonE5_2697V4A100.host();
+        let m = model("resnet-infer").unwrap();
+        let lat = m.latency.unwrap();
+        let at = |share: f64| {
+            let t = Tenant {
+                gpu: Some((0, share)),
+                ..lc("resnet", m, 2.0, WayRange::new(0, 2), 0.05)
+            };
+            evaluate(&h, &[t], 1000.0).outcomes[0].p99_ms.unwrap()
+        };
+        let (p25, p50, p100) = (at(0.25), at(0.5), at(1.0));
+        assert!(p25 > p50 && p50 > p100, "{p25} {p50} {p100}");
+        assert!(
+            p25 < 4.0 * p100,
+            "a quarter of the GPU is less than 4x slower: {p25} vs {p100}"
+        );
+        assert!(p100 < lat.p99_target_ms);
+    }
 }

@@ -1,1 +1,13 @@
+//! cohabit's controller: policies, the control loop, run metrics and the `cohabit` CLI.
+//!
+//! - [`policy`]: the `Policy` trait and the `static`, `parties` and `oracle` policies.
+//! - [`control`]: the loop that collects, decides, applies and records.
+//! - [`metrics`]: the comparison metrics of a run.
+//! - [`simulate`]: running and comparing policies on simulated scenarios.
+//! - [`cli`]: the `cohabit` command.
 
+pub mod cli;
+pub mod control;
+pub mod metrics;
+pub mod policy;
+pub mod simulate;

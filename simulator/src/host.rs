@@ -49,12 +49,19 @@ impl TruthModel {
         &self.scenario
     }
 
-    /// The tenants of the host under `plan` at `t_s`, with the GPU shares in effect and
-    /// the restart downtime of each service in this interval.
+    /// Offered load of every service at `t_s` (0 for best-effort jobs), in scenario order.
+    pub fn loads_at(&self, t_s: f64) -> Vec<f64> {
+        (0..self.scenario.services.len())
+            .map(|i| self.scenario.load_rps(i, t_s))
+            .collect()
+    }
+
+    /// The tenants of the host under `plan` with the given loads (see [`Self::loads_at`]),
+    /// the GPU shares in effect and the restart downtime of each service in the interval.
     pub fn tenants(
         &self,
         plan: &Plan,
-        t_s: f64,
+        loads: &[f64],
         gpu_effective: &[Option<u8>],
         downtime_ms: &[f64],
     ) -> Vec<Tenant<'_>> {
@@ -89,7 +96,7 @@ impl TruthModel {
                     cores,
                     ways: alloc.llc_ways,
                     mba_pct: f64::from(alloc.mba_pct),
-                    load_rps: sc.load_rps(i, t_s),
+                    load_rps: loads.get(i).copied().unwrap_or(0.0),
                     gpu: s.spec.gpu.map(|g| {
                         let pct = gpu_effective.get(i).copied().flatten().unwrap_or(100);
                         (g, f64::from(pct) / 100.0)
@@ -100,15 +107,15 @@ impl TruthModel {
             .collect()
     }
 
-    /// Ground truth of one interval centred on `t_s` under `plan`.
+    /// Ground truth of one interval under `plan` with the given loads.
     pub fn evaluate(
         &self,
         plan: &Plan,
-        t_s: f64,
+        loads: &[f64],
         gpu_effective: &[Option<u8>],
         downtime_ms: &[f64],
     ) -> (Evaluation, GroundTruth) {
-        let tenants = self.tenants(plan, t_s, gpu_effective, downtime_ms);
+        let tenants = self.tenants(plan, loads, gpu_effective, downtime_ms);
         let eval = world::evaluate(&self.scenario.host, &tenants, self.scenario.tick_ms as f64);
         let truth = self.truth(&eval.outcomes, &tenants);
         (eval, truth)
@@ -245,9 +252,12 @@ impl Collector for SimulatedHost {
             .map(|g| g.restart_left_ms.clamp(0.0, tick_ms))
             .collect();
         let effective = self.gpu_effective();
-        let tenants = self
-            .truth
-            .tenants(&self.plan, t_mid_s, &effective, &downtime);
+        let tenants = self.truth.tenants(
+            &self.plan,
+            &self.truth.loads_at(t_mid_s),
+            &effective,
+            &downtime,
+        );
         let eval = world::evaluate(&sc.host, &tenants, tick_ms);
         self.last_truth = Some(self.truth.truth(&eval.outcomes, &tenants));
         for g in &mut self.gpu {

@@ -1,0 +1,346 @@
+//! The `cohabit` command line. `main.rs` only parses and calls [`run`].
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use cohabit_sim::catalogue::{self, Platform};
+use cohabit_sim::scenario::builtin_names;
+use cohabit_sim::Scenario;
+
+use crate::metrics::RunSummary;
+use crate::simulate::{self, PolicyKind};
+
+/// cohabit: keep latency-critical services on target while best-effort jobs use the rest.
+#[derive(Debug, Parser)]
+#[command(name = "cohabit", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Aligned text for people.
+    Table,
+    /// JSON for programs.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the built-in simulated scenarios (with --models: the service catalogue and platforms).
+    Scenarios {
+        /// Also list the calibrated service models and platforms.
+        #[arg(long)]
+        models: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Run one policy on a simulated scenario; write decisions.jsonl and summary.json.
+    Simulate {
+        /// A built-in scenario name or a scenario TOML file.
+        #[arg(long)]
+        scenario: String,
+        /// Policy: static, parties or oracle.
+        #[arg(long, default_value = "parties")]
+        policy: PolicyKind,
+        /// Directory for decisions.jsonl and summary.json (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the measurement noise (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Run several policies side by side on the same simulated scenario and seed.
+    Compare {
+        /// A built-in scenario name, a scenario TOML file, or `all` for every built-in one.
+        #[arg(long)]
+        scenario: String,
+        /// Comma-separated policies.
+        #[arg(long, value_delimiter = ',', default_value = "static,parties,oracle")]
+        policies: Vec<PolicyKind>,
+        /// Seed of the measurement noise (default: each scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+}
+
+/// Runs a parsed command, writing its report to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
+    match cli.command {
+        Command::Scenarios { models, format } => scenarios(models, format, out),
+        Command::Simulate {
+            scenario,
+            policy,
+            out: dir,
+            seed,
+        } => simulate_cmd(&scenario, policy, &dir, seed, out),
+        Command::Compare {
+            scenario,
+            policies,
+            seed,
+            format,
+        } => compare_cmd(&scenario, &policies, seed, format, out),
+    }
+}
+
+fn load(name: &str) -> Result<Arc<Scenario>> {
+    Ok(Arc::new(Scenario::load(name)?))
+}
+
+const BANNER: &str =
+    "SIMULATION: every figure below comes from cohabit's simulated host, not from hardware.";
+
+fn scenarios(models: bool, format: Format, out: &mut dyn Write) -> Result<()> {
+    let list: Vec<Arc<Scenario>> = builtin_names().map(load).collect::<Result<_>>()?;
+    if format == Format::Json {
+        let v: Vec<serde_json::Value> = list
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "description": s.description,
+                    "simulated": true,
+                    "host": s.capacity().name,
+                    "duration_s": s.duration_s,
+                    "tick_ms": s.tick_ms,
+                    "services": s.services.iter().map(|x| serde_json::json!({
+                        "name": x.spec.name, "model": x.model.name,
+                        "latency_critical": x.spec.is_latency_critical(),
+                        "p99_target_ms": x.spec.p99_target_ms(),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "Built-in simulated scenarios (use a name with --scenario, or a TOML file):"
+    )?;
+    for s in &list {
+        let lc: Vec<&str> = s
+            .services
+            .iter()
+            .filter(|x| x.spec.is_latency_critical())
+            .map(|x| x.spec.name.as_str())
+            .collect();
+        let be: Vec<&str> = s
+            .services
+            .iter()
+            .filter(|x| !x.spec.is_latency_critical())
+            .map(|x| x.spec.name.as_str())
+            .collect();
+        writeln!(out, "  {:<14} {}", s.name, s.description)?;
+        writeln!(
+            out,
+            "  {:<14} {} s at {} ms ticks on {}; LC: {}; BE: {}",
+            "",
+            s.duration_s,
+            s.tick_ms,
+            s.capacity().name,
+            lc.join(", "),
+            be.join(", ")
+        )?;
+    }
+    if models {
+        writeln!(
+            out,
+            "\nService models (calibrated on the simulated Xeon E5-2697 v4):"
+        )?;
+        writeln!(
+            out,
+            "  {:<13} {:>10} {:>12} {:>12}  source",
+            "model", "target_ms", "max_load_rps", "knee_rps"
+        )?;
+        for m in catalogue::catalogue() {
+            match m.latency {
+                Some(l) => writeln!(
+                    out,
+                    "  {:<13} {:>10} {:>12.0} {:>12.0}  {}",
+                    m.name, l.p99_target_ms, l.max_load_rps, l.knee_rps, m.source
+                )?,
+                None => writeln!(
+                    out,
+                    "  {:<13} {:>10} {:>12} {:>12}  {} ({})",
+                    m.name, "-", "-", "-", m.source, m.about
+                )?,
+            }
+        }
+        writeln!(out, "\nPlatforms (host.preset):")?;
+        for (name, p) in Platform::ALL {
+            let h = p.host().capacity;
+            writeln!(
+                out,
+                "  {:<20} {} cores, {:.1} GHz, {} x {:.2} MB LLC ways, {:.1} GB/s, {} GPU(s)",
+                name,
+                h.cores,
+                h.freq_ghz,
+                h.llc_ways,
+                h.llc_way_bytes as f64 / 1048576.0,
+                h.mem_bw_bytes_per_s / 1e9,
+                h.gpus.len()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn simulate_cmd(
+    name: &str,
+    policy: PolicyKind,
+    dir: &PathBuf,
+    seed: Option<u64>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let scenario = load(name)?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating output directory {}", dir.display()))?;
+    let log_path = dir.join("decisions.jsonl");
+    let file =
+        File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let mut log = BufWriter::new(file);
+    let run = simulate::run_policy(&scenario, policy, seed, |r| {
+        serde_json::to_writer(&mut log, r)?;
+        log.write_all(b"\n")
+    })
+    .with_context(|| format!("simulating {} with {policy}", scenario.name))?;
+    log.flush()
+        .with_context(|| format!("writing {}", log_path.display()))?;
+    let mut summary = run.summary;
+    summary.be_throughput_vs_oracle = if policy == PolicyKind::Oracle {
+        Some(1.0)
+    } else {
+        let oracle = simulate::run_policy(&scenario, PolicyKind::Oracle, seed, |_| Ok(()))?;
+        Some(summary.be_throughput / oracle.summary.be_throughput.max(1e-12))
+    };
+    let summary_path = dir.join("summary.json");
+    std::fs::write(
+        &summary_path,
+        serde_json::to_string_pretty(&summary)? + "\n",
+    )
+    .with_context(|| format!("writing {}", summary_path.display()))?;
+    writeln!(out, "{BANNER}")?;
+    writeln!(
+        out,
+        "scenario {} on {} for {} s, policy {policy}, seed {}",
+        scenario.name,
+        scenario.capacity().name,
+        scenario.duration_s,
+        summary.seed
+    )?;
+    write!(out, "{}", table(std::slice::from_ref(&summary), false))?;
+    writeln!(
+        out,
+        "wrote {} ({} records) and {}",
+        log_path.display(),
+        run.records.len(),
+        summary_path.display()
+    )?;
+    Ok(())
+}
+
+fn compare_cmd(
+    name: &str,
+    policies: &[PolicyKind],
+    seed: Option<u64>,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<()> {
+    if policies.is_empty() {
+        bail!("--policies needs at least one policy");
+    }
+    let names: Vec<String> = if name == "all" {
+        builtin_names().map(str::to_string).collect()
+    } else {
+        vec![name.to_string()]
+    };
+    let mut all = Vec::new();
+    for n in &names {
+        let scenario = load(n)?;
+        let summaries = simulate::compare(&scenario, policies, seed)
+            .with_context(|| format!("comparing policies on {n}"))?;
+        if format == Format::Table && names.len() == 1 {
+            writeln!(out, "{BANNER}")?;
+            writeln!(
+                out,
+                "scenario {} on {} for {} s, seed {}",
+                scenario.name,
+                scenario.capacity().name,
+                scenario.duration_s,
+                seed.unwrap_or(scenario.seed)
+            )?;
+        }
+        all.extend(summaries);
+    }
+    match format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?,
+        Format::Table => {
+            if names.len() > 1 {
+                writeln!(out, "{BANNER}")?;
+            }
+            write!(out, "{}", table(&all, names.len() > 1))?;
+            writeln!(out, "qos_met: share of intervals with every LC service under target (ground truth); conv: intervals to settle after a load change; be_vs_oracle: best-effort throughput over the oracle's.")?;
+        }
+    }
+    Ok(())
+}
+
+/// The comparison table.
+pub fn table(rows: &[RunSummary], with_scenario: bool) -> String {
+    let mut s = String::new();
+    let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |x| format!("{x:.p$}"));
+    if with_scenario {
+        let _ = write!(s, "{:<14} ", "scenario");
+    }
+    let _ = writeln!(
+        s,
+        "{:<8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10}",
+        "policy",
+        "qos_met",
+        "sev_mean",
+        "sev_max",
+        "conv_p50",
+        "conv_max",
+        "be_tput",
+        "be_vs_oracle",
+        "actuations",
+        "dec_p50_us",
+        "dec_p99_us"
+    );
+    for r in rows {
+        if with_scenario {
+            let _ = write!(s, "{:<14} ", r.scenario);
+        }
+        let _ = writeln!(
+            s,
+            "{:<8} {:>8.4} {:>9.3} {:>8.2} {:>9} {:>8} {:>8.3} {:>12} {:>10} {:>10.1} {:>10.1}",
+            r.policy,
+            r.qos_met_fraction,
+            r.violation_severity_mean,
+            r.violation_severity_max,
+            opt(r.convergence_intervals_p50, 1),
+            r.convergence_intervals_max
+                .map_or_else(|| "-".into(), |v| v.to_string()),
+            r.be_throughput,
+            opt(r.be_throughput_vs_oracle, 3),
+            r.actuations,
+            r.decision_us_p50,
+            r.decision_us_p99
+        );
+    }
+    s
+}

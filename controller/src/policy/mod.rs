@@ -1,0 +1,330 @@
+//! Policies: pure functions from what was observed to the next plan.
+//!
+//! A [`Policy`] receives an [`Observation`] and the time explicitly; it keeps its own state
+//! between ticks and does no I/O and reads no clock, so the simulator, the daemon and tests
+//! share one code path (STYLE.md 4).
+
+use std::collections::BTreeMap;
+
+use cohabit_core::{
+    Allocation, HostCapacity, Observation, Plan, Prediction, ServiceSpec, WayRange, MBA_MAX_PCT,
+};
+
+mod fair;
+mod oracle;
+mod parties;
+
+pub use fair::StaticPolicy;
+pub use oracle::OraclePolicy;
+pub use parties::{PartiesConfig, PartiesPolicy};
+
+/// What a policy decided at one tick, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The allocation of the whole host from now on.
+    pub plan: Plan,
+    /// Per group, a short reason an operator can read.
+    pub reasons: BTreeMap<String, String>,
+    /// Model predictions, for policies that use a model.
+    pub predictions: BTreeMap<String, Prediction>,
+}
+
+impl Decision {
+    /// A decision without predictions.
+    pub fn new(plan: Plan, reasons: BTreeMap<String, String>) -> Self {
+        Self {
+            plan,
+            reasons,
+            predictions: BTreeMap::new(),
+        }
+    }
+}
+
+/// A resource-allocation policy.
+pub trait Policy: Send {
+    /// Short name (`static`, `parties`, `oracle`).
+    fn name(&self) -> &'static str;
+    /// The allocation services start with.
+    fn initial(&mut self) -> Decision;
+    /// The plan for the interval starting at `now_ms`, given what the last interval showed.
+    fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision;
+}
+
+/// What every policy knows of the host it manages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostContext {
+    /// The host's capacities.
+    pub host: HostCapacity,
+    /// Every service and job, latency-critical first.
+    pub specs: Vec<ServiceSpec>,
+}
+
+impl HostContext {
+    /// The latency-critical services, in configuration order.
+    pub fn latency_critical(&self) -> impl Iterator<Item = &ServiceSpec> {
+        self.specs.iter().filter(|s| s.is_latency_critical())
+    }
+
+    /// True if some best-effort job runs on the CPU (and so needs at least one LLC way).
+    pub fn has_cpu_best_effort(&self) -> bool {
+        self.specs
+            .iter()
+            .any(|s| !s.is_latency_critical() && s.gpu.is_none())
+    }
+
+    /// True if some best-effort job runs on a GPU.
+    pub fn has_gpu_best_effort(&self) -> bool {
+        self.specs
+            .iter()
+            .any(|s| !s.is_latency_critical() && s.gpu.is_some())
+    }
+}
+
+/// The amounts one latency-critical service gets, before they are laid out on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// Cores.
+    pub cores: u32,
+    /// Number of LLC ways (laid out as a contiguous range of its own).
+    pub ways: u32,
+    /// MBA percent.
+    pub mba_pct: u8,
+    /// GPU MPS percent, for GPU services.
+    pub gpu_pct: Option<u8>,
+}
+
+/// Lays shares out on the host as a [`Plan`].
+///
+/// Rule: latency-critical services get disjoint way ranges from way 0 upwards, in
+/// configuration order; the best-effort pool gets the ways above them, or shares the top
+/// way when none are left (CAT needs at least one way per group), and every core not given
+/// to a latency-critical service. Its GPU share is what the latency-critical services on the
+/// busiest GPU leave (at least 1 %). Shares that do not fit are the caller's bug: the plan
+/// would fail validation.
+pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u8) -> Plan {
+    let mut services = BTreeMap::new();
+    let mut next_way = 0;
+    let mut cores = 0;
+    let mut gpu_used = vec![0u32; ctx.host.gpus.len().max(1)];
+    for spec in ctx.latency_critical() {
+        let Some(s) = shares.get(&spec.name) else {
+            continue;
+        };
+        let ways = s
+            .ways
+            .max(1)
+            .min(ctx.host.llc_ways.saturating_sub(next_way).max(1));
+        let first = next_way.min(ctx.host.llc_ways - ways);
+        next_way = first + ways;
+        cores += s.cores;
+        if let (Some(g), Some(p)) = (spec.gpu, s.gpu_pct) {
+            if let Some(u) = gpu_used.get_mut(g as usize) {
+                *u += u32::from(p);
+            }
+        }
+        services.insert(
+            spec.name.clone(),
+            Allocation {
+                cores: s.cores,
+                llc_ways: WayRange::new(first, ways),
+                mba_pct: s.mba_pct,
+                gpu_mps_pct: spec.gpu.and(s.gpu_pct),
+            },
+        );
+    }
+    let w = ctx.host.llc_ways;
+    let be_ways = if next_way < w {
+        WayRange::new(next_way, w - next_way)
+    } else {
+        WayRange::new(w - 1, 1)
+    };
+    let busiest = gpu_used.iter().copied().max().unwrap_or(0);
+    let be_gpu = ctx
+        .has_gpu_best_effort()
+        .then(|| u8::try_from(100u32.saturating_sub(busiest).max(1)).unwrap_or(100));
+    Plan {
+        services,
+        best_effort: Allocation {
+            cores: ctx.host.cores.saturating_sub(cores),
+            llc_ways: be_ways,
+            mba_pct: be_mba_pct,
+            gpu_mps_pct: be_gpu,
+        },
+    }
+}
+
+/// The shares of a plan (inverse of [`layout`] for the latency-critical services).
+pub fn shares_of(plan: &Plan) -> BTreeMap<String, Share> {
+    plan.services
+        .iter()
+        .map(|(name, a)| {
+            (
+                name.clone(),
+                Share {
+                    cores: a.cores,
+                    ways: a.llc_ways.count,
+                    mba_pct: a.mba_pct,
+                    gpu_pct: a.gpu_mps_pct,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Equal shares for every group: each latency-critical service and, if there are
+/// best-effort jobs, the pool. Remainders go to the latency-critical services in order.
+pub fn fair_shares(ctx: &HostContext) -> BTreeMap<String, Share> {
+    let lc: Vec<&ServiceSpec> = ctx.latency_critical().collect();
+    let n_lc = u32::try_from(lc.len()).unwrap_or(u32::MAX).max(1);
+    let cpu_groups = n_lc + u32::from(ctx.has_cpu_best_effort());
+    let split = |total: u32, groups: u32, i: u32| total / groups + u32::from(i < total % groups);
+    // The pool always keeps at least one way.
+    let ways_for_lc = if ctx.has_cpu_best_effort() {
+        ctx.host.llc_ways - ctx.host.llc_ways / cpu_groups.max(1)
+    } else {
+        ctx.host.llc_ways
+    };
+    let gpu_groups = |g: u32| {
+        let n = lc.iter().filter(|s| s.gpu == Some(g)).count();
+        u32::try_from(n).unwrap_or(1) + u32::from(ctx.has_gpu_best_effort())
+    };
+    lc.iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let i = u32::try_from(i).unwrap_or(0);
+            let gpu_pct = spec
+                .gpu
+                .map(|g| u8::try_from(100 / gpu_groups(g).max(1)).unwrap_or(100));
+            (
+                spec.name.clone(),
+                Share {
+                    cores: split(ctx.host.cores, cpu_groups, i).max(1),
+                    ways: split(ways_for_lc, n_lc, i).max(1),
+                    mba_pct: MBA_MAX_PCT,
+                    gpu_pct,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Measured slack of a latency-critical service: `(target - p99) / target`; `None` when
+/// the p99 was not measured.
+pub fn slack(obs: &Observation, name: &str) -> Option<f64> {
+    obs.qos_ratio(name).map(|r| 1.0 - r)
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_core::ServiceClass;
+
+    use super::*;
+
+    pub(crate) fn ctx(n_lc: usize, be_cpu: bool, be_gpu: bool, gpus: usize) -> HostContext {
+        let mut specs: Vec<ServiceSpec> = (0..n_lc)
+            .map(|i| ServiceSpec {
+                name: format!("lc{i}"),
+                class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
+                gpu: (i < gpus).then_some(0),
+            })
+            .collect();
+        if be_cpu {
+            specs.push(ServiceSpec {
+                name: "be".into(),
+                class: ServiceClass::BestEffort,
+                gpu: None,
+            });
+        }
+        if be_gpu {
+            specs.push(ServiceSpec {
+                name: "train".into(),
+                class: ServiceClass::BestEffort,
+                gpu: Some(0),
+            });
+        }
+        HostContext {
+            host: HostCapacity {
+                name: "t".into(),
+                cores: 36,
+                freq_ghz: 2.3,
+                llc_ways: 20,
+                llc_way_bytes: 1 << 20,
+                mem_bw_bytes_per_s: 7e10,
+                gpus: vec![
+                    cohabit_core::GpuCapacity {
+                        name: "g".into(),
+                        sms: 100
+                    };
+                    usize::from(gpus > 0 || be_gpu)
+                ],
+            },
+            specs,
+        }
+    }
+
+    #[test]
+    fn fair_share_is_valid_and_even() {
+        for (n, be) in [(1, true), (2, true), (3, true), (4, false), (7, true)] {
+            let c = ctx(n, be, false, 0);
+            let plan = layout(&c, &fair_shares(&c), MBA_MAX_PCT);
+            plan.validate(&c.host, &c.specs)
+                .unwrap_or_else(|e| panic!("{n} {be}: {e}"));
+            let cores: Vec<u32> = plan.services.values().map(|a| a.cores).collect();
+            assert!(
+                cores.iter().max().unwrap() - cores.iter().min().unwrap() <= 1,
+                "{cores:?}"
+            );
+            assert_eq!(plan.lc_cores() + plan.best_effort.cores, 36);
+            let ranges: Vec<WayRange> = plan.groups().map(|(_, a)| a.llc_ways).collect();
+            for (i, a) in ranges.iter().enumerate() {
+                for b in &ranges[i + 1..] {
+                    assert!(
+                        !a.overlaps(b) || !be,
+                        "disjoint ways with a pool that has spare ways"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layout_gives_the_pool_the_top_way_when_services_take_them_all() {
+        let c = ctx(2, true, false, 0);
+        let shares: BTreeMap<String, Share> = [
+            (
+                "lc0".to_string(),
+                Share {
+                    cores: 10,
+                    ways: 12,
+                    mba_pct: 100,
+                    gpu_pct: None,
+                },
+            ),
+            (
+                "lc1".to_string(),
+                Share {
+                    cores: 10,
+                    ways: 8,
+                    mba_pct: 100,
+                    gpu_pct: None,
+                },
+            ),
+        ]
+        .into();
+        let plan = layout(&c, &shares, 100);
+        assert_eq!(plan.services["lc0"].llc_ways, WayRange::new(0, 12));
+        assert_eq!(plan.services["lc1"].llc_ways, WayRange::new(12, 8));
+        assert_eq!(plan.best_effort.llc_ways, WayRange::new(19, 1));
+        assert_eq!(plan.best_effort.cores, 16);
+        assert_eq!(shares_of(&plan), shares);
+    }
+
+    #[test]
+    fn the_gpu_pool_gets_what_services_leave() {
+        let c = ctx(2, true, true, 2);
+        let plan = layout(&c, &fair_shares(&c), 100);
+        assert_eq!(plan.services["lc0"].gpu_mps_pct, Some(33));
+        assert_eq!(plan.best_effort.gpu_mps_pct, Some(34));
+        plan.validate(&c.host, &c.specs).unwrap();
+    }
+}

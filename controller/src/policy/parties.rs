@@ -1,0 +1,380 @@
+//! `parties`: the PARTIES feedback controller (Chen, Delimitrou, Martínez, ASPLOS 2019).
+//!
+//! Problem: keep every latency-critical service under its target with as few resources as
+//! possible, without a model, from measured latency alone.
+//!
+//! Approach (the paper's, with its constants; see `shared/data/published_tables/
+//! parties_controller_constants.csv`): every decision interval (500 ms, or each tick when
+//! ticks are longer) compute each service's slack `(target - p99) / target`.
+//! - If some slack is under 0.05, upsize the service with the least slack by one unit of
+//!   its current resource (1 core, 1 way, 10 % GPU), taken from the best-effort pool, or
+//!   else from the service with the most slack above 0.20.
+//! - Otherwise, take one unit of its current resource from the service with the most slack
+//!   if it has had more than 0.20 for two intervals, and give it to the pool.
+//! - After an upsize that did not raise the slack, rotate that service to its next resource
+//!   ("wrong direction"); after a downsize that pushed the slack under 0.05, revert it and
+//!   bar cuts to that service for 30 s.
+//!
+//! Properties: one unit moves per interval, so convergence after a load change takes as
+//! many intervals as units are missing. It knows nothing of MPS restarts; a GPU share
+//! change shows its effect only after the client restarts.
+
+use std::collections::BTreeMap;
+
+use cohabit_core::{Observation, Resource, MBA_MAX_PCT};
+
+use super::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
+
+/// PARTIES' thresholds and timings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartiesConfig {
+    /// Upsize when the least slack is below this.
+    pub upsize_below: f64,
+    /// Downsize a service whose slack stays above this.
+    pub downsize_above: f64,
+    /// How long a service is protected from cuts after a harmful one.
+    pub bar_ms: u64,
+    /// Shortest time between two actions.
+    pub interval_ms: u64,
+}
+
+impl Default for PartiesConfig {
+    fn default() -> Self {
+        Self {
+            upsize_below: 0.05,
+            downsize_above: 0.20,
+            bar_ms: 30_000,
+            interval_ms: 500,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Up,
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Action {
+    service: String,
+    resource: Resource,
+    direction: Direction,
+    slack_before: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ServiceState {
+    resource_idx: usize,
+    prev_slack: Option<f64>,
+    barred_until_ms: u64,
+}
+
+/// The PARTIES controller.
+#[derive(Debug, Clone)]
+pub struct PartiesPolicy {
+    ctx: HostContext,
+    cfg: PartiesConfig,
+    shares: BTreeMap<String, Share>,
+    state: BTreeMap<String, ServiceState>,
+    last: Option<Action>,
+    last_act_ms: Option<u64>,
+}
+
+impl PartiesPolicy {
+    /// PARTIES managing the host in `ctx`, starting from a fair share (as the paper does).
+    pub fn new(ctx: HostContext, cfg: PartiesConfig) -> Self {
+        let shares = fair_shares(&ctx);
+        let state = ctx
+            .latency_critical()
+            .map(|s| (s.name.clone(), ServiceState::default()))
+            .collect();
+        Self {
+            ctx,
+            cfg,
+            shares,
+            state,
+            last: None,
+            last_act_ms: None,
+        }
+    }
+
+    fn resources(&self, name: &str) -> Vec<Resource> {
+        let gpu = self
+            .ctx
+            .specs
+            .iter()
+            .any(|s| s.name == name && s.gpu.is_some());
+        let mut r = vec![Resource::Cores, Resource::LlcWays];
+        if gpu {
+            r.push(Resource::GpuShare);
+        }
+        r
+    }
+
+    fn current_resource(&self, name: &str) -> Resource {
+        let r = self.resources(name);
+        r[self.state.get(name).map_or(0, |s| s.resource_idx) % r.len()]
+    }
+
+    fn rotate(&mut self, name: &str) {
+        let n = self.resources(name).len();
+        if let Some(s) = self.state.get_mut(name) {
+            s.resource_idx = (s.resource_idx + 1) % n;
+        }
+    }
+
+    fn unit(resource: Resource) -> u32 {
+        if resource == Resource::GpuShare {
+            10
+        } else {
+            1
+        }
+    }
+
+    fn minimum(resource: Resource) -> u32 {
+        if resource == Resource::GpuShare {
+            10
+        } else {
+            1
+        }
+    }
+
+    fn amount(share: &Share, r: Resource) -> u32 {
+        match r {
+            Resource::Cores => share.cores,
+            Resource::LlcWays => share.ways,
+            Resource::Mba => u32::from(share.mba_pct),
+            Resource::GpuShare => share.gpu_pct.map_or(0, u32::from),
+        }
+    }
+
+    fn adjust(&mut self, name: &str, r: Resource, delta: i64) {
+        if let Some(s) = self.shares.get_mut(name) {
+            let v = i64::from(Self::amount(s, r)) + delta;
+            let v = u32::try_from(v.max(0)).unwrap_or(0);
+            match r {
+                Resource::Cores => s.cores = v,
+                Resource::LlcWays => s.ways = v,
+                Resource::Mba => s.mba_pct = u8::try_from(v.min(100)).unwrap_or(100),
+                Resource::GpuShare => s.gpu_pct = Some(u8::try_from(v.min(100)).unwrap_or(100)),
+            }
+        }
+    }
+
+    /// Units of `r` the best-effort pool can give up without going below its minimum.
+    fn pool_spare(&self, r: Resource, gpu: Option<u32>) -> u32 {
+        let host = &self.ctx.host;
+        match r {
+            Resource::Cores => host
+                .cores
+                .saturating_sub(self.shares.values().map(|s| s.cores).sum()),
+            Resource::LlcWays => {
+                let used: u32 = self.shares.values().map(|s| s.ways).sum();
+                let keep = u32::from(self.ctx.has_cpu_best_effort());
+                host.llc_ways.saturating_sub(used + keep)
+            }
+            Resource::GpuShare => {
+                let used: u32 = self
+                    .ctx
+                    .latency_critical()
+                    .filter(|s| s.gpu == gpu && gpu.is_some())
+                    .filter_map(|s| self.shares.get(&s.name))
+                    .map(|s| s.gpu_pct.map_or(0, u32::from))
+                    .sum();
+                let keep = u32::from(self.ctx.has_gpu_best_effort());
+                100u32.saturating_sub(used + keep)
+            }
+            Resource::Mba => 0,
+        }
+    }
+
+    fn gpu_of(&self, name: &str) -> Option<u32> {
+        self.ctx
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.gpu)
+    }
+
+    /// Gives `name` one unit of its current resource, rotating through its resources until
+    /// one can be had. Returns the resource and where it came from.
+    fn upsize(
+        &mut self,
+        name: &str,
+        slacks: &BTreeMap<String, f64>,
+        now_ms: u64,
+    ) -> Option<(Resource, String)> {
+        for _ in 0..self.resources(name).len() {
+            let r = self.current_resource(name);
+            let unit = Self::unit(r);
+            if self.pool_spare(r, self.gpu_of(name)) >= unit {
+                self.adjust(name, r, i64::from(unit));
+                return Some((r, "best-effort pool".into()));
+            }
+            let victim = slacks
+                .iter()
+                .filter(|(v, s)| v.as_str() != name && **s > self.cfg.downsize_above)
+                .filter(|(v, _)| {
+                    self.state
+                        .get(*v)
+                        .is_none_or(|st| st.barred_until_ms <= now_ms)
+                })
+                .filter(|(v, _)| r != Resource::GpuShare || self.gpu_of(v) == self.gpu_of(name))
+                .filter(|(v, _)| {
+                    self.shares
+                        .get(*v)
+                        .is_some_and(|s| Self::amount(s, r) >= Self::minimum(r) + unit)
+                })
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(v, _)| v.clone());
+            if let Some(v) = victim {
+                self.adjust(&v, r, -i64::from(unit));
+                self.adjust(name, r, i64::from(unit));
+                return Some((r, v));
+            }
+            self.rotate(name);
+        }
+        None
+    }
+
+    fn act(&mut self, obs: &Observation, now_ms: u64, reasons: &mut BTreeMap<String, String>) {
+        let slacks: BTreeMap<String, f64> = self
+            .ctx
+            .latency_critical()
+            .filter_map(|s| slack(obs, &s.name).map(|v| (s.name.clone(), v)))
+            .collect();
+        // Judge the previous action.
+        if let Some(last) = self.last.take() {
+            if let Some(&now) = slacks.get(&last.service) {
+                match last.direction {
+                    Direction::Up if now <= last.slack_before => {
+                        self.rotate(&last.service);
+                    }
+                    Direction::Down if now < self.cfg.upsize_below => {
+                        let unit = Self::unit(last.resource);
+                        if self.pool_spare(last.resource, self.gpu_of(&last.service)) >= unit {
+                            self.adjust(&last.service, last.resource, i64::from(unit));
+                        }
+                        if let Some(st) = self.state.get_mut(&last.service) {
+                            st.barred_until_ms = now_ms + self.cfg.bar_ms;
+                        }
+                        reasons.insert(
+                            last.service.clone(),
+                            format!("feedback: revert harmful {} cut (slack {now:.2}); no cuts for {} s", last.resource, self.cfg.bar_ms / 1000),
+                        );
+                        self.last_act_ms = Some(now_ms);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let Some((worst, &worst_slack)) = slacks.iter().min_by(|a, b| a.1.total_cmp(b.1)) else {
+            return;
+        };
+        let worst = worst.clone();
+        if worst_slack < self.cfg.upsize_below {
+            if let Some((r, from)) = self.upsize(&worst, &slacks, now_ms) {
+                reasons.insert(
+                    worst.clone(),
+                    format!(
+                        "feedback: +{} {r} from {from} (slack {worst_slack:.2} < {})",
+                        Self::unit(r),
+                        self.cfg.upsize_below
+                    ),
+                );
+                self.last = Some(Action {
+                    service: worst,
+                    resource: r,
+                    direction: Direction::Up,
+                    slack_before: worst_slack,
+                });
+                self.last_act_ms = Some(now_ms);
+            } else {
+                reasons.insert(
+                    worst,
+                    format!("feedback: wants more (slack {worst_slack:.2}) but nothing can be had"),
+                );
+            }
+            return;
+        }
+        let candidate = slacks
+            .iter()
+            .filter(|(n, s)| {
+                let st = self.state.get(*n);
+                **s > self.cfg.downsize_above
+                    && st.is_some_and(|st| {
+                        st.prev_slack.is_some_and(|p| p > self.cfg.downsize_above)
+                            && st.barred_until_ms <= now_ms
+                    })
+            })
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(n, s)| (n.clone(), *s));
+        if let Some((name, s)) = candidate {
+            for _ in 0..self.resources(&name).len() {
+                let r = self.current_resource(&name);
+                let unit = Self::unit(r);
+                let have = self.shares.get(&name).map_or(0, |sh| Self::amount(sh, r));
+                if have >= Self::minimum(r) + unit {
+                    self.adjust(&name, r, -i64::from(unit));
+                    reasons.insert(
+                        name.clone(),
+                        format!(
+                            "feedback: -{unit} {r} to best effort (slack {s:.2} > {})",
+                            self.cfg.downsize_above
+                        ),
+                    );
+                    self.last = Some(Action {
+                        service: name,
+                        resource: r,
+                        direction: Direction::Down,
+                        slack_before: s,
+                    });
+                    self.last_act_ms = Some(now_ms);
+                    return;
+                }
+                self.rotate(&name);
+            }
+        }
+    }
+}
+
+impl Policy for PartiesPolicy {
+    fn name(&self) -> &'static str {
+        "parties"
+    }
+
+    fn initial(&mut self) -> Decision {
+        let plan = layout(&self.ctx, &self.shares, MBA_MAX_PCT);
+        let reasons = plan
+            .groups()
+            .map(|(g, _)| (g.to_string(), "initial fair share".to_string()))
+            .collect();
+        Decision::new(plan, reasons)
+    }
+
+    fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+        let mut reasons = BTreeMap::new();
+        let due = self
+            .last_act_ms
+            .is_none_or(|t| now_ms >= t + self.cfg.interval_ms);
+        if due {
+            self.act(obs, now_ms, &mut reasons);
+        }
+        for spec in self.ctx.latency_critical() {
+            let s = slack(obs, &spec.name);
+            if let Some(st) = self.state.get_mut(&spec.name) {
+                if s.is_some() {
+                    st.prev_slack = s;
+                }
+            }
+            reasons.entry(spec.name.clone()).or_insert_with(|| match s {
+                Some(v) => format!("feedback: hold (slack {v:.2})"),
+                None => "feedback: hold (no latency reading)".to_string(),
+            });
+        }
+        let plan = layout(&self.ctx, &self.shares, MBA_MAX_PCT);
+        Decision::new(plan, reasons)
+    }
+}

@@ -1,0 +1,153 @@
+//! Running policies on simulated scenarios and comparing them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cohabit_core::DecisionRecord;
+use cohabit_sim::{Scenario, SimError, SimulatedHost, TruthModel};
+
+use crate::control::{self, LoopError};
+use crate::metrics::{self, RunSummary};
+use crate::policy::{
+    HostContext, OraclePolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy,
+};
+
+/// The policies the simulator can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PolicyKind {
+    /// Fair share, never changed.
+    Static,
+    /// The PARTIES feedback controller.
+    Parties,
+    /// Ground-truth search (simulator only).
+    Oracle,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order comparisons print them.
+    pub const ALL: [PolicyKind; 3] = [PolicyKind::Static, PolicyKind::Parties, PolicyKind::Oracle];
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Static => "static",
+            PolicyKind::Parties => "parties",
+            PolicyKind::Oracle => "oracle",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown policy {s:?}; choose from {}", names.join(", "))
+            })
+    }
+}
+
+/// Builds a policy for a scenario.
+pub fn build_policy(kind: PolicyKind, scenario: &Arc<Scenario>) -> Box<dyn Policy> {
+    let ctx = HostContext {
+        host: scenario.capacity().clone(),
+        specs: scenario.specs(),
+    };
+    match kind {
+        PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
+        PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
+        PolicyKind::Oracle => Box::new(OraclePolicy::new(TruthModel::new(Arc::clone(scenario)))),
+    }
+}
+
+/// Why a simulated run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The policy's initial plan did not fit the host, or the scenario was bad.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// The loop stopped.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
+}
+
+/// One simulated run: every record and its summary.
+#[derive(Debug, Clone)]
+pub struct SimRun {
+    /// The decision log.
+    pub records: Vec<DecisionRecord>,
+    /// Its metrics (without the oracle ratio).
+    pub summary: RunSummary,
+}
+
+/// Runs `kind` on `scenario`; `seed` overrides the scenario's. `sink` sees every record as
+/// it is made (e.g. to stream `decisions.jsonl`).
+pub fn run_policy(
+    scenario: &Arc<Scenario>,
+    kind: PolicyKind,
+    seed: Option<u64>,
+    mut sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
+) -> Result<SimRun, RunError> {
+    let mut policy = build_policy(kind, scenario);
+    let initial = policy.initial();
+    let mut host = SimulatedHost::launch(Arc::clone(scenario), &initial.plan, seed)?;
+    let mut records = Vec::with_capacity(usize::try_from(scenario.ticks()).unwrap_or(0));
+    control::run(&mut host, policy.as_mut(), scenario.ticks(), |r| {
+        sink(&r)?;
+        records.push(r);
+        Ok(())
+    })?;
+    let seed = seed.unwrap_or(scenario.seed);
+    let targets: BTreeMap<String, f64> = scenario
+        .services
+        .iter()
+        .filter_map(|s| s.spec.p99_target_ms().map(|t| (s.spec.name.clone(), t)))
+        .collect();
+    let summary = metrics::summarize(&scenario.name, kind.name(), seed, &targets, &records);
+    Ok(SimRun { records, summary })
+}
+
+/// Runs every policy in `kinds` on the same scenario and seed, one thread each, and fills
+/// in `be_throughput_vs_oracle` (running the oracle as a reference if it was not asked for).
+pub fn compare(
+    scenario: &Arc<Scenario>,
+    kinds: &[PolicyKind],
+    seed: Option<u64>,
+) -> Result<Vec<RunSummary>, RunError> {
+    let mut wanted: Vec<PolicyKind> = kinds.to_vec();
+    if !wanted.contains(&PolicyKind::Oracle) {
+        wanted.push(PolicyKind::Oracle);
+    }
+    let results: Vec<Result<RunSummary, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = wanted
+            .iter()
+            .map(|&k| s.spawn(move || run_policy(scenario, k, seed, |_| Ok(())).map(|r| r.summary)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut summaries = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let oracle_be = summaries
+        .iter()
+        .find(|s| s.policy == PolicyKind::Oracle.name())
+        .map(|s| s.be_throughput);
+    for s in &mut summaries {
+        s.be_throughput_vs_oracle = oracle_be.filter(|o| *o > 0.0).map(|o| s.be_throughput / o);
+    }
+    summaries.retain(|s| kinds.iter().any(|k| k.name() == s.policy));
+    Ok(summaries)
+}

@@ -378,3 +378,115 @@ impl Policy for PartiesPolicy {
         Decision::new(plan, reasons)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cohabit_core::{Sample, ServiceObservation};
+
+    use super::*;
+    use crate::policy::tests::ctx;
+
+    fn obs(policy_plan: &cohabit_core::Plan, c: &HostContext, p99: &[(&str, f64)]) -> Observation {
+        Observation {
+            t_ms: 0,
+            services: c
+                .specs
+                .iter()
+                .map(|s| ServiceObservation {
+                    spec: s.clone(),
+                    sample: Sample {
+                        p99_ms: p99.iter().find(|(n, _)| *n == s.name).map(|(_, v)| *v),
+                        ..Sample::default()
+                    },
+                    gpu_mps_effective_pct: None,
+                })
+                .collect(),
+            current: policy_plan.clone(),
+        }
+    }
+
+    #[test]
+    fn the_service_with_least_slack_gets_a_core_from_best_effort() {
+        let c = ctx(2, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        // Targets are 1 ms: lc0 at 1.2 ms violates, lc1 at 0.9 ms has 0.1 slack.
+        let d = p.decide(&obs(&start, &c, &[("lc0", 1.2), ("lc1", 0.9)]), 1000);
+        assert_eq!(
+            d.plan.services["lc0"].cores,
+            start.services["lc0"].cores + 1
+        );
+        assert_eq!(d.plan.services["lc1"], start.services["lc1"]);
+        assert_eq!(d.plan.best_effort.cores, start.best_effort.cores - 1);
+        assert!(d.reasons["lc0"].contains("+1 cores"), "{:?}", d.reasons);
+    }
+
+    #[test]
+    fn an_upsize_that_did_not_help_rotates_to_the_next_resource() {
+        let c = ctx(1, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        let d1 = p.decide(&obs(&start, &c, &[("lc0", 1.5)]), 1000);
+        let d2 = p.decide(&obs(&d1.plan, &c, &[("lc0", 1.6)]), 2000);
+        assert_eq!(d2.plan.services["lc0"].cores, d1.plan.services["lc0"].cores);
+        assert_eq!(
+            d2.plan.services["lc0"].llc_ways.count,
+            d1.plan.services["lc0"].llc_ways.count + 1
+        );
+    }
+
+    #[test]
+    fn a_harmful_cut_is_reverted_and_cuts_are_barred_for_30_s() {
+        let c = ctx(1, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        // Two intervals of large slack: the second cuts a core.
+        let d1 = p.decide(&obs(&start, &c, &[("lc0", 0.3)]), 1000);
+        assert_eq!(d1.plan, start, "needs two intervals of slack first");
+        let d2 = p.decide(&obs(&d1.plan, &c, &[("lc0", 0.3)]), 2000);
+        assert_eq!(
+            d2.plan.services["lc0"].cores + 1,
+            start.services["lc0"].cores
+        );
+        // The cut hurt: revert it.
+        let d3 = p.decide(&obs(&d2.plan, &c, &[("lc0", 0.99)]), 3000);
+        assert_eq!(d3.plan.services["lc0"].cores, start.services["lc0"].cores);
+        assert!(d3.reasons["lc0"].contains("revert"));
+        // Lots of slack again, but cuts stay barred until 33 s.
+        let mut plan = d3.plan.clone();
+        for t in (4..33).map(|s| s * 1000) {
+            plan = p.decide(&obs(&plan, &c, &[("lc0", 0.3)]), t).plan;
+            assert_eq!(plan, d3.plan, "cut at {t} ms while barred");
+        }
+        let later = p.decide(&obs(&plan, &c, &[("lc0", 0.3)]), 34_000).plan;
+        assert_ne!(later, d3.plan, "cuts resume after the bar");
+    }
+
+    #[test]
+    fn without_a_latency_reading_nothing_moves() {
+        let c = ctx(2, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        let d = p.decide(&obs(&start, &c, &[]), 1000);
+        assert_eq!(d.plan, start);
+        assert!(d.reasons["lc0"].contains("no latency reading"));
+    }
+
+    #[test]
+    fn with_no_spare_resources_it_takes_from_the_service_with_most_slack() {
+        let c = ctx(2, false, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        assert_eq!(start.best_effort.cores, 0);
+        let d = p.decide(&obs(&start, &c, &[("lc0", 1.3), ("lc1", 0.5)]), 1000);
+        assert_eq!(
+            d.plan.services["lc0"].cores,
+            start.services["lc0"].cores + 1
+        );
+        assert_eq!(
+            d.plan.services["lc1"].cores,
+            start.services["lc1"].cores - 1
+        );
+        assert!(d.reasons["lc0"].contains("from lc1"));
+    }
+}

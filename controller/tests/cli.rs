@@ -1,0 +1,148 @@
+//! The `cohabit` binary as a user runs it.
+
+use std::process::{Command, Output};
+
+fn cohabit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cohabit"))
+        .args(args)
+        .output()
+        .expect("cohabit runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn scenarios_lists_every_builtin_one() {
+    let o = cohabit(&["scenarios"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for name in ["demo", "parties-mix", "gpu-inference", "load-spike"] {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    let o = cohabit(&["scenarios", "--models"]);
+    let text = stdout(&o);
+    assert!(
+        text.contains("memcached") && text.contains("knee_rps") && text.contains("xeon-gold-6338"),
+        "{text}"
+    );
+    let o = cohabit(&["scenarios", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn compare_json_prints_one_record_per_policy_with_every_metric() {
+    let o = cohabit(&["compare", "--scenario", "demo", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    let rows = v.as_array().unwrap();
+    let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["static", "parties", "oracle"]);
+    for r in rows {
+        assert_eq!(r["simulated"], true);
+        assert_eq!(r["scenario"], "demo");
+        for field in [
+            "qos_met_fraction",
+            "violation_severity_mean",
+            "violation_severity_max",
+            "convergence_intervals_p50",
+            "convergence_intervals_max",
+            "be_throughput",
+            "be_throughput_vs_oracle",
+            "actuations",
+            "decision_us_p50",
+            "decision_us_p99",
+        ] {
+            assert!(r.get(field).is_some(), "{field} missing in {r}");
+        }
+        let q = r["qos_met_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&q));
+    }
+    assert_eq!(rows[2]["be_throughput_vs_oracle"], 1.0);
+}
+
+#[test]
+fn compare_table_says_it_is_a_simulation_and_honours_the_seed() {
+    let a = cohabit(&[
+        "compare",
+        "--scenario",
+        "demo",
+        "--policies",
+        "static",
+        "--seed",
+        "5",
+    ]);
+    assert!(a.status.success(), "{}", stderr(&a));
+    let text = stdout(&a);
+    assert!(text.starts_with("SIMULATION"), "{text}");
+    assert!(text.contains("seed 5"));
+    assert!(
+        !text.contains("\noracle "),
+        "oracle ran only as the reference:\n{text}"
+    );
+}
+
+#[test]
+fn simulate_writes_the_decision_log_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = cohabit(&[
+        "simulate",
+        "--scenario",
+        "demo",
+        "--policy",
+        "parties",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("SIMULATION"));
+    let log = std::fs::read_to_string(out.join("decisions.jsonl")).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 600);
+    let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(first["simulated"], true);
+    assert_eq!(first["policy"], "parties");
+    assert!(first["truth"]["p99_ms"]["memcached"].is_number());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["intervals"], 600);
+    assert!(summary["be_throughput_vs_oracle"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_bad_scenario_file_fails_with_a_message_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "name = \"bad\"\nduration_s = 10\nturbo = true\n[host]\n[[service]]\nname = \"m\"\nmodel = \"memcached\"\nload = { kind = \"constant\", fraction = 0.1 }\n",
+    )
+    .unwrap();
+    let o = cohabit(&["compare", "--scenario", path.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("turbo") && err.contains("bad.toml"), "{err}");
+}
+
+#[test]
+fn unknown_policies_and_scenarios_are_refused_with_the_choices() {
+    let o = cohabit(&[
+        "compare",
+        "--scenario",
+        "demo",
+        "--policies",
+        "static,magic",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("parties"), "{}", stderr(&o));
+    let o = cohabit(&["simulate", "--scenario", "nope", "--out", "/tmp/never"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("demo"), "{}", stderr(&o));
+}

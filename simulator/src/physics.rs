@@ -81,7 +81,7 @@ pub fn mba_cpi(
 ) -> f64 {
     let bpi = apki / 1000.0 * miss_ratio * LINE_BYTES;
     let mut c = cpi(cpi_base, apki, miss_ratio, mem_latency_ns, freq_ghz, mlp);
-    if bpi <= 0.0 || core_cap_bytes_per_s <= 0.0 {
+    if bpi <= 0.0 || core_cap_bytes_per_s <= 0.0 || core_cap_bytes_per_s.is_infinite() {
         return c;
     }
     for _ in 0..30 {

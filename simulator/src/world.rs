@@ -222,22 +222,27 @@ fn cpu_state(host: &SimHost, t: &Tenant<'_>, cache: f64, latency_ns: f64) -> Cpu
 
 /// Splits every way among the tenants allowed to fill it, by LLC insertion (miss) rate.
 fn share_ways(ways: u32, way_bytes: f64, tenants: &[Tenant<'_>], st: &[CpuState]) -> Vec<f64> {
+    let active: Vec<bool> = tenants
+        .iter()
+        .map(|t| t.model.cpu.is_some() && t.cores > 0.0)
+        .collect();
     let mut cache = vec![0.0; tenants.len()];
     for w in 0..ways {
-        let occupants = || {
-            tenants
-                .iter()
-                .enumerate()
-                .filter(move |(_, t)| t.model.cpu.is_some() && t.cores > 0.0 && t.ways.contains(w))
-        };
-        let total: f64 = occupants().map(|(i, _)| st[i].misses).sum();
-        let n = occupants().count() as f64;
-        for (i, _) in occupants() {
-            cache[i] += if total > 0.0 {
-                way_bytes * st[i].misses / total
-            } else {
-                way_bytes / n
-            };
+        let (mut total, mut n) = (0.0, 0.0);
+        for (i, t) in tenants.iter().enumerate() {
+            if active[i] && t.ways.contains(w) {
+                total += st[i].misses;
+                n += 1.0;
+            }
+        }
+        for (i, t) in tenants.iter().enumerate() {
+            if active[i] && t.ways.contains(w) {
+                cache[i] += if total > 0.0 {
+                    way_bytes * st[i].misses / total
+                } else {
+                    way_bytes / n
+                };
+            }
         }
     }
     cache

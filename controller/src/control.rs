@@ -81,3 +81,63 @@ pub fn run<H: ControlledHost>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cohabit_core::Observation;
+    use cohabit_sim::Scenario;
+
+    use super::*;
+    use crate::policy::{Decision, HostContext, StaticPolicy};
+
+    /// Asks for one core too many every other tick.
+    struct Greedy(StaticPolicy, u32);
+
+    impl Policy for Greedy {
+        fn name(&self) -> &'static str {
+            "greedy"
+        }
+        fn initial(&mut self) -> Decision {
+            self.0.initial()
+        }
+        fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+            self.1 += 1;
+            let mut d = self.0.decide(obs, now_ms);
+            if self.1 % 2 == 0 {
+                d.plan.best_effort.cores += 1;
+            }
+            d
+        }
+    }
+
+    #[test]
+    fn a_rejected_plan_is_recorded_and_the_host_keeps_its_last_good_state() {
+        let sc = Arc::new(Scenario::load("demo").unwrap());
+        let ctx = HostContext {
+            host: sc.capacity().clone(),
+            specs: sc.specs(),
+        };
+        let mut policy = Greedy(StaticPolicy::new(ctx), 0);
+        let initial = policy.initial().plan;
+        let mut host = SimulatedHost::launch(Arc::clone(&sc), &initial, None).unwrap();
+        let mut records = Vec::new();
+        run(&mut host, &mut policy, 6, |r| {
+            records.push(r);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(records.len(), 6, "the loop went on");
+        for (k, r) in records.iter().enumerate() {
+            assert_eq!(
+                r.observation.current, initial,
+                "tick {k}: host kept the good plan"
+            );
+            assert_eq!(r.plan, initial);
+            assert!(r.changes.is_empty());
+            let rejected = r.reasons.get("apply").is_some_and(|m| m.contains("cores"));
+            assert_eq!(rejected, k % 2 == 1, "tick {k}: {:?}", r.reasons);
+        }
+    }
+}

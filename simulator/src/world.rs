@@ -393,25 +393,8 @@ fn outcome(host: &SimHost, t: &Tenant<'_>, s: &CpuState, g: Option<GpuState>) ->
     o
 }
 
-/// Instructions per second a best-effort CPU job reaches alone on the whole host: the
-/// denominator of its progress.
-pub fn solo_rate(host: &SimHost, model: &ServiceModel) -> f64 {
-    let cap = &host.capacity;
-    let t = Tenant {
-        model,
-        p99_target_ms: None,
-        cores: f64::from(cap.cores),
-        ways: WayRange::new(0, cap.llc_ways),
-        mba_pct: 100.0,
-        load_rps: 0.0,
-        gpu: model.gpu.map(|_| (0, 1.0)),
-        downtime_ms: 0.0,
-    };
-    evaluate(host, &[t], 1000.0).outcomes[0].progress
-}
-
-/// The p99 of a latency-critical model alone on the whole host at `load_rps`.
-pub fn solo_p99_ms(host: &SimHost, model: &ServiceModel, load_rps: f64) -> f64 {
+/// A model alone on the whole host (all cores, all ways, no MBA, the whole GPU).
+fn solo(host: &SimHost, model: &ServiceModel, load_rps: f64) -> Outcome {
     let cap = &host.capacity;
     let t = Tenant {
         model,
@@ -423,9 +406,18 @@ pub fn solo_p99_ms(host: &SimHost, model: &ServiceModel, load_rps: f64) -> f64 {
         gpu: model.gpu.map(|_| (0, 1.0)),
         downtime_ms: 0.0,
     };
-    evaluate(host, &[t], 1000.0).outcomes[0]
-        .p99_ms
-        .unwrap_or(f64::INFINITY)
+    evaluate(host, &[t], 1000.0).outcomes.swap_remove(0)
+}
+
+/// Progress a best-effort job makes alone on the whole host: the denominator of its
+/// progress in a shared one.
+pub fn solo_rate(host: &SimHost, model: &ServiceModel) -> f64 {
+    solo(host, model, 0.0).progress
+}
+
+/// The p99 of a latency-critical model alone on the whole host at `load_rps`.
+pub fn solo_p99_ms(host: &SimHost, model: &ServiceModel, load_rps: f64) -> f64 {
+    solo(host, model, load_rps).p99_ms.unwrap_or(f64::INFINITY)
 }
 
 /// How far under its target a service's own p99 service time must stay on the reference
@@ -487,25 +479,6 @@ fn bisect_log((mut lo, mut hi): (f64, f64), mut ok: impl FnMut(f64) -> bool) -> 
         }
     }
     lo
-}
-
-/// Utilisation of the busier stage (cores or GPU streams) of a model alone on the whole host.
-pub fn bottleneck_utilisation(host: &SimHost, model: &ServiceModel, load_rps: f64) -> f64 {
-    let cap = &host.capacity;
-    let t = Tenant {
-        model,
-        p99_target_ms: model.latency.map(|l| l.p99_target_ms),
-        cores: f64::from(cap.cores),
-        ways: WayRange::new(0, cap.llc_ways),
-        mba_pct: 100.0,
-        load_rps,
-        gpu: model.gpu.map(|_| (0, 1.0)),
-        downtime_ms: 0.0,
-    };
-    let o = &evaluate(host, &[t], 1000.0).outcomes[0];
-    let cpu = o.cpu_busy_cores / f64::from(cap.cores);
-    let gpu = o.gpu_util_pct.map_or(0.0, |g| g / 100.0);
-    cpu.max(gpu)
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ mod tests {
         fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
             self.1 += 1;
             let mut d = self.0.decide(obs, now_ms);
-            if self.1 % 2 == 0 {
+            if self.1.is_multiple_of(2) {
                 d.plan.best_effort.cores += 1;
             }
             d

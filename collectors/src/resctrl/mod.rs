@@ -1,0 +1,551 @@
+//! Intel RDT through Linux resctrl: cache allocation (CAT), memory-bandwidth allocation
+//! (MBA) and monitoring (CMT, MBM). This module owns the interface, read and write side.
+//!
+//! Kernel doc: `Documentation/arch/x86/resctrl.rst`. Facts this module relies on:
+//! - the mount is found in `/proc/self/mountinfo` (type `resctrl`); `mba_MBps` and `cdp`
+//!   show in its options;
+//! - `info/<res>/` describes each resource: `cbm_mask` (all ways), `min_cbm_bits`,
+//!   `shareable_bits`, `num_closids`; `info/MB/` has `min_bandwidth`, `bandwidth_gran`,
+//!   `delay_linear`; `info/L3_MON/` has `num_rmids` and `mon_features`;
+//! - every directory at the top of the mount other than `info` is a control group using one
+//!   CLOSID (the root uses one too); `mkdir` fails with ENOSPC when they run out;
+//! - a rejected `schemata` write returns EINVAL and explains itself in
+//!   `info/last_cmd_status`;
+//! - `tasks` takes one TID per write; a task belongs to exactly one control group;
+//! - `mon_data/mon_L3_XX/{llc_occupancy,mbm_total_bytes,mbm_local_bytes}` are per-domain
+//!   byte counters (occupancy is a level); they may read `Unavailable`.
+//!
+//! Read-modify-write of a group takes `flock(LOCK_EX)` on the mount. Groups cohabit creates
+//! carry the prefix [`GROUP_PREFIX`], so it can find and remove what a crashed run left.
+
+pub mod schemata;
+
+#[cfg(feature = "testutils")]
+pub mod fake;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cohabit_core::Allocation;
+use serde::Serialize;
+
+use crate::kfs::KernelFs;
+use crate::{HostPaths, IoError};
+pub use schemata::{check_cbm, contiguous_mask, MbaUnits, Schemata, SchemataError};
+
+/// Prefix of every control group cohabit creates.
+pub const GROUP_PREFIX: &str = "cohabit-";
+
+/// Longest group name accepted (the kernel allows more; we keep names readable).
+pub const MAX_GROUP_NAME: usize = 64;
+
+/// What went wrong with resctrl.
+#[derive(Debug, thiserror::Error)]
+pub enum ResctrlError {
+    /// A file could not be read or written.
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// The kernel refused a write; `status` is `info/last_cmd_status`.
+    #[error("resctrl rejected {written:?} for group {group}: {status}")]
+    Rejected {
+        /// Group name (`/` for the root).
+        group: String,
+        /// What was written.
+        written: String,
+        /// The kernel's explanation.
+        status: String,
+    },
+    /// No CLOSID left for another control group.
+    #[error("out of CLOSIDs: the host has {num_closids} and all are in use ({groups} groups)")]
+    OutOfClosids {
+        /// CLOSIDs the host has.
+        num_closids: u32,
+        /// Control groups that exist, the root included.
+        groups: u32,
+    },
+    /// A group name that could escape the mount or confuse tools.
+    #[error("invalid resctrl group name {0:?}: use 1-64 characters without '/', control characters or a leading '.'")]
+    BadName(String),
+    /// A file had unexpected contents.
+    #[error("unexpected contents in {path}: {detail}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// A cache resource (`info/L3`, or `info/L3CODE` with CDP).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CacheInfo {
+    /// All ways.
+    pub cbm_mask: u64,
+    /// Fewest ways a mask may have.
+    pub min_cbm_bits: u32,
+    /// Ways other agents (I/O, GPU) may also use.
+    pub shareable_bits: u64,
+    /// CLOSIDs for this resource.
+    pub num_closids: u32,
+    /// Code/data prioritisation is on (`L3CODE`/`L3DATA`).
+    pub cdp: bool,
+}
+
+impl CacheInfo {
+    /// Number of ways.
+    pub fn ways(&self) -> u32 {
+        self.cbm_mask.count_ones()
+    }
+}
+
+/// Memory-bandwidth allocation (`info/MB`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MbaInfo {
+    /// Units of `MB` values.
+    pub units: MbaUnits,
+    /// CLOSIDs for MBA.
+    pub num_closids: u32,
+    /// Whether the throttle is linear in the delay value.
+    pub delay_linear: bool,
+}
+
+/// Monitoring (`info/L3_MON`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MonInfo {
+    /// RMIDs.
+    pub num_rmids: u32,
+    /// Events, e.g. `llc_occupancy`, `mbm_total_bytes`.
+    pub features: Vec<String>,
+}
+
+/// What resctrl on this host offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResctrlInfo {
+    /// The mount.
+    pub root: PathBuf,
+    /// L3 allocation, if available.
+    pub l3: Option<CacheInfo>,
+    /// MBA, if available.
+    pub mba: Option<MbaInfo>,
+    /// Monitoring, if available.
+    pub mon: Option<MonInfo>,
+    /// Cache domains (ids in the root schemata).
+    pub l3_domains: Vec<u32>,
+    /// MBA domains.
+    pub mb_domains: Vec<u32>,
+}
+
+impl ResctrlInfo {
+    /// CLOSIDs usable by control groups (the smallest over the enabled resources).
+    pub fn num_closids(&self) -> u32 {
+        let l3 = self.l3.as_ref().map(|c| c.num_closids);
+        let mb = self.mba.as_ref().map(|m| m.num_closids);
+        l3.into_iter().chain(mb).min().unwrap_or(0)
+    }
+}
+
+/// One counter set of a group at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MonReading {
+    /// LLC occupancy, summed over domains (a level, not a counter).
+    pub llc_occupancy_bytes: Option<u64>,
+    /// Cumulative bytes to memory, summed over domains.
+    pub mbm_total_bytes: Option<u64>,
+    /// Cumulative bytes to local memory.
+    pub mbm_local_bytes: Option<u64>,
+    /// Identity of the group directory; a different one means the group was recreated.
+    pub identity: u64,
+}
+
+/// The resctrl interface of one host.
+#[derive(Debug, Clone)]
+pub struct Resctrl {
+    fs: Arc<dyn KernelFs>,
+    info: ResctrlInfo,
+}
+
+/// Finds the resctrl mount point in mountinfo text; returns it and its options.
+pub fn find_mount(mountinfo: &str) -> Option<(PathBuf, Vec<String>)> {
+    mountinfo.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        let mut post_f = post.split_whitespace();
+        if post_f.next()? != "resctrl" {
+            return None;
+        }
+        let _source = post_f.next();
+        let super_opts = post_f.next().unwrap_or("");
+        let pre_f: Vec<&str> = pre.split_whitespace().collect();
+        let mount_point = pre_f.get(4)?.replace("\\040", " ");
+        let opts = pre_f.get(5).copied().unwrap_or("");
+        let all = opts.split(',').chain(super_opts.split(',')).map(str::to_string).collect();
+        Some((PathBuf::from(mount_point), all))
+    })
+}
+
+impl Resctrl {
+    /// Opens resctrl on this host: `paths.resctrl` if set, else the mount in mountinfo.
+    /// `Ok(None)` when the host has no resctrl mounted (absent, not broken).
+    pub fn discover(paths: &HostPaths, fs: Arc<dyn KernelFs>) -> Result<Option<Self>, ResctrlError> {
+        let mountinfo_path = paths.proc.join("self/mountinfo");
+        let (root, opts) = match &paths.resctrl {
+            Some(r) => {
+                let opts = fs
+                    .read_to_string(&mountinfo_path)
+                    .ok()
+                    .and_then(|m| find_mount(&m))
+                    .map(|(_, o)| o)
+                    .unwrap_or_default();
+                (r.clone(), opts)
+            }
+            None => {
+                let text = fs
+                    .read_to_string(&mountinfo_path)
+                    .map_err(|e| IoError::new("reading", &mountinfo_path, e))?;
+                match find_mount(&text) {
+                    Some(m) => m,
+                    None => return Ok(None),
+                }
+            }
+        };
+        if fs.subdirs(&root.join("info")).is_err() {
+            return Ok(None);
+        }
+        let vendor_amd = std::fs::read_to_string(paths.proc.join("cpuinfo")).is_ok_and(|c| c.contains("AuthenticAMD"));
+        let info = read_info(fs.as_ref(), &root, &opts, vendor_amd)?;
+        Ok(Some(Self { fs, info }))
+    }
+
+    /// What the host offers.
+    pub fn info(&self) -> &ResctrlInfo {
+        &self.info
+    }
+
+    fn read(&self, path: &Path) -> Result<String, IoError> {
+        self.fs.read_to_string(path).map_err(|e| IoError::new("reading", path, e))
+    }
+
+    fn group_dir(&self, name: &str) -> Result<PathBuf, ResctrlError> {
+        validate_name(name)?;
+        Ok(self.info.root.join(name))
+    }
+
+    /// Control groups that exist (not the root), sorted.
+    pub fn groups(&self) -> Result<Vec<String>, ResctrlError> {
+        let root = &self.info.root;
+        let names = self.fs.subdirs(root).map_err(|e| IoError::new("listing", root, e))?;
+        Ok(names
+            .into_iter()
+            .filter(|n| !matches!(n.as_str(), "info" | "mon_groups" | "mon_data"))
+            .collect())
+    }
+
+    /// Groups a previous cohabit run left behind.
+    pub fn own_groups(&self) -> Result<Vec<String>, ResctrlError> {
+        Ok(self.groups()?.into_iter().filter(|g| g.starts_with(GROUP_PREFIX)).collect())
+    }
+
+    /// Creates group `name` (which must carry [`GROUP_PREFIX`]) unless it exists.
+    pub fn ensure_group(&self, name: &str) -> Result<PathBuf, ResctrlError> {
+        let dir = self.group_dir(name)?;
+        if !name.starts_with(GROUP_PREFIX) {
+            return Err(ResctrlError::BadName(name.to_string()));
+        }
+        let groups = self.groups()?;
+        if groups.iter().any(|g| g == name) {
+            return Ok(dir);
+        }
+        let used = u32::try_from(groups.len()).unwrap_or(u32::MAX) + 1;
+        let num_closids = self.info.num_closids();
+        if used >= num_closids {
+            return Err(ResctrlError::OutOfClosids { num_closids, groups: used });
+        }
+        match self.fs.create_dir(&dir) {
+            Ok(()) => Ok(dir),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                Err(ResctrlError::OutOfClosids { num_closids, groups: used })
+            }
+            Err(e) => Err(IoError::new("creating resctrl group", &dir, e).into()),
+        }
+    }
+
+    /// Removes one of cohabit's groups; its tasks return to the root group.
+    pub fn remove_group(&self, name: &str) -> Result<(), ResctrlError> {
+        let dir = self.group_dir(name)?;
+        if !name.starts_with(GROUP_PREFIX) {
+            return Err(ResctrlError::BadName(name.to_string()));
+        }
+        match self.fs.remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(IoError::new("removing resctrl group", &dir, e).into()),
+        }
+    }
+
+    /// The schemata lines an allocation asks for: its way range as a contiguous mask on
+    /// every cache domain (both halves with CDP) and its MBA value on every MB domain.
+    pub fn schemata_for(&self, alloc: &Allocation) -> Schemata {
+        let mut s = Schemata::default();
+        if let Some(l3) = &self.info.l3 {
+            let mask = contiguous_mask(alloc.llc_ways.first, alloc.llc_ways.count, l3.min_cbm_bits, l3.cbm_mask);
+            let resources: &[&str] = if l3.cdp { &["L3CODE", "L3DATA"] } else { &["L3"] };
+            for res in resources {
+                for d in &self.info.l3_domains {
+                    s.set(res, *d, mask);
+                }
+            }
+        }
+        if let Some(mb) = &self.info.mba {
+            for d in &self.info.mb_domains {
+                s.set("MB", *d, mb.units.value(alloc.mba_pct));
+            }
+        }
+        s
+    }
+
+    /// The schemata of a group (`None` for the root group).
+    pub fn schemata(&self, group: Option<&str>) -> Result<Schemata, ResctrlError> {
+        let dir = match group {
+            Some(g) => self.group_dir(g)?,
+            None => self.info.root.clone(),
+        };
+        let path = dir.join("schemata");
+        let text = self.read(&path)?;
+        Schemata::parse(&text).map_err(|e| ResctrlError::Parse { path, detail: e.to_string() })
+    }
+
+    /// Makes group `name` hold `desired`, writing only the lines and domains that differ,
+    /// under the mount's lock. Returns what was written (empty if nothing changed).
+    pub fn apply(&self, name: &str, desired: &Schemata) -> Result<Schemata, ResctrlError> {
+        let dir = self.group_dir(name)?;
+        let root = &self.info.root;
+        let _lock = self.fs.lock_exclusive(root).map_err(|e| IoError::new("locking", root, e))?;
+        let current = self.schemata(Some(name))?;
+        let changes = desired.changes_from(&current);
+        if changes.is_empty() {
+            return Ok(changes);
+        }
+        let text = changes.to_string();
+        let path = dir.join("schemata");
+        if let Err(e) = self.fs.write(&path, &text) {
+            let status_path = root.join("info/last_cmd_status");
+            let status = self
+                .fs
+                .read_to_string(&status_path)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| e.to_string());
+            return Err(ResctrlError::Rejected { group: name.to_string(), written: text, status });
+        }
+        Ok(changes)
+    }
+
+    /// Task ids in a group (`None`: the root group).
+    pub fn tasks(&self, group: Option<&str>) -> Result<Vec<u32>, ResctrlError> {
+        let dir = match group {
+            Some(g) => self.group_dir(g)?,
+            None => self.info.root.clone(),
+        };
+        let path = dir.join("tasks");
+        parse_tasks(&self.read(&path)?).map_err(|detail| ResctrlError::Parse { path, detail })
+    }
+
+    /// Moves tasks into a group (`None`: back to the root group). Tasks that no longer
+    /// exist are skipped; returns how many were moved.
+    pub fn move_tasks(&self, group: Option<&str>, tids: &[u32]) -> Result<usize, ResctrlError> {
+        let dir = match group {
+            Some(g) => self.group_dir(g)?,
+            None => self.info.root.clone(),
+        };
+        let path = dir.join("tasks");
+        let mut moved = 0;
+        for tid in tids {
+            match self.fs.write(&path, &format!("{tid}\n")) {
+                Ok(()) => moved += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(IoError::new("moving a task into", &path, e).into()),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Monitoring counters of a group, summed over its L3 domains.
+    pub fn read_mon(&self, group: Option<&str>) -> Result<MonReading, ResctrlError> {
+        let dir = match group {
+            Some(g) => self.group_dir(g)?,
+            None => self.info.root.clone(),
+        };
+        let identity = self.fs.identity(&dir).map_err(|e| IoError::new("reading", &dir, e))?;
+        let mon = dir.join("mon_data");
+        let domains = self.fs.subdirs(&mon).map_err(|e| IoError::new("listing", &mon, e))?;
+        let mut r = MonReading { identity, ..MonReading::default() };
+        let sum = |file: &str| -> Result<Option<u64>, ResctrlError> {
+            let mut total = Some(0u64);
+            let mut any = false;
+            for d in domains.iter().filter(|d| d.starts_with("mon_L3_")) {
+                let path = mon.join(d).join(file);
+                let text = match self.fs.read_to_string(&path) {
+                    Ok(t) => t,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(IoError::new("reading", &path, e).into()),
+                };
+                any = true;
+                let v = parse_counter(&text).map_err(|detail| ResctrlError::Parse { path: path.clone(), detail })?;
+                total = match (total, v) {
+                    (Some(t), Some(v)) => Some(t.saturating_add(v)),
+                    _ => None,
+                };
+            }
+            Ok(if any { total } else { None })
+        };
+        r.llc_occupancy_bytes = sum("llc_occupancy")?;
+        r.mbm_total_bytes = sum("mbm_total_bytes")?;
+        r.mbm_local_bytes = sum("mbm_local_bytes")?;
+        Ok(r)
+    }
+}
+
+/// Turns two monitoring readings into a bandwidth, or nothing when it cannot be trusted.
+#[derive(Debug, Clone, Default)]
+pub struct BandwidthRate {
+    /// Readings dropped as implausible so far.
+    pub dropped: u64,
+    /// Largest believable rate (e.g. a few times the host's peak).
+    pub max_bytes_per_s: f64,
+}
+
+impl BandwidthRate {
+    /// Rate from `prev` to `cur` over `dt_s`: `None` when either is unavailable, the group
+    /// was recreated, the counter went backwards, or the rate is implausible (counted).
+    pub fn rate(&mut self, prev: &MonReading, cur: &MonReading, dt_s: f64) -> Option<f64> {
+        let (a, b) = (prev.mbm_total_bytes?, cur.mbm_total_bytes?);
+        if prev.identity != cur.identity || b < a || dt_s <= 0.0 {
+            return None;
+        }
+        let rate = (b - a) as f64 / dt_s;
+        if rate > self.max_bytes_per_s {
+            self.dropped += 1;
+            return None;
+        }
+        Some(rate)
+    }
+}
+
+/// Checks a group name: our prefix is checked by the callers that create or remove.
+pub fn validate_name(name: &str) -> Result<(), ResctrlError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_GROUP_NAME
+        && !name.starts_with('.')
+        && !name.contains('/')
+        && !name.chars().any(|c| c.is_control() || c.is_whitespace())
+        && !matches!(name, "info" | "mon_groups" | "mon_data");
+    if ok {
+        Ok(())
+    } else {
+        Err(ResctrlError::BadName(name.to_string()))
+    }
+}
+
+/// Parses a `tasks` file: one id per line.
+pub fn parse_tasks(text: &str) -> Result<Vec<u32>, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.parse::<u32>().map_err(|_| format!("task id {l:?} is not a number")))
+        .collect()
+}
+
+/// Parses a monitoring counter: a number, or `Unavailable`.
+pub fn parse_counter(text: &str) -> Result<Option<u64>, String> {
+    let t = text.trim();
+    if t == "Unavailable" {
+        return Ok(None);
+    }
+    t.parse::<u64>().map(Some).map_err(|_| format!("counter {t:?} is neither a number nor Unavailable"))
+}
+
+fn read_info(fs: &dyn KernelFs, root: &Path, opts: &[String], amd: bool) -> Result<ResctrlInfo, ResctrlError> {
+    let info = root.join("info");
+    let read = |p: PathBuf| -> Result<Option<String>, ResctrlError> {
+        match fs.read_to_string(&p) {
+            Ok(s) => Ok(Some(s.trim().to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(IoError::new("reading", &p, e).into()),
+        }
+    };
+    let num = |p: PathBuf| -> Result<Option<u64>, ResctrlError> {
+        read(p.clone())?
+            .map(|s| s.parse::<u64>().map_err(|_| ResctrlError::Parse { path: p, detail: format!("{s:?} is not a number") }))
+            .transpose()
+    };
+    let hex = |p: PathBuf| -> Result<Option<u64>, ResctrlError> {
+        read(p.clone())?
+            .map(|s| u64::from_str_radix(&s, 16).map_err(|_| ResctrlError::Parse { path: p, detail: format!("{s:?} is not hex") }))
+            .transpose()
+    };
+    let to_u32 = |v: Option<u64>| v.and_then(|v| u32::try_from(v).ok());
+    let l3_dir = if fs.subdirs(&info).unwrap_or_default().iter().any(|d| d == "L3CODE") {
+        Some(("L3CODE", true))
+    } else if fs.subdirs(&info).unwrap_or_default().iter().any(|d| d == "L3") {
+        Some(("L3", false))
+    } else {
+        None
+    };
+    let l3 = match l3_dir {
+        Some((d, cdp)) => {
+            let dir = info.join(d);
+            hex(dir.join("cbm_mask"))?.map(|cbm_mask| -> Result<CacheInfo, ResctrlError> {
+                Ok(CacheInfo {
+                    cbm_mask,
+                    min_cbm_bits: to_u32(num(dir.join("min_cbm_bits"))?).unwrap_or(1),
+                    shareable_bits: hex(dir.join("shareable_bits"))?.unwrap_or(0),
+                    num_closids: to_u32(num(dir.join("num_closids"))?).unwrap_or(0),
+                    cdp,
+                })
+            })
+        }
+        None => None,
+    }
+    .transpose()?;
+    let mb_dir = info.join("MB");
+    let mba = match num(mb_dir.join("num_closids"))? {
+        Some(n) => {
+            let min = to_u32(num(mb_dir.join("min_bandwidth"))?).unwrap_or(10);
+            let gran = to_u32(num(mb_dir.join("bandwidth_gran"))?).unwrap_or(10);
+            let units = if opts.iter().any(|o| o == "mba_MBps") {
+                // The root group starts unthrottled: its value is the host's ceiling.
+                let root_mb = read(root.join("schemata"))?
+                    .and_then(|t| Schemata::parse(&t).ok())
+                    .and_then(|s| s.domains("MB").first().and_then(|d| s.get("MB", *d)));
+                MbaUnits::Mbps { max_mbps: root_mb.and_then(|v| u32::try_from(v).ok()).unwrap_or(u32::MAX) }
+            } else if amd {
+                MbaUnits::AmdEighthsGbps
+            } else {
+                MbaUnits::Percent { min, gran }
+            };
+            Some(MbaInfo {
+                units,
+                num_closids: u32::try_from(n).unwrap_or(0),
+                delay_linear: read(mb_dir.join("delay_linear"))?.as_deref() == Some("1"),
+            })
+        }
+        None => None,
+    };
+    let mon_dir = info.join("L3_MON");
+    let mon = num(mon_dir.join("num_rmids"))?.map(|n| MonInfo {
+        num_rmids: u32::try_from(n).unwrap_or(0),
+        features: read(mon_dir.join("mon_features")).ok().flatten().unwrap_or_default().lines().map(str::to_string).collect(),
+    });
+    let root_schemata_path = root.join("schemata");
+    let root_schemata = match read(root_schemata_path.clone())? {
+        Some(t) => Schemata::parse(&t).map_err(|e| ResctrlError::Parse { path: root_schemata_path, detail: e.to_string() })?,
+        None => Schemata::default(),
+    };
+    let l3_res = if l3.as_ref().is_some_and(|c| c.cdp) { "L3CODE" } else { "L3" };
+    Ok(ResctrlInfo {
+        root: root.to_path_buf(),
+        l3_domains: root_schemata.domains(l3_res),
+        mb_domains: root_schemata.domains("MB"),
+        l3,
+        mba,
+        mon,
+    })
+}

@@ -47,7 +47,10 @@ impl KernelFs for RealFs {
 
     fn write(&self, path: &Path, data: &str) -> io::Result<()> {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)?;
         f.write_all(data.as_bytes())
     }
 

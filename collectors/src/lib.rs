@@ -54,6 +54,12 @@ impl HostPaths {
     }
 }
 
+/// Rounds a non-negative float to a whole number (`as` saturates: negative and NaN give 0).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub(crate) fn whole_u64(x: f64) -> u64 {
+    x.round() as u64
+}
+
 /// An I/O failure with the path and what was being done (STYLE.md 8).
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {path}: {source}")]
@@ -69,7 +75,11 @@ pub struct IoError {
 impl IoError {
     /// Wraps an I/O error.
     pub fn new(what: &'static str, path: &Path, source: std::io::Error) -> Self {
-        Self { what, path: path.to_path_buf(), source }
+        Self {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     /// True when the object is simply not there (absent), as opposed to broken.

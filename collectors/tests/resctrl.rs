@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use cohabit_collectors::resctrl::fake::FakeResctrl;
 use cohabit_collectors::resctrl::{
-    find_mount, parse_tasks, BandwidthRate, MbaUnits, MonReading, Resctrl, ResctrlError, Schemata, GROUP_PREFIX,
+    find_mount, parse_tasks, BandwidthRate, MbaUnits, MonReading, Resctrl, ResctrlError, Schemata,
+    GROUP_PREFIX,
 };
 use cohabit_core::{Allocation, WayRange};
 use serde_json::Value;
@@ -42,8 +43,16 @@ fn parse_vectors() {
                     }
                     if let Some(level) = key.strip_suffix("[0]") {
                         assert!(s.has_cdp(level), "{input:?}");
-                        assert_eq!(s.get(&format!("{level}DATA"), 0), Some(hex(&want["data"])), "{input:?}");
-                        assert_eq!(s.get(&format!("{level}CODE"), 0), Some(hex(&want["code"])), "{input:?}");
+                        assert_eq!(
+                            s.get(&format!("{level}DATA"), 0),
+                            Some(hex(&want["data"])),
+                            "{input:?}"
+                        );
+                        assert_eq!(
+                            s.get(&format!("{level}CODE"), 0),
+                            Some(hex(&want["code"])),
+                            "{input:?}"
+                        );
                         continue;
                     }
                     for (domain, value) in want.as_object().unwrap() {
@@ -79,7 +88,10 @@ fn write_vectors() {
             }
             // koordinator writes a trailing ';' and one line per write: same meaning.
             let expect = match &case["expect"] {
-                Value::Array(lines) => lines.iter().map(|l| l.as_str().unwrap()).collect::<String>(),
+                Value::Array(lines) => lines
+                    .iter()
+                    .map(|l| l.as_str().unwrap())
+                    .collect::<String>(),
                 e => e.as_str().unwrap().to_string(),
             };
             assert_eq!(Schemata::parse(&expect).unwrap(), s, "{expect:?}");
@@ -100,13 +112,21 @@ fn equivalence_vectors() {
     for pair in v["same"].as_array().unwrap() {
         let (a, b) = (pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
         let (pa, pb) = (Schemata::parse(a).unwrap(), Schemata::parse(b).unwrap());
-        assert!(pa.changes_from(&pb).is_empty() && pb.changes_from(&pa).is_empty(), "{a:?} vs {b:?}");
+        assert!(
+            pa.changes_from(&pb).is_empty() && pb.changes_from(&pa).is_empty(),
+            "{a:?} vs {b:?}"
+        );
     }
     for pair in v["different"].as_array().unwrap() {
         let (a, b) = (pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
         // A side we refuse to parse (`MB:0=f` is not decimal) cannot be the same either.
-        let (Ok(pa), Ok(pb)) = (Schemata::parse(a), Schemata::parse(b)) else { continue };
-        assert!(!pa.changes_from(&pb).is_empty() || !pb.changes_from(&pa).is_empty(), "{a:?} vs {b:?}");
+        let (Ok(pa), Ok(pb)) = (Schemata::parse(a), Schemata::parse(b)) else {
+            continue;
+        };
+        assert!(
+            !pa.changes_from(&pb).is_empty() || !pb.changes_from(&pa).is_empty(),
+            "{a:?} vs {b:?}"
+        );
     }
     for bad in v["invalid"].as_array().unwrap() {
         assert!(Schemata::parse(bad.as_str().unwrap()).is_err(), "{bad}");
@@ -129,23 +149,48 @@ fn the_mount_and_its_options_come_from_mountinfo() {
 }
 
 fn open(fake: &FakeResctrl) -> Resctrl {
-    Resctrl::discover(&fake.paths(), Arc::new(fake.clone())).unwrap().expect("resctrl present")
+    Resctrl::discover(&fake.paths(), Arc::new(fake.clone()))
+        .unwrap()
+        .expect("resctrl present")
 }
 
 fn alloc(first: u32, count: u32, mba: u8) -> Allocation {
-    Allocation { cores: 1, llc_ways: WayRange::new(first, count), mba_pct: mba, gpu_mps_pct: None }
+    Allocation {
+        cores: 1,
+        llc_ways: WayRange::new(first, count),
+        mba_pct: mba,
+        gpu_mps_pct: None,
+    }
 }
 
 #[test]
 fn info_is_read_from_the_tree() {
-    let fake = FakeResctrl::builder().ways(11).min_cbm_bits(2).num_closids(8).domains(&[0, 1]).build().unwrap();
+    let fake = FakeResctrl::builder()
+        .ways(11)
+        .min_cbm_bits(2)
+        .num_closids(8)
+        .domains(&[0, 1])
+        .build()
+        .unwrap();
     let r = open(&fake);
     let info = r.info();
     let l3 = info.l3.as_ref().unwrap();
-    assert_eq!((l3.ways(), l3.min_cbm_bits, l3.num_closids, l3.cdp), (11, 2, 8, false));
-    assert_eq!(info.mba.as_ref().unwrap().units, MbaUnits::Percent { min: 10, gran: 10 });
+    assert_eq!(
+        (l3.ways(), l3.min_cbm_bits, l3.num_closids, l3.cdp),
+        (11, 2, 8, false)
+    );
+    assert_eq!(
+        info.mba.as_ref().unwrap().units,
+        MbaUnits::Percent { min: 10, gran: 10 }
+    );
     assert_eq!(info.l3_domains, vec![0, 1]);
-    assert!(info.mon.as_ref().unwrap().features.iter().any(|f| f == "mbm_total_bytes"));
+    assert!(info
+        .mon
+        .as_ref()
+        .unwrap()
+        .features
+        .iter()
+        .any(|f| f == "mbm_total_bytes"));
 }
 
 #[test]
@@ -166,18 +211,27 @@ fn apply_writes_only_what_changed_and_rejections_carry_the_kernels_reason() {
     r.ensure_group(&g).unwrap();
     let written = r.apply(&g, &r.schemata_for(&alloc(0, 4, 100))).unwrap();
     assert_eq!(written.to_string(), "L3:0=f\n", "MB was already 100");
-    assert!(r.apply(&g, &r.schemata_for(&alloc(0, 4, 100))).unwrap().is_empty());
+    assert!(r
+        .apply(&g, &r.schemata_for(&alloc(0, 4, 100)))
+        .unwrap()
+        .is_empty());
     let mut bad = Schemata::default();
     bad.set("L3", 0, 0xf7);
     match r.apply(&g, &bad) {
-        Err(ResctrlError::Rejected { status, .. }) => assert_eq!(status, "mask f7 has non-consecutive 1-bits"),
+        Err(ResctrlError::Rejected { status, .. }) => {
+            assert_eq!(status, "mask f7 has non-consecutive 1-bits")
+        }
         other => panic!("{other:?}"),
     }
     let mut short = Schemata::default();
     short.set("L3", 0, 0x1);
     let err = r.apply(&g, &short).unwrap_err().to_string();
     assert!(err.contains("Need at least 2 bits"), "{err}");
-    assert_eq!(r.schemata(Some(&g)).unwrap().get("L3", 0), Some(0xf), "last good state kept");
+    assert_eq!(
+        r.schemata(Some(&g)).unwrap().get("L3", 0),
+        Some(0xf),
+        "last good state kept"
+    );
 }
 
 #[test]
@@ -188,11 +242,28 @@ fn closids_run_out_and_names_are_checked() {
     r.ensure_group("cohabit-b").unwrap();
     r.ensure_group("cohabit-a").unwrap();
     let err = r.ensure_group("cohabit-c").unwrap_err();
-    assert!(matches!(err, ResctrlError::OutOfClosids { num_closids: 3, .. }), "{err}");
-    for bad in ["", "../x", "a/b", ".hidden", "info", "tab\there", &"x".repeat(65)] {
-        assert!(matches!(r.ensure_group(bad), Err(ResctrlError::BadName(_))), "{bad:?}");
+    assert!(
+        matches!(err, ResctrlError::OutOfClosids { num_closids: 3, .. }),
+        "{err}"
+    );
+    for bad in [
+        "",
+        "../x",
+        "a/b",
+        ".hidden",
+        "info",
+        "tab\there",
+        &"x".repeat(65),
+    ] {
+        assert!(
+            matches!(r.ensure_group(bad), Err(ResctrlError::BadName(_))),
+            "{bad:?}"
+        );
     }
-    assert!(matches!(r.ensure_group("not-ours"), Err(ResctrlError::BadName(_))));
+    assert!(matches!(
+        r.ensure_group("not-ours"),
+        Err(ResctrlError::BadName(_))
+    ));
     assert_eq!(r.own_groups().unwrap(), vec!["cohabit-a", "cohabit-b"]);
     r.remove_group("cohabit-a").unwrap();
     r.remove_group("cohabit-a").unwrap();
@@ -208,7 +279,10 @@ fn tasks_move_between_groups_and_vanished_ones_are_skipped() {
     let r = open(&fake);
     r.ensure_group("cohabit-a").unwrap();
     r.ensure_group("cohabit-b").unwrap();
-    assert_eq!(r.move_tasks(Some("cohabit-a"), &[100, 101, 999]).unwrap(), 2);
+    assert_eq!(
+        r.move_tasks(Some("cohabit-a"), &[100, 101, 999]).unwrap(),
+        2
+    );
     assert_eq!(r.tasks(Some("cohabit-a")).unwrap(), vec![100, 101]);
     assert_eq!(r.tasks(None).unwrap(), vec![102]);
     r.move_tasks(Some("cohabit-b"), &[101]).unwrap();
@@ -225,14 +299,23 @@ fn bandwidth_needs_two_trustworthy_readings() {
     let r = open(&fake);
     r.ensure_group("cohabit-a").unwrap();
     let g = Some("cohabit-a");
-    fake.set_counter(g, 0, "mbm_total_bytes", Some(1_000)).unwrap();
-    fake.set_counter(g, 1, "mbm_total_bytes", Some(1_000)).unwrap();
+    fake.set_counter(g, 0, "mbm_total_bytes", Some(1_000))
+        .unwrap();
+    fake.set_counter(g, 1, "mbm_total_bytes", Some(1_000))
+        .unwrap();
     fake.set_counter(g, 0, "llc_occupancy", Some(4096)).unwrap();
     let a = r.read_mon(g).unwrap();
-    assert_eq!((a.mbm_total_bytes, a.llc_occupancy_bytes), (Some(2_000), Some(4096)));
-    fake.set_counter(g, 0, "mbm_total_bytes", Some(3_000)).unwrap();
+    assert_eq!(
+        (a.mbm_total_bytes, a.llc_occupancy_bytes),
+        (Some(2_000), Some(4096))
+    );
+    fake.set_counter(g, 0, "mbm_total_bytes", Some(3_000))
+        .unwrap();
     let b = r.read_mon(g).unwrap();
-    let mut rate = BandwidthRate { dropped: 0, max_bytes_per_s: 1e12 };
+    let mut rate = BandwidthRate {
+        dropped: 0,
+        max_bytes_per_s: 1e12,
+    };
     assert_eq!(rate.rate(&a, &b, 2.0), Some(1_000.0));
     assert_eq!(rate.rate(&b, &a, 1.0), None, "counter went backwards");
     fake.set_counter(g, 1, "mbm_total_bytes", None).unwrap();
@@ -241,10 +324,16 @@ fn bandwidth_needs_two_trustworthy_readings() {
     assert_eq!(rate.rate(&b, &c, 1.0), None);
     r.remove_group("cohabit-a").unwrap();
     r.ensure_group("cohabit-a").unwrap();
-    let recreated = MonReading { mbm_total_bytes: Some(5_000), ..r.read_mon(g).unwrap() };
+    let recreated = MonReading {
+        mbm_total_bytes: Some(5_000),
+        ..r.read_mon(g).unwrap()
+    };
     assert_ne!(recreated.identity, b.identity);
     assert_eq!(rate.rate(&b, &recreated, 1.0), None, "group was recreated");
-    let glitch = MonReading { mbm_total_bytes: Some(3_000 + 176_000_000_000_000), ..b };
+    let glitch = MonReading {
+        mbm_total_bytes: Some(3_000 + 176_000_000_000_000),
+        ..b
+    };
     assert_eq!(rate.rate(&b, &glitch, 1.0), None);
     assert_eq!(rate.dropped, 1);
 }
@@ -253,7 +342,11 @@ fn bandwidth_needs_two_trustworthy_readings() {
 fn no_resctrl_mount_is_absence_not_an_error() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("proc/self")).unwrap();
-    std::fs::write(dir.path().join("proc/self/mountinfo"), "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n").unwrap();
+    std::fs::write(
+        dir.path().join("proc/self/mountinfo"),
+        "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n",
+    )
+    .unwrap();
     let mut paths = cohabit_collectors::HostPaths::under(dir.path());
     paths.resctrl = None;
     let r = Resctrl::discover(&paths, Arc::new(cohabit_collectors::kfs::RealFs)).unwrap();

@@ -34,7 +34,14 @@ pub struct FakeResctrlBuilder {
 
 impl Default for FakeResctrlBuilder {
     fn default() -> Self {
-        Self { ways: 20, min_cbm_bits: 1, num_closids: 16, domains: vec![0], mba: Some((10, 10)), cdp: false }
+        Self {
+            ways: 20,
+            min_cbm_bits: 1,
+            num_closids: 16,
+            domains: vec![0],
+            mba: Some((10, 10)),
+            cdp: false,
+        }
     }
 }
 
@@ -79,13 +86,21 @@ impl FakeResctrlBuilder {
             std::fs::create_dir_all(p.parent().unwrap_or(Path::new("/")))?;
             std::fs::write(p, s)
         };
-        let l3 = if self.cdp { ["L3CODE", "L3DATA"].as_slice() } else { ["L3"].as_slice() };
+        let l3 = if self.cdp {
+            ["L3CODE", "L3DATA"].as_slice()
+        } else {
+            ["L3"].as_slice()
+        };
         for res in l3 {
             let d = root.join("info").join(res);
             write(d.join("cbm_mask"), format!("{cbm_mask:x}\n"))?;
             write(d.join("min_cbm_bits"), format!("{}\n", self.min_cbm_bits))?;
             write(d.join("shareable_bits"), "0\n".into())?;
-            let closids = if self.cdp { self.num_closids / 2 } else { self.num_closids };
+            let closids = if self.cdp {
+                self.num_closids / 2
+            } else {
+                self.num_closids
+            };
             write(d.join("num_closids"), format!("{closids}\n"))?;
         }
         if let Some((min, gran)) = self.mba {
@@ -93,10 +108,16 @@ impl FakeResctrlBuilder {
             write(d.join("min_bandwidth"), format!("{min}\n"))?;
             write(d.join("bandwidth_gran"), format!("{gran}\n"))?;
             write(d.join("delay_linear"), "1\n".into())?;
-            write(d.join("num_closids"), format!("{}\n", self.num_closids.min(8)))?;
+            write(
+                d.join("num_closids"),
+                format!("{}\n", self.num_closids.min(8)),
+            )?;
         }
         write(root.join("info/L3_MON/num_rmids"), "128\n".into())?;
-        write(root.join("info/L3_MON/mon_features"), "llc_occupancy\nmbm_total_bytes\nmbm_local_bytes\n".into())?;
+        write(
+            root.join("info/L3_MON/mon_features"),
+            "llc_occupancy\nmbm_total_bytes\nmbm_local_bytes\n".into(),
+        )?;
         write(root.join("info/last_cmd_status"), "ok\n".into())?;
         let mut default = Schemata::default();
         for res in l3 {
@@ -113,7 +134,10 @@ impl FakeResctrlBuilder {
         std::fs::create_dir_all(&proc_dir)?;
         std::fs::write(
             proc_dir.join("mountinfo"),
-            format!("40 25 0:35 / {} rw,relatime shared:14 - resctrl resctrl rw\n", root.display()),
+            format!(
+                "40 25 0:35 / {} rw,relatime shared:14 - resctrl resctrl rw\n",
+                root.display()
+            ),
         )?;
         let fake = FakeResctrl {
             dir: Arc::new(dir),
@@ -180,14 +204,25 @@ impl FakeResctrl {
 
     /// Sets a monitoring counter of a group (`None`: root) on a domain; `None` writes
     /// `Unavailable`.
-    pub fn set_counter(&self, group: Option<&str>, domain: u32, file: &str, value: Option<u64>) -> io::Result<()> {
+    pub fn set_counter(
+        &self,
+        group: Option<&str>,
+        domain: u32,
+        file: &str,
+        value: Option<u64>,
+    ) -> io::Result<()> {
         let dir = group.map_or_else(|| self.root.clone(), |g| self.root.join(g));
         let path = dir.join(format!("mon_data/mon_L3_{domain:02}/{file}"));
-        std::fs::write(path, value.map_or_else(|| "Unavailable\n".to_string(), |v| format!("{v}\n")))
+        std::fs::write(
+            path,
+            value.map_or_else(|| "Unavailable\n".to_string(), |v| format!("{v}\n")),
+        )
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn set_status(&self, msg: &str) {
@@ -278,7 +313,11 @@ impl FakeResctrl {
         for g in self.groups()? {
             let t = g.join("tasks");
             let list = std::fs::read_to_string(&t)?;
-            let kept: String = list.lines().filter(|l| l.trim() != tid.to_string()).map(|l| format!("{l}\n")).collect();
+            let kept: String = list
+                .lines()
+                .filter(|l| l.trim() != tid.to_string())
+                .map(|l| format!("{l}\n"))
+                .collect();
             std::fs::write(&t, kept)?;
         }
         let mut list = std::fs::read_to_string(path)?;

@@ -177,7 +177,11 @@ pub fn find_mount(mountinfo: &str) -> Option<(PathBuf, Vec<String>)> {
         let pre_f: Vec<&str> = pre.split_whitespace().collect();
         let mount_point = pre_f.get(4)?.replace("\\040", " ");
         let opts = pre_f.get(5).copied().unwrap_or("");
-        let all = opts.split(',').chain(super_opts.split(',')).map(str::to_string).collect();
+        let all = opts
+            .split(',')
+            .chain(super_opts.split(','))
+            .map(str::to_string)
+            .collect();
         Some((PathBuf::from(mount_point), all))
     })
 }
@@ -185,7 +189,10 @@ pub fn find_mount(mountinfo: &str) -> Option<(PathBuf, Vec<String>)> {
 impl Resctrl {
     /// Opens resctrl on this host: `paths.resctrl` if set, else the mount in mountinfo.
     /// `Ok(None)` when the host has no resctrl mounted (absent, not broken).
-    pub fn discover(paths: &HostPaths, fs: Arc<dyn KernelFs>) -> Result<Option<Self>, ResctrlError> {
+    pub fn discover(
+        paths: &HostPaths,
+        fs: Arc<dyn KernelFs>,
+    ) -> Result<Option<Self>, ResctrlError> {
         let mountinfo_path = paths.proc.join("self/mountinfo");
         let (root, opts) = match &paths.resctrl {
             Some(r) => {
@@ -210,7 +217,8 @@ impl Resctrl {
         if fs.subdirs(&root.join("info")).is_err() {
             return Ok(None);
         }
-        let vendor_amd = std::fs::read_to_string(paths.proc.join("cpuinfo")).is_ok_and(|c| c.contains("AuthenticAMD"));
+        let vendor_amd = std::fs::read_to_string(paths.proc.join("cpuinfo"))
+            .is_ok_and(|c| c.contains("AuthenticAMD"));
         let info = read_info(fs.as_ref(), &root, &opts, vendor_amd)?;
         Ok(Some(Self { fs, info }))
     }
@@ -221,7 +229,9 @@ impl Resctrl {
     }
 
     fn read(&self, path: &Path) -> Result<String, IoError> {
-        self.fs.read_to_string(path).map_err(|e| IoError::new("reading", path, e))
+        self.fs
+            .read_to_string(path)
+            .map_err(|e| IoError::new("reading", path, e))
     }
 
     fn group_dir(&self, name: &str) -> Result<PathBuf, ResctrlError> {
@@ -232,7 +242,10 @@ impl Resctrl {
     /// Control groups that exist (not the root), sorted.
     pub fn groups(&self) -> Result<Vec<String>, ResctrlError> {
         let root = &self.info.root;
-        let names = self.fs.subdirs(root).map_err(|e| IoError::new("listing", root, e))?;
+        let names = self
+            .fs
+            .subdirs(root)
+            .map_err(|e| IoError::new("listing", root, e))?;
         Ok(names
             .into_iter()
             .filter(|n| !matches!(n.as_str(), "info" | "mon_groups" | "mon_data"))
@@ -241,7 +254,11 @@ impl Resctrl {
 
     /// Groups a previous cohabit run left behind.
     pub fn own_groups(&self) -> Result<Vec<String>, ResctrlError> {
-        Ok(self.groups()?.into_iter().filter(|g| g.starts_with(GROUP_PREFIX)).collect())
+        Ok(self
+            .groups()?
+            .into_iter()
+            .filter(|g| g.starts_with(GROUP_PREFIX))
+            .collect())
     }
 
     /// Creates group `name` (which must carry [`GROUP_PREFIX`]) unless it exists.
@@ -257,13 +274,17 @@ impl Resctrl {
         let used = u32::try_from(groups.len()).unwrap_or(u32::MAX) + 1;
         let num_closids = self.info.num_closids();
         if used >= num_closids {
-            return Err(ResctrlError::OutOfClosids { num_closids, groups: used });
+            return Err(ResctrlError::OutOfClosids {
+                num_closids,
+                groups: used,
+            });
         }
         match self.fs.create_dir(&dir) {
             Ok(()) => Ok(dir),
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
-                Err(ResctrlError::OutOfClosids { num_closids, groups: used })
-            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(ResctrlError::OutOfClosids {
+                num_closids,
+                groups: used,
+            }),
             Err(e) => Err(IoError::new("creating resctrl group", &dir, e).into()),
         }
     }
@@ -286,8 +307,17 @@ impl Resctrl {
     pub fn schemata_for(&self, alloc: &Allocation) -> Schemata {
         let mut s = Schemata::default();
         if let Some(l3) = &self.info.l3 {
-            let mask = contiguous_mask(alloc.llc_ways.first, alloc.llc_ways.count, l3.min_cbm_bits, l3.cbm_mask);
-            let resources: &[&str] = if l3.cdp { &["L3CODE", "L3DATA"] } else { &["L3"] };
+            let mask = contiguous_mask(
+                alloc.llc_ways.first,
+                alloc.llc_ways.count,
+                l3.min_cbm_bits,
+                l3.cbm_mask,
+            );
+            let resources: &[&str] = if l3.cdp {
+                &["L3CODE", "L3DATA"]
+            } else {
+                &["L3"]
+            };
             for res in resources {
                 for d in &self.info.l3_domains {
                     s.set(res, *d, mask);
@@ -310,7 +340,10 @@ impl Resctrl {
         };
         let path = dir.join("schemata");
         let text = self.read(&path)?;
-        Schemata::parse(&text).map_err(|e| ResctrlError::Parse { path, detail: e.to_string() })
+        Schemata::parse(&text).map_err(|e| ResctrlError::Parse {
+            path,
+            detail: e.to_string(),
+        })
     }
 
     /// Makes group `name` hold `desired`, writing only the lines and domains that differ,
@@ -318,7 +351,10 @@ impl Resctrl {
     pub fn apply(&self, name: &str, desired: &Schemata) -> Result<Schemata, ResctrlError> {
         let dir = self.group_dir(name)?;
         let root = &self.info.root;
-        let _lock = self.fs.lock_exclusive(root).map_err(|e| IoError::new("locking", root, e))?;
+        let _lock = self
+            .fs
+            .lock_exclusive(root)
+            .map_err(|e| IoError::new("locking", root, e))?;
         let current = self.schemata(Some(name))?;
         let changes = desired.changes_from(&current);
         if changes.is_empty() {
@@ -333,7 +369,11 @@ impl Resctrl {
                 .read_to_string(&status_path)
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| e.to_string());
-            return Err(ResctrlError::Rejected { group: name.to_string(), written: text, status });
+            return Err(ResctrlError::Rejected {
+                group: name.to_string(),
+                written: text,
+                status,
+            });
         }
         Ok(changes)
     }
@@ -373,10 +413,19 @@ impl Resctrl {
             Some(g) => self.group_dir(g)?,
             None => self.info.root.clone(),
         };
-        let identity = self.fs.identity(&dir).map_err(|e| IoError::new("reading", &dir, e))?;
+        let identity = self
+            .fs
+            .identity(&dir)
+            .map_err(|e| IoError::new("reading", &dir, e))?;
         let mon = dir.join("mon_data");
-        let domains = self.fs.subdirs(&mon).map_err(|e| IoError::new("listing", &mon, e))?;
-        let mut r = MonReading { identity, ..MonReading::default() };
+        let domains = self
+            .fs
+            .subdirs(&mon)
+            .map_err(|e| IoError::new("listing", &mon, e))?;
+        let mut r = MonReading {
+            identity,
+            ..MonReading::default()
+        };
         let sum = |file: &str| -> Result<Option<u64>, ResctrlError> {
             let mut total = Some(0u64);
             let mut any = false;
@@ -388,7 +437,10 @@ impl Resctrl {
                     Err(e) => return Err(IoError::new("reading", &path, e).into()),
                 };
                 any = true;
-                let v = parse_counter(&text).map_err(|detail| ResctrlError::Parse { path: path.clone(), detail })?;
+                let v = parse_counter(&text).map_err(|detail| ResctrlError::Parse {
+                    path: path.clone(),
+                    detail,
+                })?;
                 total = match (total, v) {
                     (Some(t), Some(v)) => Some(t.saturating_add(v)),
                     _ => None,
@@ -449,7 +501,10 @@ pub fn parse_tasks(text: &str) -> Result<Vec<u32>, String> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .map(|l| l.parse::<u32>().map_err(|_| format!("task id {l:?} is not a number")))
+        .map(|l| {
+            l.parse::<u32>()
+                .map_err(|_| format!("task id {l:?} is not a number"))
+        })
         .collect()
 }
 
@@ -459,10 +514,17 @@ pub fn parse_counter(text: &str) -> Result<Option<u64>, String> {
     if t == "Unavailable" {
         return Ok(None);
     }
-    t.parse::<u64>().map(Some).map_err(|_| format!("counter {t:?} is neither a number nor Unavailable"))
+    t.parse::<u64>()
+        .map(Some)
+        .map_err(|_| format!("counter {t:?} is neither a number nor Unavailable"))
 }
 
-fn read_info(fs: &dyn KernelFs, root: &Path, opts: &[String], amd: bool) -> Result<ResctrlInfo, ResctrlError> {
+fn read_info(
+    fs: &dyn KernelFs,
+    root: &Path,
+    opts: &[String],
+    amd: bool,
+) -> Result<ResctrlInfo, ResctrlError> {
     let info = root.join("info");
     let read = |p: PathBuf| -> Result<Option<String>, ResctrlError> {
         match fs.read_to_string(&p) {
@@ -473,18 +535,38 @@ fn read_info(fs: &dyn KernelFs, root: &Path, opts: &[String], amd: bool) -> Resu
     };
     let num = |p: PathBuf| -> Result<Option<u64>, ResctrlError> {
         read(p.clone())?
-            .map(|s| s.parse::<u64>().map_err(|_| ResctrlError::Parse { path: p, detail: format!("{s:?} is not a number") }))
+            .map(|s| {
+                s.parse::<u64>().map_err(|_| ResctrlError::Parse {
+                    path: p,
+                    detail: format!("{s:?} is not a number"),
+                })
+            })
             .transpose()
     };
     let hex = |p: PathBuf| -> Result<Option<u64>, ResctrlError> {
         read(p.clone())?
-            .map(|s| u64::from_str_radix(&s, 16).map_err(|_| ResctrlError::Parse { path: p, detail: format!("{s:?} is not hex") }))
+            .map(|s| {
+                u64::from_str_radix(&s, 16).map_err(|_| ResctrlError::Parse {
+                    path: p,
+                    detail: format!("{s:?} is not hex"),
+                })
+            })
             .transpose()
     };
     let to_u32 = |v: Option<u64>| v.and_then(|v| u32::try_from(v).ok());
-    let l3_dir = if fs.subdirs(&info).unwrap_or_default().iter().any(|d| d == "L3CODE") {
+    let l3_dir = if fs
+        .subdirs(&info)
+        .unwrap_or_default()
+        .iter()
+        .any(|d| d == "L3CODE")
+    {
         Some(("L3CODE", true))
-    } else if fs.subdirs(&info).unwrap_or_default().iter().any(|d| d == "L3") {
+    } else if fs
+        .subdirs(&info)
+        .unwrap_or_default()
+        .iter()
+        .any(|d| d == "L3")
+    {
         Some(("L3", false))
     } else {
         None
@@ -515,7 +597,11 @@ fn read_info(fs: &dyn KernelFs, root: &Path, opts: &[String], amd: bool) -> Resu
                 let root_mb = read(root.join("schemata"))?
                     .and_then(|t| Schemata::parse(&t).ok())
                     .and_then(|s| s.domains("MB").first().and_then(|d| s.get("MB", *d)));
-                MbaUnits::Mbps { max_mbps: root_mb.and_then(|v| u32::try_from(v).ok()).unwrap_or(u32::MAX) }
+                MbaUnits::Mbps {
+                    max_mbps: root_mb
+                        .and_then(|v| u32::try_from(v).ok())
+                        .unwrap_or(u32::MAX),
+                }
             } else if amd {
                 MbaUnits::AmdEighthsGbps
             } else {
@@ -532,14 +618,27 @@ fn read_info(fs: &dyn KernelFs, root: &Path, opts: &[String], amd: bool) -> Resu
     let mon_dir = info.join("L3_MON");
     let mon = num(mon_dir.join("num_rmids"))?.map(|n| MonInfo {
         num_rmids: u32::try_from(n).unwrap_or(0),
-        features: read(mon_dir.join("mon_features")).ok().flatten().unwrap_or_default().lines().map(str::to_string).collect(),
+        features: read(mon_dir.join("mon_features"))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect(),
     });
     let root_schemata_path = root.join("schemata");
     let root_schemata = match read(root_schemata_path.clone())? {
-        Some(t) => Schemata::parse(&t).map_err(|e| ResctrlError::Parse { path: root_schemata_path, detail: e.to_string() })?,
+        Some(t) => Schemata::parse(&t).map_err(|e| ResctrlError::Parse {
+            path: root_schemata_path,
+            detail: e.to_string(),
+        })?,
         None => Schemata::default(),
     };
-    let l3_res = if l3.as_ref().is_some_and(|c| c.cdp) { "L3CODE" } else { "L3" };
+    let l3_res = if l3.as_ref().is_some_and(|c| c.cdp) {
+        "L3CODE"
+    } else {
+        "L3"
+    };
     Ok(ResctrlInfo {
         root: root.to_path_buf(),
         l3_domains: root_schemata.domains(l3_res),

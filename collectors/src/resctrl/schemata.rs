@@ -49,7 +49,10 @@ impl Schemata {
         let mut out = Schemata::default();
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
             let Some((res, items)) = line.split_once(':') else {
-                return Err(SchemataError { what: "line without `RESOURCE:`", text: line.into() });
+                return Err(SchemataError {
+                    what: "line without `RESOURCE:`",
+                    text: line.into(),
+                });
             };
             let res = res.trim();
             if !is_managed(res) {
@@ -60,18 +63,25 @@ impl Schemata {
             for item in items.split(';').map(str::trim).filter(|i| !i.is_empty()) {
                 let mut parts = item.split('=');
                 let (Some(d), Some(v), None) = (parts.next(), parts.next(), parts.next()) else {
-                    return Err(SchemataError { what: "item that is not `domain=value`", text: item.into() });
+                    return Err(SchemataError {
+                        what: "item that is not `domain=value`",
+                        text: item.into(),
+                    });
                 };
                 let (d, v) = (d.trim(), v.trim());
-                let domain = d
-                    .parse::<u32>()
-                    .map_err(|_| SchemataError { what: "domain id", text: item.into() })?;
+                let domain = d.parse::<u32>().map_err(|_| SchemataError {
+                    what: "domain id",
+                    text: item.into(),
+                })?;
                 let value = if is_cache(res) {
                     parse_mask(v)
                 } else {
                     v.parse::<u64>().ok()
                 }
-                .ok_or_else(|| SchemataError { what: "value", text: item.into() })?;
+                .ok_or_else(|| SchemataError {
+                    what: "value",
+                    text: item.into(),
+                })?;
                 domains.insert(domain, value);
             }
         }
@@ -80,7 +90,10 @@ impl Schemata {
 
     /// Sets one value.
     pub fn set(&mut self, resource: &str, domain: u32, value: u64) {
-        self.resources.entry(resource.to_string()).or_default().insert(domain, value);
+        self.resources
+            .entry(resource.to_string())
+            .or_default()
+            .insert(domain, value);
     }
 
     /// One value, if present.
@@ -90,12 +103,16 @@ impl Schemata {
 
     /// The domains of a resource, in order.
     pub fn domains(&self, resource: &str) -> Vec<u32> {
-        self.resources.get(resource).map(|d| d.keys().copied().collect()).unwrap_or_default()
+        self.resources
+            .get(resource)
+            .map(|d| d.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// True if code/data prioritisation splits the L3 (or L2) resource.
     pub fn has_cdp(&self, level: &str) -> bool {
-        self.resources.contains_key(&format!("{level}CODE")) || self.resources.contains_key(&format!("{level}DATA"))
+        self.resources.contains_key(&format!("{level}CODE"))
+            || self.resources.contains_key(&format!("{level}DATA"))
     }
 
     /// True if no managed resource is present.
@@ -124,7 +141,13 @@ impl fmt::Display for Schemata {
         for (res, domains) in self.resources.iter().filter(|(_, d)| !d.is_empty()) {
             let items: Vec<String> = domains
                 .iter()
-                .map(|(d, v)| if is_cache(res) { format!("{d}={v:x}") } else { format!("{d}={v}") })
+                .map(|(d, v)| {
+                    if is_cache(res) {
+                        format!("{d}={v:x}")
+                    } else {
+                        format!("{d}={v}")
+                    }
+                })
                 .collect();
             writeln!(f, "{res}:{}", items.join(";"))?;
         }
@@ -133,7 +156,10 @@ impl fmt::Display for Schemata {
 }
 
 fn parse_mask(v: &str) -> Option<u64> {
-    let hex = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")).unwrap_or(v);
+    let hex = v
+        .strip_prefix("0x")
+        .or_else(|| v.strip_prefix("0X"))
+        .unwrap_or(v);
     if hex.is_empty() {
         return None;
     }
@@ -164,7 +190,11 @@ pub fn contiguous_mask(first: u32, count: u32, min_cbm_bits: u32, cbm_mask: u64)
     let width = 64 - cbm_mask.leading_zeros();
     let count = count.max(min_cbm_bits).min(width);
     let first = first.min(width - count);
-    let ones = if count >= 64 { u64::MAX } else { (1u64 << count) - 1 };
+    let ones = if count >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << count) - 1
+    };
     (ones << first) & cbm_mask
 }
 
@@ -224,9 +254,16 @@ mod tests {
 
     #[test]
     fn masks_are_checked_like_the_kernel() {
-        assert_eq!(check_cbm(0xf7, 0xfffff, 1).unwrap_err(), "mask f7 has non-consecutive 1-bits");
-        assert!(check_cbm(0x1, 0xfffff, 2).unwrap_err().contains("at least 2 bits"));
-        assert!(check_cbm(0x100000, 0xfffff, 1).unwrap_err().contains("out of range"));
+        assert_eq!(
+            check_cbm(0xf7, 0xfffff, 1).unwrap_err(),
+            "mask f7 has non-consecutive 1-bits"
+        );
+        assert!(check_cbm(0x1, 0xfffff, 2)
+            .unwrap_err()
+            .contains("at least 2 bits"));
+        assert!(check_cbm(0x100000, 0xfffff, 1)
+            .unwrap_err()
+            .contains("out of range"));
         check_cbm(0xff0, 0xfffff, 2).unwrap();
     }
 

@@ -60,6 +60,24 @@ pub enum Command {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// Report what this host can do: RDT, cgroups, hardware counters, GPUs, MPS.
+    Probe {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Run the daemon on this host until SIGTERM or SIGINT, then restore it.
+    Run {
+        /// Configuration file (TOML; see examples/cohabit.toml).
+        #[arg(long)]
+        config: PathBuf,
+        /// Collect, decide and log, but change nothing on the host.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop after this many ticks (then restore, as on SIGTERM).
+        #[arg(long)]
+        ticks: Option<u64>,
+    },
     /// Run several policies side by side on the same simulated scenario and seed.
     Compare {
         /// A built-in scenario name, a scenario TOML file, or `all` for every built-in one.
@@ -93,6 +111,28 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             seed,
             format,
         } => compare_cmd(&scenario, &policies, seed, format, out),
+        Command::Probe { format } => {
+            let report = crate::daemon::probe::probe(&cohabit_collectors::HostPaths::standard());
+            match format {
+                Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+                Format::Table => write!(out, "{}", report.render())?,
+            }
+            Ok(())
+        }
+        Command::Run {
+            config,
+            dry_run,
+            ticks,
+        } => {
+            let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let n = rt.block_on(crate::daemon::run(cfg, dry_run, ticks))?;
+            writeln!(out, "cohabit stopped after {n} ticks; host restored")?;
+            Ok(())
+        }
     }
 }
 

@@ -40,7 +40,51 @@ pub enum LoopError {
     Sink(#[from] std::io::Error),
 }
 
-/// Runs `ticks` control intervals. Each record is handed to `sink` as soon as it exists.
+/// One control interval: collect, decide, apply the difference, and return the record.
+/// A plan the host rejects is noted in the record's reasons (key `apply`) and the host
+/// keeps its last good state.
+pub fn step<H: ControlledHost>(
+    host: &mut H,
+    policy: &mut dyn Policy,
+    dry_run: bool,
+) -> Result<DecisionRecord, LoopError> {
+    let observation = host
+        .collect()
+        .map_err(|e| LoopError::Collect(Box::new(e)))?;
+    let started = Instant::now();
+    let decision = policy.decide(&observation, observation.t_ms);
+    let decision_us = started.elapsed().as_secs_f64() * 1e6;
+    let mut changes = observation.current.diff(&decision.plan);
+    let mut reasons = decision.reasons;
+    let mut plan = decision.plan;
+    if dry_run {
+        if !changes.is_empty() {
+            reasons.insert("apply".into(), "dry run: nothing written".into());
+        }
+    } else if !changes.is_empty() {
+        if let Err(e) = host.apply(&plan, &changes) {
+            tracing::warn!(policy = policy.name(), error = %e, "plan not applied; keeping the last good state");
+            reasons.insert("apply".into(), format!("not applied: {e}"));
+            plan = observation.current.clone();
+            changes.clear();
+        }
+    }
+    Ok(DecisionRecord {
+        schema_version: DECISION_SCHEMA_VERSION,
+        policy: policy.name().to_string(),
+        simulated: host.simulated(),
+        truth: host.ground_truth(),
+        observation,
+        plan,
+        changes,
+        reasons,
+        decision_us,
+        predictions: decision.predictions,
+    })
+}
+
+/// Runs `ticks` control intervals back to back (the simulator's pace). Each record is
+/// handed to `sink` as soon as it exists.
 pub fn run<H: ControlledHost>(
     host: &mut H,
     policy: &mut dyn Policy,
@@ -48,36 +92,7 @@ pub fn run<H: ControlledHost>(
     mut sink: impl FnMut(DecisionRecord) -> std::io::Result<()>,
 ) -> Result<(), LoopError> {
     for _ in 0..ticks {
-        let observation = host
-            .collect()
-            .map_err(|e| LoopError::Collect(Box::new(e)))?;
-        let started = Instant::now();
-        let decision = policy.decide(&observation, observation.t_ms);
-        let decision_us = started.elapsed().as_secs_f64() * 1e6;
-        let mut changes = observation.current.diff(&decision.plan);
-        let mut reasons = decision.reasons;
-        let mut plan = decision.plan;
-        if !changes.is_empty() {
-            if let Err(e) = host.apply(&plan, &changes) {
-                tracing::warn!(policy = policy.name(), error = %e, "plan not applied; keeping the last good state");
-                reasons.insert("apply".into(), format!("not applied: {e}"));
-                plan = observation.current.clone();
-                changes.clear();
-            }
-        }
-        let record = DecisionRecord {
-            schema_version: DECISION_SCHEMA_VERSION,
-            policy: policy.name().to_string(),
-            simulated: host.simulated(),
-            truth: host.ground_truth(),
-            observation,
-            plan,
-            changes,
-            reasons,
-            decision_us,
-            predictions: decision.predictions,
-        };
-        sink(record)?;
+        sink(step(host, policy, false)?)?;
     }
     Ok(())
 }

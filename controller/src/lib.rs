@@ -4,10 +4,12 @@
 //! - [`control`]: the loop that collects, decides, applies and records.
 //! - [`metrics`]: the comparison metrics of a run.
 //! - [`simulate`]: running and comparing policies on simulated scenarios.
+//! - [`daemon`]: `cohabit run` on a real host, and `cohabit probe`.
 //! - [`cli`]: the `cohabit` command.
 
 pub mod cli;
 pub mod control;
+pub mod daemon;
 pub mod metrics;
 pub mod policy;
 pub mod simulate;

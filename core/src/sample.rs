@@ -24,6 +24,9 @@ pub struct Sample {
     /// Average number of busy logical cores.
     #[serde(default)]
     pub cpu_busy_cores: Option<f64>,
+    /// Resident memory of its processes.
+    #[serde(default)]
+    pub memory_bytes: Option<f64>,
     /// GPU utilisation of the service's GPU work, 0–100.
     #[serde(default)]
     pub gpu_util_pct: Option<f64>,

@@ -350,6 +350,8 @@ fn measure(
         llc_occupancy_bytes: read(cpu(o.llc_bytes), c, 0.0),
         mem_bw_bytes_per_s: read(cpu(o.mem_bw_bytes_per_s), c, 1.759_218_6e14),
         cpu_busy_cores: read(cpu(o.cpu_busy_cores), c, 0.0),
+        // The simulator does not model memory footprints.
+        memory_bytes: None,
         gpu_util_pct: read(o.gpu_util_pct, c, 0.0).map(|u| u.min(100.0)),
         p99_ms: read(o.p99_ms, p99_sigma, o.p99_ms.unwrap_or(0.0) * 50.0),
         requests_per_s: read(

@@ -1,0 +1,440 @@
+//! `cohabit run` configuration: TOML, every table `deny_unknown_fields`, validated into a
+//! [`DaemonConfig`] with errors that name the field.
+//!
+//! ```toml
+//! interval_ms = 1000
+//! policy = "parties"                 # static | parties
+//! log = "/var/log/cohabit/decisions.jsonl"
+//! collect_timeout_ms = 500
+//!
+//! [host]
+//! cpus = "0-35"                      # CPUs cohabit manages; default: all online
+//! mem_bw_gbps = 76.8                 # peak memory bandwidth (MBA in MBps mode, telemetry sanity)
+//!
+//! [[service]]                        # latency-critical
+//! name = "memcached"
+//! p99_target_ms = 0.6
+//! match = { process_name = "memcached" }   # or cgroup / systemd_unit / pid_file
+//! latency = { push = "127.0.0.1:9400" }    # or { unix = "/run/cohabit/memcached.sock" }
+//!                                          # or { prometheus = "http://127.0.0.1:9150/metrics",
+//!                                          #      metric = "request_duration_seconds" }
+//!
+//! [[best_effort]]
+//! name = "batch"
+//! match = { systemd_unit = "batch.service" }
+//! ```
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use cohabit_collectors::cgroup::CpuList;
+use cohabit_collectors::latency::PushAddr;
+use cohabit_collectors::HostPaths;
+use serde::Deserialize;
+
+use crate::simulate::PolicyKind;
+
+/// A configuration that failed to load; the message names the file and field.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// The file.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default = "default_interval")]
+    interval_ms: i64,
+    #[serde(default = "default_policy")]
+    policy: String,
+    log: Option<PathBuf>,
+    #[serde(default = "default_timeout")]
+    collect_timeout_ms: i64,
+    #[serde(default)]
+    host: HostFile,
+    #[serde(default)]
+    paths: PathsFile,
+    #[serde(default)]
+    service: Vec<ServiceFile>,
+    #[serde(default)]
+    best_effort: Vec<BestEffortFile>,
+}
+
+fn default_interval() -> i64 {
+    1000
+}
+fn default_policy() -> String {
+    "parties".into()
+}
+fn default_timeout() -> i64 {
+    500
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostFile {
+    cpus: Option<String>,
+    mem_bw_gbps: Option<f64>,
+    name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathsFile {
+    proc: Option<PathBuf>,
+    sys: Option<PathBuf>,
+    cgroup: Option<PathBuf>,
+    resctrl: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceFile {
+    name: String,
+    p99_target_ms: f64,
+    #[serde(rename = "match")]
+    matcher: MatchFile,
+    latency: LatencyFile,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BestEffortFile {
+    name: String,
+    #[serde(rename = "match")]
+    matcher: MatchFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MatchFile {
+    process_name: Option<String>,
+    cgroup: Option<String>,
+    systemd_unit: Option<String>,
+    pid_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LatencyFile {
+    push: Option<String>,
+    unix: Option<PathBuf>,
+    prometheus: Option<String>,
+    metric: Option<String>,
+    #[serde(default = "one")]
+    unit_seconds: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// How a service's processes are found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matcher {
+    /// Processes whose `comm` is exactly this.
+    ProcessName(String),
+    /// Processes in this cgroup path (in any hierarchy).
+    Cgroup(String),
+    /// Processes of a systemd unit (`/system.slice/<unit>`).
+    SystemdUnit(String),
+    /// The pid written in this file.
+    PidFile(PathBuf),
+}
+
+/// Where a service's latency comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LatencySource {
+    /// Pushed samples on a socket.
+    Push(PushAddr),
+    /// A scraped Prometheus histogram.
+    Prometheus {
+        /// Metrics URL (http).
+        url: String,
+        /// Histogram name (without `_bucket`).
+        metric: String,
+        /// Its unit in seconds.
+        unit_seconds: f64,
+    },
+}
+
+/// One managed service or job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceConfig {
+    /// Name (also its group name).
+    pub name: String,
+    /// Target, for latency-critical services.
+    pub p99_target_ms: Option<f64>,
+    /// How to find its processes.
+    pub matcher: Matcher,
+    /// Latency source, for latency-critical services.
+    pub latency: Option<LatencySource>,
+}
+
+/// A validated daemon configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonConfig {
+    /// Control interval.
+    pub interval_ms: u64,
+    /// Policy.
+    pub policy: PolicyKind,
+    /// Decision log, if any.
+    pub log: Option<PathBuf>,
+    /// Longest a collection may take before the tick is skipped.
+    pub collect_timeout_ms: u64,
+    /// CPUs managed (`None`: all online).
+    pub cpus: Option<CpuList>,
+    /// Peak memory bandwidth, if known.
+    pub mem_bw_gbps: Option<f64>,
+    /// Host name for logs.
+    pub host_name: String,
+    /// Kernel interface roots.
+    pub paths: HostPaths,
+    /// Latency-critical services, then best-effort jobs.
+    pub services: Vec<ServiceConfig>,
+}
+
+impl DaemonConfig {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates configuration text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let err = |message: String| ConfigError {
+            path: origin.to_string(),
+            message,
+        };
+        let f: File = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        if !(10..=3_600_000).contains(&f.interval_ms) {
+            return Err(err(format!(
+                "interval_ms must be between 10 and 3600000, got {}",
+                f.interval_ms
+            )));
+        }
+        if !(1..=600_000).contains(&f.collect_timeout_ms) {
+            return Err(err(format!(
+                "collect_timeout_ms must be between 1 and 600000, got {}",
+                f.collect_timeout_ms
+            )));
+        }
+        let policy: PolicyKind = f
+            .policy
+            .parse()
+            .map_err(|e: String| err(format!("policy: {e}")))?;
+        if policy == PolicyKind::Oracle {
+            return Err(err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into()));
+        }
+        let cpus = f
+            .host
+            .cpus
+            .as_deref()
+            .map(|c| {
+                c.parse::<CpuList>()
+                    .map_err(|e| err(format!("host.cpus: {e}")))
+            })
+            .transpose()?;
+        if cpus.as_ref().is_some_and(|c| c.0.is_empty()) {
+            return Err(err("host.cpus must list at least one CPU".into()));
+        }
+        if let Some(bw) = f.host.mem_bw_gbps {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(err(format!(
+                    "host.mem_bw_gbps must be a positive number, got {bw}"
+                )));
+            }
+        }
+        let std_paths = HostPaths::standard();
+        let paths = HostPaths {
+            proc: f.paths.proc.unwrap_or(std_paths.proc),
+            sys: f.paths.sys.unwrap_or(std_paths.sys),
+            cgroup: f.paths.cgroup.unwrap_or(std_paths.cgroup),
+            resctrl: f.paths.resctrl,
+        };
+        let mut services = Vec::new();
+        for s in f.service {
+            let who = format!("service {}", s.name);
+            if !(s.p99_target_ms.is_finite() && s.p99_target_ms > 0.0) {
+                return Err(err(format!(
+                    "{who}: p99_target_ms must be a positive number, got {}",
+                    s.p99_target_ms
+                )));
+            }
+            services.push(ServiceConfig {
+                matcher: matcher(&s.matcher).map_err(|m| err(format!("{who}: {m}")))?,
+                latency: Some(latency(&s.latency).map_err(|m| err(format!("{who}: {m}")))?),
+                p99_target_ms: Some(s.p99_target_ms),
+                name: s.name,
+            });
+        }
+        if services.is_empty() {
+            return Err(err(
+                "needs at least one [[service]] (latency-critical)".into()
+            ));
+        }
+        for b in f.best_effort {
+            let who = format!("best_effort {}", b.name);
+            services.push(ServiceConfig {
+                matcher: matcher(&b.matcher).map_err(|m| err(format!("{who}: {m}")))?,
+                latency: None,
+                p99_target_ms: None,
+                name: b.name,
+            });
+        }
+        let mut seen = BTreeSet::new();
+        for s in &services {
+            let valid = !s.name.is_empty()
+                && s.name.len() <= 48
+                && !s.name.starts_with('.')
+                && s.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if !valid {
+                return Err(err(format!(
+                    "service name {:?}: use 1-48 characters of [A-Za-z0-9._-]",
+                    s.name
+                )));
+            }
+            if s.name == cohabit_core::BEST_EFFORT_GROUP {
+                return Err(err(format!(
+                    "service name {:?} is reserved for the best-effort pool",
+                    s.name
+                )));
+            }
+            if !seen.insert(s.name.clone()) {
+                return Err(err(format!("service name {:?} is used twice", s.name)));
+            }
+        }
+        Ok(Self {
+            interval_ms: f.interval_ms.unsigned_abs(),
+            policy,
+            log: f.log,
+            collect_timeout_ms: f.collect_timeout_ms.unsigned_abs(),
+            cpus,
+            mem_bw_gbps: f.host.mem_bw_gbps,
+            host_name: f.host.name.unwrap_or_else(|| "this host".into()),
+            paths,
+            services,
+        })
+    }
+}
+
+fn matcher(m: &MatchFile) -> Result<Matcher, String> {
+    let mut found = Vec::new();
+    if let Some(n) = &m.process_name {
+        found.push(Matcher::ProcessName(n.clone()));
+    }
+    if let Some(c) = &m.cgroup {
+        found.push(Matcher::Cgroup(c.clone()));
+    }
+    if let Some(u) = &m.systemd_unit {
+        if u.contains('/') {
+            return Err(format!(
+                "match.systemd_unit {u:?} must be a unit name, not a path"
+            ));
+        }
+        found.push(Matcher::SystemdUnit(u.clone()));
+    }
+    if let Some(p) = &m.pid_file {
+        found.push(Matcher::PidFile(p.clone()));
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err("match needs one of process_name, cgroup, systemd_unit, pid_file".into()),
+        _ => Err(
+            "match must have exactly one of process_name, cgroup, systemd_unit, pid_file".into(),
+        ),
+    }
+}
+
+fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
+    match (&l.push, &l.unix, &l.prometheus) {
+        (Some(addr), None, None) => {
+            let a: std::net::SocketAddr = addr.parse().map_err(|e| {
+                format!("latency.push {addr:?} is not an address like 127.0.0.1:9400 ({e})")
+            })?;
+            if !a.ip().is_loopback() {
+                return Err(format!("latency.push {addr:?} must be a loopback address"));
+            }
+            Ok(LatencySource::Push(PushAddr::Udp(a)))
+        }
+        (None, Some(p), None) => Ok(LatencySource::Push(PushAddr::Unix(p.clone()))),
+        (None, None, Some(url)) => {
+            if !url.starts_with("http://") {
+                return Err(format!("latency.prometheus {url:?} must be an http:// URL"));
+            }
+            let metric = l
+                .metric
+                .clone()
+                .ok_or("latency.metric is required with prometheus")?;
+            if !(l.unit_seconds.is_finite() && l.unit_seconds > 0.0) {
+                return Err(format!(
+                    "latency.unit_seconds must be positive, got {}",
+                    l.unit_seconds
+                ));
+            }
+            Ok(LatencySource::Prometheus {
+                url: url.clone(),
+                metric,
+                unit_seconds: l.unit_seconds,
+            })
+        }
+        _ => Err("latency needs exactly one of push, unix, prometheus".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../../examples/cohabit.toml");
+
+    #[test]
+    fn the_example_config_in_the_repo_parses() {
+        let c = DaemonConfig::parse(EXAMPLE, "examples/cohabit.toml").unwrap();
+        assert_eq!(c.policy, PolicyKind::Parties);
+        assert!(c.services.iter().any(|s| s.p99_target_ms.is_some()));
+        assert!(c.services.iter().any(|s| s.p99_target_ms.is_none()));
+    }
+
+    fn err(text: &str) -> String {
+        DaemonConfig::parse(text, "t.toml").unwrap_err().to_string()
+    }
+
+    const MIN: &str = "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\" }\n";
+
+    #[test]
+    fn bad_configs_name_what_is_wrong() {
+        DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert!(err(&format!("speed = 3\n{MIN}")).contains("speed"));
+        assert!(
+            err(&MIN.replace("p99_target_ms = 1", "p99_target_ms = 0")).contains("p99_target_ms")
+        );
+        assert!(err(&MIN.replace("{ process_name = \"kv\" }", "{}")).contains("match needs one"));
+        assert!(err(&MIN.replace(
+            "{ process_name = \"kv\" }",
+            "{ process_name = \"kv\", pid_file = \"/x\" }"
+        ))
+        .contains("exactly one"));
+        assert!(err(&MIN.replace("127.0.0.1:9400", "10.0.0.1:9400")).contains("loopback"));
+        assert!(err(&MIN.replace(
+            "{ push = \"127.0.0.1:9400\" }",
+            "{ prometheus = \"http://x/m\" }"
+        ))
+        .contains("metric"));
+        assert!(err(&format!("policy = \"oracle\"\n{MIN}")).contains("ground truth"));
+        assert!(err(&format!("[host]\ncpus = \"3-1\"\n{MIN}")).contains("host.cpus"));
+        assert!(err(&MIN.replace("name = \"kv\"", "name = \"../kv\"")).contains("[A-Za-z0-9._-]"));
+        assert!(err("interval_ms = 5\n").contains("interval_ms"));
+        assert!(err("").contains("at least one [[service]]"));
+    }
+}

@@ -1,0 +1,138 @@
+//! `cohabit run`: the daemon that drives a real host, and `cohabit probe`.
+//!
+//! The loop is the simulator's ([`crate::control::step`]) on a tokio interval: ticks are
+//! scheduled from the start time, so they do not drift; a tick whose collection is still
+//! running when the next is due is skipped with a log line. SIGTERM and SIGINT end the
+//! loop, after which every change is undone.
+
+pub mod config;
+pub mod host;
+pub mod probe;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::time::MissedTickBehavior;
+
+use self::config::DaemonConfig;
+use self::host::RealHost;
+use crate::control;
+use crate::policy::{HostContext, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
+use crate::simulate::PolicyKind;
+
+struct Loop {
+    host: RealHost,
+    policy: Box<dyn Policy>,
+    log: Option<std::io::BufWriter<std::fs::File>>,
+    dry_run: bool,
+}
+
+/// Runs the daemon until `shutdown` resolves (or SIGTERM/SIGINT when `None`), then
+/// restores the host. Returns the number of ticks run.
+pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Result<u64> {
+    let interval_ms = cfg.interval_ms;
+    let timeout = Duration::from_millis(cfg.collect_timeout_ms.max(interval_ms));
+    let log = match &cfg.log {
+        Some(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening decision log {}", path.display()))?;
+            Some(std::io::BufWriter::new(f))
+        }
+        None => None,
+    };
+    let policy_kind = cfg.policy;
+    let mut host = RealHost::open(cfg, dry_run).context("opening the host")?;
+    let ctx = HostContext {
+        host: host.capacity().clone(),
+        specs: host.specs(),
+    };
+    let mut policy: Box<dyn Policy> = match policy_kind {
+        PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
+        PolicyKind::Parties | PolicyKind::Oracle => {
+            Box::new(PartiesPolicy::new(ctx, PartiesConfig::default()))
+        }
+    };
+    let initial = policy.initial();
+    if let Err(e) = host.launch(&initial.plan) {
+        host.restore();
+        return Err(anyhow::Error::new(e).context("applying the initial plan"));
+    }
+    tracing::info!(
+        policy = policy.name(),
+        dry_run,
+        interval_ms,
+        "cohabit running"
+    );
+    let state = Arc::new(Mutex::new(Loop {
+        host,
+        policy,
+        log,
+        dry_run,
+    }));
+    let mut interval = tokio::time::interval(Duration::from_millis(interval_ms));
+    interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    interval.tick().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut ticks = 0u64;
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = term.recv() => { tracing::info!("SIGTERM: restoring the host"); break; }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: restoring the host"); break; }
+        }
+        let st = Arc::clone(&state);
+        let work = tokio::task::spawn_blocking(move || {
+            let Ok(mut guard) = st.try_lock() else {
+                return Err("the previous tick is still running".to_string());
+            };
+            let Loop {
+                host,
+                policy,
+                log,
+                dry_run,
+            } = &mut *guard;
+            let record =
+                control::step(host, policy.as_mut(), *dry_run).map_err(|e| e.to_string())?;
+            if let Some(log) = log {
+                serde_json::to_writer(&mut *log, &record).map_err(|e| e.to_string())?;
+                log.write_all(b"\n")
+                    .and_then(|()| log.flush())
+                    .map_err(|e| e.to_string())?;
+            }
+            if *dry_run && !record.changes.is_empty() {
+                tracing::info!(changes = ?record.changes, "dry run: would apply");
+            }
+            Ok(())
+        });
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "tick skipped"),
+            Ok(Err(e)) => tracing::error!(error = %e, "tick failed"),
+            Err(_) => tracing::warn!("tick took longer than {} ms; skipped", timeout.as_millis()),
+        }
+        ticks += 1;
+        if max_ticks.is_some_and(|m| ticks >= m) {
+            break;
+        }
+    }
+    // Wait for a tick still in flight, then undo everything.
+    let st = Arc::clone(&state);
+    tokio::task::spawn_blocking(move || {
+        let mut guard = st.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(log) = &mut guard.log {
+            let _ = log.flush();
+        }
+        guard.host.restore();
+    })
+    .await?;
+    Ok(ticks)
+}

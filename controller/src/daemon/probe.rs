@@ -1,0 +1,163 @@
+//! `cohabit probe`: what this host can do, read without changing anything (the cgroup
+//! writability check creates and removes one empty directory).
+
+use std::sync::Arc;
+
+use cohabit_collectors::cgroup::{Cgroups, Version};
+use cohabit_collectors::kfs::RealFs;
+use cohabit_collectors::perf::{self, PerfSupport};
+use cohabit_collectors::procfs::Procfs;
+use cohabit_collectors::resctrl::{Resctrl, ResctrlInfo};
+use cohabit_collectors::HostPaths;
+use serde::Serialize;
+
+/// The probe's findings.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeReport {
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Intel RDT through resctrl, if mounted.
+    pub resctrl: Option<ResctrlInfo>,
+    /// Why resctrl is absent.
+    pub resctrl_absent: Option<String>,
+    /// cgroup version in use.
+    pub cgroup_version: Option<Version>,
+    /// Controllers cohabit could write.
+    pub cgroup_writable: Vec<String>,
+    /// Hardware counters.
+    pub perf: PerfSupport,
+    /// NVIDIA driver version, if loaded.
+    pub nvidia_driver: Option<String>,
+    /// GPUs the driver lists.
+    pub gpus: Vec<String>,
+    /// Whether an MPS control daemon runs.
+    pub mps_daemon: bool,
+}
+
+/// Looks at the host under `paths`.
+pub fn probe(paths: &HostPaths) -> ProbeReport {
+    let (resctrl, resctrl_absent) = match Resctrl::discover(paths, Arc::new(RealFs)) {
+        Ok(Some(r)) => (Some(r.info().clone()), None),
+        Ok(None) => (
+            None,
+            Some("resctrl is not mounted (no Intel RDT / AMD PQoS, or not enabled)".to_string()),
+        ),
+        Err(e) => (None, Some(format!("resctrl unreadable: {e}"))),
+    };
+    let cg = Cgroups::detect(paths).ok().flatten();
+    let nvidia_driver = std::fs::read_to_string(paths.proc.join("driver/nvidia/version"))
+        .ok()
+        .and_then(|t| t.lines().next().map(str::to_string));
+    let gpus = std::fs::read_dir(paths.proc.join("driver/nvidia/gpus"))
+        .map(|it| {
+            it.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let procfs = Procfs::new(&paths.proc);
+    let mps_daemon = procfs
+        .pids_named("nvidia-cuda-mps")
+        .map(|p| !p.is_empty())
+        .unwrap_or(false)
+        || procfs
+            .pids_named("nvidia-cuda-mps-control")
+            .map(|p| !p.is_empty())
+            .unwrap_or(false);
+    ProbeReport {
+        cpus: super::host::online_cpus(&paths.sys).len(),
+        resctrl,
+        resctrl_absent,
+        cgroup_version: cg.as_ref().map(|c| c.version),
+        cgroup_writable: cg
+            .as_ref()
+            .map(Cgroups::writable_controllers)
+            .unwrap_or_default(),
+        perf: perf::probe(),
+        nvidia_driver,
+        gpus,
+        mps_daemon,
+    }
+}
+
+impl ProbeReport {
+    /// The report as an operator reads it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| out.push_str(&format!("{k:<22} {v}\n"));
+        line("cpus", self.cpus.to_string());
+        match &self.resctrl {
+            Some(r) => {
+                let l3 = r.l3.as_ref().map_or_else(
+                    || "no L3 allocation".to_string(),
+                    |l| {
+                        format!(
+                            "{} ways, min {} bits, {} CLOSIDs{}",
+                            l.ways(),
+                            l.min_cbm_bits,
+                            l.num_closids,
+                            if l.cdp { ", CDP on" } else { "" }
+                        )
+                    },
+                );
+                line("rdt allocation", l3);
+                line(
+                    "rdt mba",
+                    r.mba.as_ref().map_or_else(
+                        || "absent".to_string(),
+                        |m| format!("{:?}, {} CLOSIDs", m.units, m.num_closids),
+                    ),
+                );
+                line(
+                    "rdt monitoring",
+                    r.mon.as_ref().map_or_else(
+                        || "absent".to_string(),
+                        |m| format!("{} RMIDs: {}", m.num_rmids, m.features.join(", ")),
+                    ),
+                );
+            }
+            None => line("rdt", self.resctrl_absent.clone().unwrap_or_default()),
+        }
+        line(
+            "cgroup",
+            match self.cgroup_version {
+                Some(Version::V1) => "v1".to_string(),
+                Some(Version::V2) => "v2".to_string(),
+                None => "none found".to_string(),
+            },
+        );
+        line(
+            "cgroup writable",
+            if self.cgroup_writable.is_empty() {
+                "none (not root?)".to_string()
+            } else {
+                self.cgroup_writable.join(", ")
+            },
+        );
+        line(
+            "hardware counters",
+            match &self.perf {
+                PerfSupport::Supported => "supported".to_string(),
+                PerfSupport::Unsupported(why) => format!("absent: {why}"),
+            },
+        );
+        line(
+            "nvidia",
+            self.nvidia_driver
+                .clone()
+                .unwrap_or_else(|| "no NVIDIA driver".to_string()),
+        );
+        if !self.gpus.is_empty() {
+            line("gpus", self.gpus.join(", "));
+        }
+        line(
+            "mps daemon",
+            if self.mps_daemon {
+                "running".into()
+            } else {
+                "not running".into()
+            },
+        );
+        out
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cohabit_collectors::cgroup::{Cgroups, CpuList, Version};
-use cohabit_collectors::kfs::RealFs;
+use cohabit_collectors::kfs::{KernelFs, RealFs};
 use cohabit_collectors::latency::{PromHistogram, PushListener};
 use cohabit_collectors::perf::{self, CgroupCounters, PerfSupport, PerfTotals};
 use cohabit_collectors::procfs::Procfs;
@@ -131,6 +131,12 @@ impl RealHost {
     /// Opens the host: finds what it offers (logging each missing resource once), binds the
     /// latency sources, and unless `dry_run` cleans what a crashed run left behind.
     pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
+        Self::open_with(cfg, dry_run, Arc::new(RealFs))
+    }
+
+    /// [`Self::open`] with resctrl reached through `resctrl_fs` (the kernel's, or a fake
+    /// that validates like it in tests).
+    pub fn open_with(cfg: DaemonConfig, dry_run: bool, resctrl_fs: Arc<dyn KernelFs>) -> Result<Self, HostError> {
         let procfs = Procfs::new(&cfg.paths.proc);
         let cgroups = Cgroups::detect(&cfg.paths)?;
         let writable = cgroups
@@ -149,7 +155,7 @@ impl RealHost {
                 "cores: no writable cpu controller either; core allocations will not be applied"
             );
         }
-        let resctrl = match Resctrl::discover(&cfg.paths, Arc::new(RealFs)) {
+        let resctrl = match Resctrl::discover(&cfg.paths, resctrl_fs) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "resctrl unreadable; LLC ways and MBA will not be applied");
@@ -712,5 +718,81 @@ fn clock_ticks() -> f64 {
         t as f64
     } else {
         100.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_collectors::resctrl::fake::FakeResctrl;
+
+    use super::*;
+    use crate::control;
+    use crate::policy::{HostContext, Policy, StaticPolicy};
+
+    /// The fixture's proc tree has no cgroup mounts and no processes: only resctrl (the fake)
+    /// is touched, never this machine's cgroups.
+    fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
+        let text = format!(
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+            fake.root().display(),
+            fake.base().join("proc").display(),
+            pid_file.display()
+        );
+        DaemonConfig::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn allocations_become_resctrl_groups_and_a_rejected_write_keeps_the_daemon_going() {
+        // The fake kernel needs 3 ways per mask but tells us 1: every narrow mask is refused.
+        let fake = FakeResctrl::builder().ways(12).min_cbm_bits(3).build().unwrap();
+        std::fs::write(fake.root().join("info/L3/min_cbm_bits"), "1\n").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("kv.pid");
+        std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
+        let mut host = RealHost::open_with(config(&fake, &pid_file), false, Arc::new(fake.clone())).unwrap();
+        assert_eq!(host.capacity().llc_ways, 12);
+        let ctx = HostContext { host: host.capacity().clone(), specs: host.specs() };
+        let mut policy = StaticPolicy::new(ctx);
+        let plan = policy.initial().plan;
+        // Fair share: 6 ways each; wide enough for the fake.
+        host.launch(&plan).unwrap();
+        let groups: Vec<String> = std::fs::read_dir(fake.root())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
+            .filter(|n| n.starts_with(GROUP_PREFIX))
+            .collect();
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        let kv = std::fs::read_to_string(fake.root().join("cohabit-kv/schemata")).unwrap();
+        assert!(kv.contains("L3:0=3f"), "{kv}");
+
+        // A plan with a one-way mask: the kernel refuses, the host keeps its state.
+        struct Narrow(StaticPolicy);
+        impl Policy for Narrow {
+            fn name(&self) -> &'static str {
+                "narrow"
+            }
+            fn initial(&mut self) -> crate::policy::Decision {
+                self.0.initial()
+            }
+            fn decide(&mut self, obs: &cohabit_core::Observation, now: u64) -> crate::policy::Decision {
+                let mut d = self.0.decide(obs, now);
+                if let Some(a) = d.plan.services.get_mut("kv") {
+                    a.llc_ways.count = 1;
+                }
+                d
+            }
+        }
+        let ctx = HostContext { host: host.capacity().clone(), specs: host.specs() };
+        let mut narrow = Narrow(StaticPolicy::new(ctx));
+        let rec = control::step(&mut host, &mut narrow, false).unwrap();
+        let why = &rec.reasons["apply"];
+        assert!(why.contains("Need at least 3 bits"), "{why}");
+        assert_eq!(rec.plan, plan, "the last good plan stays in force");
+        assert!(std::fs::read_to_string(fake.root().join("cohabit-kv/schemata")).unwrap().contains("L3:0=3f"));
+        // The loop goes on.
+        let again = control::step(&mut host, &mut narrow, false).unwrap();
+        assert!(again.reasons["apply"].contains("not applied"));
+        host.restore();
+        assert!(!fake.root().join("cohabit-kv").exists());
     }
 }

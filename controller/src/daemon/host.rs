@@ -136,7 +136,11 @@ impl RealHost {
 
     /// [`Self::open`] with resctrl reached through `resctrl_fs` (the kernel's, or a fake
     /// that validates like it in tests).
-    pub fn open_with(cfg: DaemonConfig, dry_run: bool, resctrl_fs: Arc<dyn KernelFs>) -> Result<Self, HostError> {
+    pub fn open_with(
+        cfg: DaemonConfig,
+        dry_run: bool,
+        resctrl_fs: Arc<dyn KernelFs>,
+    ) -> Result<Self, HostError> {
         let procfs = Procfs::new(&cfg.paths.proc);
         let cgroups = Cgroups::detect(&cfg.paths)?;
         let writable = cgroups
@@ -744,14 +748,22 @@ mod tests {
     #[test]
     fn allocations_become_resctrl_groups_and_a_rejected_write_keeps_the_daemon_going() {
         // The fake kernel needs 3 ways per mask but tells us 1: every narrow mask is refused.
-        let fake = FakeResctrl::builder().ways(12).min_cbm_bits(3).build().unwrap();
+        let fake = FakeResctrl::builder()
+            .ways(12)
+            .min_cbm_bits(3)
+            .build()
+            .unwrap();
         std::fs::write(fake.root().join("info/L3/min_cbm_bits"), "1\n").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("kv.pid");
         std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
-        let mut host = RealHost::open_with(config(&fake, &pid_file), false, Arc::new(fake.clone())).unwrap();
+        let mut host =
+            RealHost::open_with(config(&fake, &pid_file), false, Arc::new(fake.clone())).unwrap();
         assert_eq!(host.capacity().llc_ways, 12);
-        let ctx = HostContext { host: host.capacity().clone(), specs: host.specs() };
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
         let mut policy = StaticPolicy::new(ctx);
         let plan = policy.initial().plan;
         // Fair share: 6 ways each; wide enough for the fake.
@@ -774,7 +786,11 @@ mod tests {
             fn initial(&mut self) -> crate::policy::Decision {
                 self.0.initial()
             }
-            fn decide(&mut self, obs: &cohabit_core::Observation, now: u64) -> crate::policy::Decision {
+            fn decide(
+                &mut self,
+                obs: &cohabit_core::Observation,
+                now: u64,
+            ) -> crate::policy::Decision {
                 let mut d = self.0.decide(obs, now);
                 if let Some(a) = d.plan.services.get_mut("kv") {
                     a.llc_ways.count = 1;
@@ -782,13 +798,20 @@ mod tests {
                 d
             }
         }
-        let ctx = HostContext { host: host.capacity().clone(), specs: host.specs() };
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
         let mut narrow = Narrow(StaticPolicy::new(ctx));
         let rec = control::step(&mut host, &mut narrow, false).unwrap();
         let why = &rec.reasons["apply"];
         assert!(why.contains("Need at least 3 bits"), "{why}");
         assert_eq!(rec.plan, plan, "the last good plan stays in force");
-        assert!(std::fs::read_to_string(fake.root().join("cohabit-kv/schemata")).unwrap().contains("L3:0=3f"));
+        assert!(
+            std::fs::read_to_string(fake.root().join("cohabit-kv/schemata"))
+                .unwrap()
+                .contains("L3:0=3f")
+        );
         // The loop goes on.
         let again = control::step(&mut host, &mut narrow, false).unwrap();
         assert!(again.reasons["apply"].contains("not applied"));

@@ -92,6 +92,28 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// Also write every run's decisions and the summaries here (for `plot` and `report`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Draw the decision plots of a run or comparison directory.
+    Plot {
+        /// A directory written by `simulate --out`, `compare --out` or holding a daemon log.
+        run_dir: PathBuf,
+        /// Where to write the plots (default: RUN_DIR/plots).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Image format.
+        #[arg(long, value_enum, default_value_t = crate::report::plot::PlotFormat::Png)]
+        format: crate::report::plot::PlotFormat,
+    },
+    /// Write one self-contained HTML report (plots, summary, decisions) for a run or comparison.
+    Report {
+        /// A directory written by `simulate --out` or `compare --out`.
+        run_dir: PathBuf,
+        /// Where to write report.html (default: RUN_DIR).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -110,7 +132,36 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             policies,
             seed,
             format,
-        } => compare_cmd(&scenario, &policies, seed, format, out),
+            out: dir,
+        } => compare_cmd(&scenario, &policies, seed, format, dir.as_deref(), out),
+        Command::Plot {
+            run_dir,
+            out: dir,
+            format,
+        } => {
+            let dest = dir.unwrap_or_else(|| run_dir.join("plots"));
+            let files = match crate::report::data::load(&run_dir)? {
+                crate::report::data::RunDir::Single(run) => {
+                    crate::report::plot::plot_run(&run, &dest, format)?
+                }
+                crate::report::data::RunDir::Comparison(runs) => {
+                    crate::report::plot::plot_comparison(&runs, &dest, format)?
+                }
+            };
+            for f in files {
+                writeln!(out, "wrote {}", f.display())?;
+            }
+            Ok(())
+        }
+        Command::Report { run_dir, out: dir } => {
+            let page = crate::report::html::write_report(&run_dir, dir.as_deref())?;
+            writeln!(
+                out,
+                "wrote {} (self-contained; open it in a browser)",
+                page.display()
+            )?;
+            Ok(())
+        }
         Command::Probe { format } => {
             let report = crate::daemon::probe::probe(&cohabit_collectors::HostPaths::standard());
             match format {
@@ -298,6 +349,7 @@ fn compare_cmd(
     policies: &[PolicyKind],
     seed: Option<u64>,
     format: Format,
+    dir: Option<&std::path::Path>,
     out: &mut dyn Write,
 ) -> Result<()> {
     if policies.is_empty() {
@@ -308,11 +360,32 @@ fn compare_cmd(
     } else {
         vec![name.to_string()]
     };
+    // Progress on a terminal only; silent when stderr is a pipe or a file.
+    let progress = indicatif::ProgressBar::new(names.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>16} [{bar:30}] {pos}/{len} scenarios, {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     let mut all = Vec::new();
     for n in &names {
+        progress.set_message(n.clone());
         let scenario = load(n)?;
-        let summaries = simulate::compare(&scenario, policies, seed)
+        let runs = simulate::compare_runs(&scenario, policies, seed)
             .with_context(|| format!("comparing policies on {n}"))?;
+        if let Some(dir) = dir {
+            for r in &runs {
+                let d = dir.join(&r.summary.scenario).join(&r.summary.policy);
+                std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+                let mut text = String::new();
+                for rec in &r.records {
+                    text.push_str(&serde_json::to_string(rec)?);
+                    text.push('\n');
+                }
+                std::fs::write(d.join("decisions.jsonl"), text)
+                    .with_context(|| format!("writing into {}", d.display()))?;
+            }
+        }
         if format == Format::Table && names.len() == 1 {
             writeln!(out, "{BANNER}")?;
             writeln!(
@@ -324,7 +397,16 @@ fn compare_cmd(
                 seed.unwrap_or(scenario.seed)
             )?;
         }
-        all.extend(summaries);
+        all.extend(runs.into_iter().map(|r| r.summary));
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    if let Some(dir) = dir {
+        std::fs::write(
+            dir.join("summary.json"),
+            serde_json::to_string_pretty(&all)? + "\n",
+        )
+        .with_context(|| format!("writing {}", dir.join("summary.json").display()))?;
     }
     match format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&all)?)?,
@@ -335,6 +417,13 @@ fn compare_cmd(
             write!(out, "{}", table(&all, names.len() > 1))?;
             writeln!(out, "qos_met: share of intervals with every LC service under target (ground truth); conv: intervals to settle after a load change; be_vs_oracle: best-effort throughput over the oracle's.")?;
         }
+    }
+    if let Some(dir) = dir {
+        writeln!(
+            out,
+            "wrote the runs and summary.json under {}",
+            dir.display()
+        )?;
     }
     Ok(())
 }

@@ -12,4 +12,5 @@ pub mod control;
 pub mod daemon;
 pub mod metrics;
 pub mod policy;
+pub mod report;
 pub mod simulate;

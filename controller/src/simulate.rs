@@ -126,28 +126,42 @@ pub fn compare(
     kinds: &[PolicyKind],
     seed: Option<u64>,
 ) -> Result<Vec<RunSummary>, RunError> {
+    Ok(compare_runs(scenario, kinds, seed)?
+        .into_iter()
+        .map(|r| r.summary)
+        .collect())
+}
+
+/// [`compare`], keeping every run's decision log.
+pub fn compare_runs(
+    scenario: &Arc<Scenario>,
+    kinds: &[PolicyKind],
+    seed: Option<u64>,
+) -> Result<Vec<SimRun>, RunError> {
     let mut wanted: Vec<PolicyKind> = kinds.to_vec();
     if !wanted.contains(&PolicyKind::Oracle) {
         wanted.push(PolicyKind::Oracle);
     }
-    let results: Vec<Result<RunSummary, RunError>> = std::thread::scope(|s| {
+    let results: Vec<Result<SimRun, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = wanted
             .iter()
-            .map(|&k| s.spawn(move || run_policy(scenario, k, seed, |_| Ok(())).map(|r| r.summary)))
+            .map(|&k| s.spawn(move || run_policy(scenario, k, seed, |_| Ok(()))))
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
-    let mut summaries = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let oracle_be = summaries
+    let mut runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let oracle_be = runs
         .iter()
-        .find(|s| s.policy == PolicyKind::Oracle.name())
-        .map(|s| s.be_throughput);
-    for s in &mut summaries {
-        s.be_throughput_vs_oracle = oracle_be.filter(|o| *o > 0.0).map(|o| s.be_throughput / o);
+        .find(|r| r.summary.policy == PolicyKind::Oracle.name())
+        .map(|r| r.summary.be_throughput);
+    for r in &mut runs {
+        r.summary.be_throughput_vs_oracle = oracle_be
+            .filter(|o| *o > 0.0)
+            .map(|o| r.summary.be_throughput / o);
     }
-    summaries.retain(|s| kinds.iter().any(|k| k.name() == s.policy));
-    Ok(summaries)
+    runs.retain(|r| kinds.iter().any(|k| k.name() == r.summary.policy));
+    Ok(runs)
 }

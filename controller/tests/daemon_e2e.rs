@@ -51,6 +51,20 @@ fn usable() -> bool {
     ok
 }
 
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.1 200").then_some(out)
+}
+
 fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
@@ -78,6 +92,11 @@ fn the_daemon_manages_real_processes_and_restores_everything_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let port = free_udp_port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let be = spawn("while :; do :; done");
     let lc = spawn(&format!(
         "while :; do echo 800 > /dev/udp/127.0.0.1/{port}; echo 1500 > /dev/udp/127.0.0.1/{port}; sleep 0.01; done"
@@ -100,6 +119,7 @@ fn the_daemon_manages_real_processes_and_restores_everything_on_sigterm() {
 interval_ms = 200
 policy = "parties"
 log = "{log}"
+metrics_addr = "127.0.0.1:{metrics_port}"
 [[service]]
 name = "kv"
 p99_target_ms = 1.0
@@ -139,6 +159,21 @@ match = {{ pid_file = "{d}/be.pid" }}
     assert!(root.join("lc-kv").is_dir() && root.join("best-effort").is_dir());
     let kv_cpus = std::fs::read_to_string(root.join("lc-kv/cpuset.cpus")).unwrap();
     assert!(!kv_cpus.trim().is_empty(), "kv got CPUs");
+
+    // The metrics endpoint answers on loopback.
+    wait_for("metrics", Duration::from_secs(10), || {
+        http_get(metrics_port, "/metrics")
+            .is_some_and(|b| b.contains("cohabit_service_p99_ms{service=\"kv\"}"))
+    });
+    let body = http_get(metrics_port, "/metrics").unwrap();
+    for m in [
+        "cohabit_allocation{group=\"kv\",resource=\"cores\"}",
+        "cohabit_ticks_total",
+        "cohabit_service_target_ms{service=\"kv\"} 1",
+        "# HELP cohabit_errors_total",
+    ] {
+        assert!(body.contains(m), "{m} missing from:\n{body}");
+    }
 
     // A process vanishes; the daemon keeps going.
     drop(victim);
@@ -238,7 +273,7 @@ fn dry_run_changes_nothing_and_bad_configs_are_refused() {
     let cfg = dir.path().join("c.toml");
     std::fs::write(
         &cfg,
-        "interval_ms = 100\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"no-such-proc\" }\nlatency = { push = \"127.0.0.1:0\" }\n",
+        "interval_ms = 100\nmetrics_addr = \"\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"no-such-proc\" }\nlatency = { push = \"127.0.0.1:0\" }\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cohabit"))

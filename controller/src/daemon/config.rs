@@ -6,6 +6,7 @@
 //! policy = "parties"                 # static | parties
 //! log = "/var/log/cohabit/decisions.jsonl"
 //! collect_timeout_ms = 500
+//! metrics_addr = "127.0.0.1:9464"    # Prometheus metrics; "" disables
 //!
 //! [host]
 //! cpus = "0-35"                      # CPUs cohabit manages; default: all online
@@ -54,6 +55,8 @@ struct File {
     log: Option<PathBuf>,
     #[serde(default = "default_timeout")]
     collect_timeout_ms: i64,
+    #[serde(default = "default_metrics")]
+    metrics_addr: String,
     #[serde(default)]
     host: HostFile,
     #[serde(default)]
@@ -72,6 +75,9 @@ fn default_policy() -> String {
 }
 fn default_timeout() -> i64 {
     500
+}
+fn default_metrics() -> String {
+    "127.0.0.1:9464".into()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -186,6 +192,8 @@ pub struct DaemonConfig {
     pub log: Option<PathBuf>,
     /// Longest a collection may take before the tick is skipped.
     pub collect_timeout_ms: u64,
+    /// Where Prometheus metrics are served (`None`: not served).
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// CPUs managed (`None`: all online).
     pub cpus: Option<CpuList>,
     /// Peak memory bandwidth, if known.
@@ -234,6 +242,13 @@ impl DaemonConfig {
         if policy == PolicyKind::Oracle {
             return Err(err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into()));
         }
+        let metrics_addr = if f.metrics_addr.trim().is_empty() {
+            None
+        } else {
+            Some(f.metrics_addr.parse::<std::net::SocketAddr>().map_err(|e| {
+                err(format!("metrics_addr {:?} is not an address like 127.0.0.1:9464 ({e}); use \"\" to disable", f.metrics_addr))
+            })?)
+        };
         let cpus = f
             .host
             .cpus
@@ -319,6 +334,7 @@ impl DaemonConfig {
             policy,
             log: f.log,
             collect_timeout_ms: f.collect_timeout_ms.unsigned_abs(),
+            metrics_addr,
             cpus,
             mem_bw_gbps: f.host.mem_bw_gbps,
             host_name: f.host.name.unwrap_or_else(|| "this host".into()),
@@ -435,6 +451,14 @@ mod tests {
         assert!(err(&format!("[host]\ncpus = \"3-1\"\n{MIN}")).contains("host.cpus"));
         assert!(err(&MIN.replace("name = \"kv\"", "name = \"../kv\"")).contains("[A-Za-z0-9._-]"));
         assert!(err("interval_ms = 5\n").contains("interval_ms"));
+        assert!(err(&format!("metrics_addr = \"localhost\"\n{MIN}")).contains("metrics_addr"));
+        let off = DaemonConfig::parse(&format!("metrics_addr = \"\"\n{MIN}"), "t.toml").unwrap();
+        assert_eq!(off.metrics_addr, None);
+        let default = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert!(
+            default.metrics_addr.unwrap().ip().is_loopback(),
+            "loopback by default"
+        );
         assert!(err("").contains("at least one [[service]]"));
     }
 }

@@ -6,6 +6,7 @@
 //! loop, after which every change is undone.
 
 pub mod config;
+pub mod exporter;
 pub mod host;
 pub mod probe;
 
@@ -17,6 +18,7 @@ use anyhow::{Context, Result};
 use tokio::time::MissedTickBehavior;
 
 use self::config::DaemonConfig;
+use self::exporter::{ErrorKind, Exporter};
 use self::host::RealHost;
 use crate::control;
 use crate::policy::{HostContext, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
@@ -50,6 +52,7 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         None => None,
     };
     let policy_kind = cfg.policy;
+    let metrics_addr = cfg.metrics_addr;
     let mut host = RealHost::open(cfg, dry_run).context("opening the host")?;
     let ctx = HostContext {
         host: host.capacity().clone(),
@@ -78,6 +81,21 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         log,
         dry_run,
     }));
+    let exporter = Arc::new(Mutex::new(Exporter::default()));
+    let _metrics = match metrics_addr {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                let bound = l.local_addr().map_or(addr, |a| a);
+                tracing::info!(addr = %bound, "serving Prometheus metrics on /metrics");
+                Some(tokio::spawn(exporter::serve(l, Arc::clone(&exporter))))
+            }
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "cannot serve metrics; running without them");
+                None
+            }
+        },
+        None => None,
+    };
     let mut interval = tokio::time::interval(Duration::from_millis(interval_ms));
     interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
     interval.tick().await;
@@ -90,7 +108,9 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
             _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: restoring the host"); break; }
         }
         let st = Arc::clone(&state);
+        let ex = Arc::clone(&exporter);
         let work = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
             let Ok(mut guard) = st.try_lock() else {
                 return Err("the previous tick is still running".to_string());
             };
@@ -102,22 +122,44 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
             } = &mut *guard;
             let record =
                 control::step(host, policy.as_mut(), *dry_run).map_err(|e| e.to_string())?;
+            let mut logged = Ok(());
             if let Some(log) = log {
-                serde_json::to_writer(&mut *log, &record).map_err(|e| e.to_string())?;
-                log.write_all(b"\n")
-                    .and_then(|()| log.flush())
-                    .map_err(|e| e.to_string())?;
+                logged = serde_json::to_writer(&mut *log, &record)
+                    .map_err(std::io::Error::from)
+                    .and_then(|()| log.write_all(b"\n"))
+                    .and_then(|()| log.flush());
             }
+            if let Ok(mut ex) = ex.lock() {
+                ex.observe(&record, started.elapsed().as_secs_f64());
+                if logged.is_err() {
+                    ex.error(ErrorKind::Log);
+                }
+            }
+            logged.map_err(|e| format!("writing the decision log: {e}"))?;
             if *dry_run && !record.changes.is_empty() {
                 tracing::info!(changes = ?record.changes, "dry run: would apply");
             }
             Ok(())
         });
-        match tokio::time::timeout(timeout, work).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "tick skipped"),
-            Ok(Err(e)) => tracing::error!(error = %e, "tick failed"),
-            Err(_) => tracing::warn!("tick took longer than {} ms; skipped", timeout.as_millis()),
+        let failed = match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(Ok(()))) => false,
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(error = %e, "tick skipped");
+                !e.starts_with("writing the decision log")
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "tick failed");
+                true
+            }
+            Err(_) => {
+                tracing::warn!("tick took longer than {} ms; skipped", timeout.as_millis());
+                true
+            }
+        };
+        if failed {
+            if let Ok(mut ex) = exporter.lock() {
+                ex.error(ErrorKind::Tick);
+            }
         }
         ticks += 1;
         if max_ticks.is_some_and(|m| ticks >= m) {

@@ -1,0 +1,229 @@
+//! `cohabit report`: one self-contained HTML page (plots inline as PNG data, the summary and
+//! the decision table), readable offline.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use base64::Engine;
+
+use super::data::{self, Run, RunDir};
+use super::plot::{self, PlotFormat};
+use crate::metrics::RunSummary;
+
+/// Most decision rows the table shows (the log has them all).
+pub const MAX_ROWS: usize = 2000;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn img(path: &Path, alt: &str) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+    Ok(format!("<figure><img class=\"plot\" alt=\"{}\" src=\"data:image/png;base64,{b64}\"><figcaption>{}</figcaption></figure>\n", esc(alt), esc(alt)))
+}
+
+fn summary_table(rows: &[&RunSummary]) -> String {
+    let mut s = String::from("<table class=\"summary\"><thead><tr><th>scenario</th><th>policy</th><th>QoS met</th><th>violation severity (mean / max p99/target)</th><th>convergence p50 / max (intervals)</th><th>BE throughput</th><th>BE vs oracle</th><th>actuations</th><th>decision p50 / p99 (µs)</th></tr></thead><tbody>\n");
+    for r in rows {
+        let opt = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |x| format!("{x:.3}"));
+        let _ = writeln!(
+            s,
+            "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.3} / {:.2}</td><td>{} / {}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.1} / {:.1}</td></tr>",
+            esc(&r.scenario),
+            esc(&r.policy),
+            r.qos_met_fraction,
+            r.violation_severity_mean,
+            r.violation_severity_max,
+            r.convergence_intervals_p50.map_or_else(|| "–".into(), |v| format!("{v:.1}")),
+            r.convergence_intervals_max.map_or_else(|| "–".into(), |v| v.to_string()),
+            r.be_throughput,
+            opt(r.be_throughput_vs_oracle),
+            r.actuations,
+            r.decision_us_p50,
+            r.decision_us_p99
+        );
+    }
+    s.push_str("</tbody></table>\n");
+    s
+}
+
+fn decision_table(run: &Run) -> String {
+    let targets = data::targets(&run.records);
+    let interesting: Vec<&cohabit_core::DecisionRecord> = run
+        .records
+        .iter()
+        .filter(|r| {
+            !r.changes.is_empty()
+                || r.reasons.contains_key("apply")
+                || targets.iter().any(|(n, t)| {
+                    let p = r
+                        .truth
+                        .as_ref()
+                        .and_then(|tr| tr.p99_ms.get(n).copied())
+                        .or_else(|| {
+                            r.observation
+                                .services
+                                .iter()
+                                .find(|s| &s.spec.name == n)
+                                .and_then(|s| s.sample.p99_ms)
+                        });
+                    p.is_some_and(|p| p > *t)
+                })
+        })
+        .collect();
+    let mut s = format!(
+        "<p>{} of {} decisions changed something or saw a violation; {} shown.</p>\n<table class=\"decisions\"><thead><tr><th>t (s)</th>",
+        interesting.len(),
+        run.records.len(),
+        interesting.len().min(MAX_ROWS)
+    );
+    for n in targets.keys() {
+        let _ = write!(s, "<th>{} p99/target</th>", esc(n));
+    }
+    s.push_str("<th>changes</th><th>why</th><th>decision (µs)</th></tr></thead><tbody>\n");
+    for r in interesting.iter().take(MAX_ROWS) {
+        let _ = write!(s, "<tr><td>{:.1}</td>", r.observation.t_ms as f64 / 1000.0);
+        for (n, t) in &targets {
+            let p = r
+                .truth
+                .as_ref()
+                .and_then(|tr| tr.p99_ms.get(n).copied())
+                .or_else(|| {
+                    r.observation
+                        .services
+                        .iter()
+                        .find(|s| &s.spec.name == n)
+                        .and_then(|s| s.sample.p99_ms)
+                });
+            match p {
+                Some(p) if p > *t => {
+                    let _ = write!(s, "<td class=\"bad\">{:.2}</td>", p / t);
+                }
+                Some(p) => {
+                    let _ = write!(s, "<td>{:.2}</td>", p / t);
+                }
+                None => s.push_str("<td>–</td>"),
+            }
+        }
+        let changes: Vec<String> = r
+            .changes
+            .iter()
+            .map(|c| format!("{} {}: {} → {}", c.group, c.resource, c.from, c.to))
+            .collect();
+        let mut why: Vec<String> = r
+            .reasons
+            .iter()
+            .filter(|(_, v)| !v.contains("hold"))
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        why.dedup();
+        let _ = writeln!(
+            s,
+            "<td>{}</td><td>{}</td><td>{:.1}</td></tr>",
+            esc(&changes.join("; ")),
+            esc(&why.join("; ")),
+            r.decision_us
+        );
+    }
+    s.push_str("</tbody></table>\n");
+    s
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}\
+h1{font-size:1.6em}.banner{background:#fff3cd;border:1px solid #e0c060;padding:.6em 1em;font-weight:bold}\
+table{border-collapse:collapse;margin:1em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}\
+th{background:#f0f0f0}td:nth-last-child(2),td:nth-last-child(3){text-align:left}.bad{background:#f8d0d0}\
+figure{margin:1em 0}img.plot{max-width:100%;border:1px solid #ddd}figcaption{color:#555;font-size:.9em}";
+
+/// A script that records, once the page has loaded, how many plots decoded and how many
+/// table rows exist (`data-plots`, `data-rows` on `<body>`), so a headless browser test can
+/// tell the page rendered.
+const CHECK: &str = "<script>window.addEventListener('load',function(){var n=0;\
+document.querySelectorAll('img.plot').forEach(function(i){if(i.complete&&i.naturalWidth>0)n++;});\
+document.body.dataset.plots=n;document.body.dataset.rows=document.querySelectorAll('tbody tr').length;});</script>";
+
+/// Writes `report.html` (and its plots under `plots/`) for the run or comparison in `dir`
+/// into `out` (default: `dir`). Returns the page's path.
+pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf> {
+    let out = out.unwrap_or(dir);
+    std::fs::create_dir_all(out)?;
+    let plots_dir = out.join("plots");
+    let loaded = data::load(dir)?;
+    let mut body = String::new();
+    let (title, simulated) = match &loaded {
+        RunDir::Single(run) => {
+            let simulated = run.records.iter().any(|r| r.simulated);
+            let files = plot::plot_run(run, &plots_dir, PlotFormat::Png)?;
+            body.push_str("<h2>Summary</h2>\n");
+            match &run.summary {
+                Some(s) => body.push_str(&summary_table(&[s])),
+                None => body.push_str(
+                    "<p>No summary.json: a daemon log; figures below come from the log alone.</p>",
+                ),
+            }
+            body.push_str("<h2>Latency against target</h2>\n");
+            body.push_str(&img(&files[0], "p99 / target per latency-critical service over time; shaded: intervals over target")?);
+            body.push_str("<h2>Allocations</h2>\n");
+            body.push_str(&img(
+                &files[1],
+                "allocation of each group over time; triangles mark actuations, coloured by reason",
+            )?);
+            body.push_str("<h2>Decisions</h2>\n");
+            body.push_str(&decision_table(run));
+            (
+                format!("cohabit run: {} with {}", run.scenario, run.policy),
+                simulated,
+            )
+        }
+        RunDir::Comparison(runs) => {
+            let simulated = runs
+                .iter()
+                .all(|r| r.summary.as_ref().is_none_or(|s| s.simulated));
+            let files = plot::plot_comparison(runs, &plots_dir, PlotFormat::Png)?;
+            body.push_str("<h2>Summary</h2>\n");
+            let rows: Vec<&RunSummary> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
+            body.push_str(&summary_table(&rows));
+            body.push_str("<h2>Metrics side by side</h2>\n");
+            body.push_str(&img(&files[0], "headline metrics per policy and scenario")?);
+            body.push_str("<h2>Distribution of p99 / target</h2>\n");
+            body.push_str(&img(
+                &files[1],
+                "CDF of p99 / target per policy over every service and interval",
+            )?);
+            (
+                format!(
+                    "cohabit comparison: {}",
+                    dedup_join(runs.iter().map(|r| r.scenario.as_str()))
+                ),
+                simulated,
+            )
+        }
+    };
+    let banner = if simulated {
+        "<p class=\"banner\">SIMULATION: every figure on this page comes from cohabit's simulated host, not from hardware.</p>"
+    } else {
+        "<p class=\"banner\">Recorded on a real host.</p>"
+    };
+    let page = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title><style>{STYLE}</style></head>\n<body><h1>{t}</h1>\n{banner}\n{body}{CHECK}</body></html>\n",
+        t = esc(&title)
+    );
+    let path = out.join("report.html");
+    std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+fn dedup_join<'a>(it: impl Iterator<Item = &'a str>) -> String {
+    let mut v: Vec<&str> = Vec::new();
+    for s in it {
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    v.join(", ")
+}

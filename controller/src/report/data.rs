@@ -130,6 +130,21 @@ pub fn targets(records: &[DecisionRecord]) -> BTreeMap<String, f64> {
     out
 }
 
+/// The p99 a record is judged by: the simulator's truth where there is one, else the
+/// measurement.
+pub fn judged_p99_ms(r: &DecisionRecord, service: &str) -> Option<f64> {
+    r.truth
+        .as_ref()
+        .and_then(|t| t.p99_ms.get(service).copied())
+        .or_else(|| {
+            r.observation
+                .services
+                .iter()
+                .find(|s| s.spec.name == service)
+                .and_then(|s| s.sample.p99_ms)
+        })
+}
+
 /// What kind of decision a reason describes, for actuation markers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ReasonKind {

@@ -60,20 +60,9 @@ fn decision_table(run: &Run) -> String {
         .filter(|r| {
             !r.changes.is_empty()
                 || r.reasons.contains_key("apply")
-                || targets.iter().any(|(n, t)| {
-                    let p = r
-                        .truth
-                        .as_ref()
-                        .and_then(|tr| tr.p99_ms.get(n).copied())
-                        .or_else(|| {
-                            r.observation
-                                .services
-                                .iter()
-                                .find(|s| &s.spec.name == n)
-                                .and_then(|s| s.sample.p99_ms)
-                        });
-                    p.is_some_and(|p| p > *t)
-                })
+                || targets
+                    .iter()
+                    .any(|(n, t)| data::judged_p99_ms(r, n).is_some_and(|p| p > *t))
         })
         .collect();
     let mut s = format!(
@@ -89,18 +78,7 @@ fn decision_table(run: &Run) -> String {
     for r in interesting.iter().take(MAX_ROWS) {
         let _ = write!(s, "<tr><td>{:.1}</td>", r.observation.t_ms as f64 / 1000.0);
         for (n, t) in &targets {
-            let p = r
-                .truth
-                .as_ref()
-                .and_then(|tr| tr.p99_ms.get(n).copied())
-                .or_else(|| {
-                    r.observation
-                        .services
-                        .iter()
-                        .find(|s| &s.spec.name == n)
-                        .and_then(|s| s.sample.p99_ms)
-                });
-            match p {
+            match data::judged_p99_ms(r, n) {
                 Some(p) if p > *t => {
                     let _ = write!(s, "<td class=\"bad\">{:.2}</td>", p / t);
                 }

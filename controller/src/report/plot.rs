@@ -11,7 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::data::{targets, ReasonKind, Run};
+use super::data::{judged_p99_ms, targets, ReasonKind, Run};
 
 /// Image format of the plots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -79,6 +79,25 @@ macro_rules! render {
             }
         }
     }};
+}
+
+/// Draws a chart's legend in the house style.
+fn legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> DrawResult
+where
+    DB: DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()
+        .map_err(e)
 }
 
 fn t_s(r: &cohabit_core::DecisionRecord) -> f64 {
@@ -191,14 +210,7 @@ fn qos<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> DrawResu
                 .label("predicted (model)")
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color(1)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(e)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     Ok(())
 }
@@ -323,14 +335,7 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
                 .label(format!("actuation: {}", kind.label()))
                 .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 5, c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(e)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     Ok(())
 }
@@ -407,14 +412,7 @@ fn compare_metrics<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[Ru
                 .label(p.as_str())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(e)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     Ok(())
 }
@@ -430,18 +428,7 @@ fn cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[Run]) -> DrawR
             let t = targets(&run.records);
             for r in &run.records {
                 for (name, target) in &t {
-                    let p99 = r
-                        .truth
-                        .as_ref()
-                        .and_then(|tr| tr.p99_ms.get(name).copied())
-                        .or_else(|| {
-                            r.observation
-                                .services
-                                .iter()
-                                .find(|s| &s.spec.name == name)
-                                .and_then(|s| s.sample.p99_ms)
-                        });
-                    if let Some(x) = p99 {
+                    if let Some(x) = judged_p99_ms(r, name) {
                         v.push((x / target).max(1e-3));
                     }
                 }
@@ -489,14 +476,7 @@ fn cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[Run]) -> DrawR
             .label(p.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .draw()
-        .map_err(e)?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     Ok(())
 }
 

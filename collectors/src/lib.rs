@@ -5,7 +5,9 @@
 //! - [`cgroup`]: cgroup v1 and v2 cpusets, CPU quota, task placement and statistics;
 //! - [`perf`]: hardware counters per cgroup;
 //! - [`procfs`]: processes and their statistics;
-//! - [`latency`]: per-service latency from a Prometheus histogram or a push socket.
+//! - [`latency`]: per-service latency from a Prometheus histogram or a push socket;
+//! - [`mps`]: NVIDIA MPS through `nvidia-cuda-mps-control`;
+//! - [`nvml`]: GPU telemetry through NVML, loaded at run time.
 //!
 //! Every root (`/proc`, `/sys`, the cgroup and resctrl mounts) comes in through
 //! [`HostPaths`], so tests run against fixture trees and real hosts alike.
@@ -15,6 +17,8 @@ use std::path::{Path, PathBuf};
 pub mod cgroup;
 pub mod kfs;
 pub mod latency;
+pub mod mps;
+pub mod nvml;
 pub mod perf;
 pub mod procfs;
 pub mod resctrl;

@@ -1,0 +1,80 @@
+//! The MPS control interface against a fake `nvidia-cuda-mps-control` that reads commands on
+//! standard input like the real one (tests/fixtures/fake-mps-control).
+
+use std::path::PathBuf;
+
+use cohabit_collectors::mps::{MpsControl, MpsError};
+
+fn fake() -> (tempfile::TempDir, MpsControl) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("servers"), "4100\n4200\n").unwrap();
+    std::fs::write(dir.path().join("clients.4100"), "5001\n5002\n").unwrap();
+    std::fs::write(dir.path().join("clients.4200"), "6001\n").unwrap();
+    let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-mps-control");
+    let ctl = MpsControl::new(bin, Some(dir.path().to_path_buf()));
+    (dir, ctl)
+}
+
+fn log(dir: &tempfile::TempDir) -> Vec<String> {
+    std::fs::read_to_string(dir.path().join("commands.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn lists_are_read_and_servers_found_by_client() {
+    let (dir, ctl) = fake();
+    assert_eq!(ctl.server_list().unwrap(), vec![4100, 4200]);
+    assert_eq!(ctl.client_list(4100).unwrap(), vec![5001, 5002]);
+    assert_eq!(ctl.server_of(&[6001]).unwrap(), Some((4200, vec![6001])));
+    assert_eq!(ctl.server_of(&[7]).unwrap(), None);
+    assert_eq!(ctl.default_active_thread_percentage().unwrap(), 100.0);
+    assert_eq!(log(&dir)[0], "get_server_list");
+}
+
+#[test]
+fn settings_are_sent_as_the_documented_commands() {
+    let (dir, ctl) = fake();
+    ctl.set_default_active_thread_percentage(40).unwrap();
+    assert_eq!(ctl.default_active_thread_percentage().unwrap(), 40.0);
+    ctl.set_active_thread_percentage(4200, 30).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("server_pct.4200"))
+            .unwrap()
+            .trim(),
+        "30"
+    );
+    ctl.set_default_device_pinned_mem_limit(0, "8G").unwrap();
+    let l = log(&dir);
+    assert!(
+        l.contains(&"set_default_active_thread_percentage 40".to_string()),
+        "{l:?}"
+    );
+    assert!(l.contains(&"set_active_thread_percentage 4200 30".to_string()));
+    assert!(l.contains(&"set_default_device_pinned_mem_limit 0 8G".to_string()));
+}
+
+#[test]
+fn refusals_and_a_missing_daemon_are_errors_with_the_answer() {
+    let (dir, ctl) = fake();
+    let err = ctl.set_active_thread_percentage(9999, 30).unwrap_err();
+    assert!(
+        matches!(&err, MpsError::Refused { answer, .. } if answer.contains("9999")),
+        "{err}"
+    );
+    assert!(
+        ctl.set_default_device_pinned_mem_limit(0, "8G; quit")
+            .is_err(),
+        "no command injection"
+    );
+    std::fs::write(dir.path().join("down"), "").unwrap();
+    let err = ctl.server_list().unwrap_err().to_string();
+    assert!(
+        err.contains("Cannot find MPS control daemon process"),
+        "{err}"
+    );
+    let missing = MpsControl::new("/nonexistent/nvidia-cuda-mps-control", None);
+    assert!(matches!(missing.server_list(), Err(MpsError::Spawn { .. })));
+}

@@ -181,12 +181,16 @@ fn write(path: &Path, value: &str) -> Result<(), IoError> {
 }
 
 impl Cgroups {
-    /// Finds the hierarchies from `<proc>/self/mountinfo`. Prefers v1 when it has a cpuset
+    /// Finds the hierarchies from `<proc>/self/mountinfo` that lie under `paths.cgroup`.
+    /// Prefers v1 when it has a cpuset
     /// hierarchy (the unified one then usually has no controllers); `None` when neither is
     /// usable.
     pub fn detect(paths: &HostPaths) -> Result<Option<Self>, IoError> {
         let mountinfo = read(&paths.proc.join("self/mountinfo"))?;
-        let (v1, v2) = find_mounts(&mountinfo);
+        let (mut v1, mut v2) = find_mounts(&mountinfo);
+        // Only hierarchies under the configured cgroup root are ours to use.
+        v1.retain(|_, m| m.starts_with(&paths.cgroup));
+        v2 = v2.filter(|m| m.starts_with(&paths.cgroup));
         if v1.contains_key("cpuset") || v1.contains_key("cpu") {
             return Ok(Some(Self {
                 version: Version::V1,

@@ -60,6 +60,10 @@ struct GpmSamples {
     primed: bool,
 }
 
+// SAFETY: GPM samples are opaque buffers owned by this value and only touched through
+// `&mut self`; NVML's API is thread-safe, so using them from another thread is sound.
+unsafe impl Send for GpmSamples {}
+
 /// The GPUs of this host.
 pub struct Gpus {
     nvml: Nvml,

@@ -321,7 +321,9 @@ fn probe_reports_this_host_and_exits_zero() {
         "cgroup_writable",
         "perf",
         "nvidia_driver",
+        "gpus",
         "mps_daemon",
+        "mps_state",
     ] {
         assert!(v.get(key).is_some(), "{key} missing: {v}");
     }
@@ -331,6 +333,12 @@ fn probe_reports_this_host_and_exits_zero() {
     }
     if v["perf"]["state"] == "unsupported" {
         assert!(!v["perf"]["reason"].as_str().unwrap().is_empty());
+    }
+    if v["nvidia_driver"].is_null() {
+        assert!(v["nvidia_absent"]
+            .as_str()
+            .unwrap()
+            .starts_with("no NVIDIA driver"));
     }
     let table = Command::new(env!("CARGO_BIN_EXE_cohabit"))
         .arg("probe")

@@ -62,6 +62,8 @@ struct File {
     #[serde(default)]
     paths: PathsFile,
     #[serde(default)]
+    mps: MpsFile,
+    #[serde(default)]
     service: Vec<ServiceFile>,
     #[serde(default)]
     best_effort: Vec<BestEffortFile>,
@@ -84,6 +86,7 @@ fn default_metrics() -> String {
 #[serde(deny_unknown_fields)]
 struct HostFile {
     cpus: Option<String>,
+    gpus: Option<i64>,
     mem_bw_gbps: Option<f64>,
     name: Option<String>,
 }
@@ -105,6 +108,30 @@ struct ServiceFile {
     #[serde(rename = "match")]
     matcher: MatchFile,
     latency: LatencyFile,
+    gpu: Option<GpuFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GpuFile {
+    #[serde(default)]
+    index: i64,
+    env_file: PathBuf,
+    restart: String,
+    #[serde(default = "default_restart_interval")]
+    min_restart_interval_ms: i64,
+}
+
+fn default_restart_interval() -> i64 {
+    30_000
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MpsFile {
+    control: Option<PathBuf>,
+    pipe_dir: Option<PathBuf>,
+    pinned_mem_limit: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +140,7 @@ struct BestEffortFile {
     name: String,
     #[serde(rename = "match")]
     matcher: MatchFile,
+    gpu: Option<GpuFile>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -168,6 +196,30 @@ pub enum LatencySource {
     },
 }
 
+/// How a GPU service's MPS share is published and applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuConfig {
+    /// GPU index.
+    pub index: u32,
+    /// Environment file the service's client reads at start.
+    pub env_file: PathBuf,
+    /// Shell command that restarts the client (e.g. `systemctl restart llm.service`).
+    pub restart: String,
+    /// Least time between two restarts.
+    pub min_restart_interval_ms: u64,
+}
+
+/// The MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsConfig {
+    /// Path of `nvidia-cuda-mps-control`.
+    pub control: PathBuf,
+    /// `CUDA_MPS_PIPE_DIRECTORY`, if not the default.
+    pub pipe_dir: Option<PathBuf>,
+    /// Pinned device memory limit for clients, e.g. `0=8G` (written to the env files).
+    pub pinned_mem_limit: Option<String>,
+}
+
 /// One managed service or job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceConfig {
@@ -179,6 +231,8 @@ pub struct ServiceConfig {
     pub matcher: Matcher,
     /// Latency source, for latency-critical services.
     pub latency: Option<LatencySource>,
+    /// GPU share handling, for GPU services.
+    pub gpu: Option<GpuConfig>,
 }
 
 /// A validated daemon configuration.
@@ -198,6 +252,10 @@ pub struct DaemonConfig {
     pub cpus: Option<CpuList>,
     /// Peak memory bandwidth, if known.
     pub mem_bw_gbps: Option<f64>,
+    /// GPUs to plan for when NVML cannot list them.
+    pub gpus: Option<u32>,
+    /// MPS control.
+    pub mps: MpsConfig,
     /// Host name for logs.
     pub host_name: String,
     /// Kernel interface roots.
@@ -285,6 +343,11 @@ impl DaemonConfig {
                 )));
             }
             services.push(ServiceConfig {
+                gpu: s
+                    .gpu
+                    .as_ref()
+                    .map(|g| gpu(g).map_err(|m| err(format!("{who}: {m}"))))
+                    .transpose()?,
                 matcher: matcher(&s.matcher).map_err(|m| err(format!("{who}: {m}")))?,
                 latency: Some(latency(&s.latency).map_err(|m| err(format!("{who}: {m}")))?),
                 p99_target_ms: Some(s.p99_target_ms),
@@ -299,6 +362,11 @@ impl DaemonConfig {
         for b in f.best_effort {
             let who = format!("best_effort {}", b.name);
             services.push(ServiceConfig {
+                gpu: b
+                    .gpu
+                    .as_ref()
+                    .map(|g| gpu(g).map_err(|m| err(format!("{who}: {m}"))))
+                    .transpose()?,
                 matcher: matcher(&b.matcher).map_err(|m| err(format!("{who}: {m}")))?,
                 latency: None,
                 p99_target_ms: None,
@@ -337,6 +405,22 @@ impl DaemonConfig {
             metrics_addr,
             cpus,
             mem_bw_gbps: f.host.mem_bw_gbps,
+            gpus: f
+                .host
+                .gpus
+                .map(|g| {
+                    u32::try_from(g)
+                        .map_err(|_| err(format!("host.gpus must be a whole number >= 0, got {g}")))
+                })
+                .transpose()?,
+            mps: MpsConfig {
+                control: f
+                    .mps
+                    .control
+                    .unwrap_or_else(|| "/usr/bin/nvidia-cuda-mps-control".into()),
+                pipe_dir: f.mps.pipe_dir,
+                pinned_mem_limit: f.mps.pinned_mem_limit,
+            },
             host_name: f.host.name.unwrap_or_else(|| "this host".into()),
             paths,
             services,
@@ -370,6 +454,26 @@ fn matcher(m: &MatchFile) -> Result<Matcher, String> {
             "match must have exactly one of process_name, cgroup, systemd_unit, pid_file".into(),
         ),
     }
+}
+
+fn gpu(g: &GpuFile) -> Result<GpuConfig, String> {
+    let index =
+        u32::try_from(g.index).map_err(|_| format!("gpu.index must be >= 0, got {}", g.index))?;
+    if g.restart.trim().is_empty() {
+        return Err("gpu.restart must be a command that restarts the service's MPS client".into());
+    }
+    if g.min_restart_interval_ms < 0 {
+        return Err(format!(
+            "gpu.min_restart_interval_ms must be >= 0, got {}",
+            g.min_restart_interval_ms
+        ));
+    }
+    Ok(GpuConfig {
+        index,
+        env_file: g.env_file.clone(),
+        restart: g.restart.clone(),
+        min_restart_interval_ms: g.min_restart_interval_ms.unsigned_abs(),
+    })
 }
 
 fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
@@ -450,6 +554,10 @@ mod tests {
         assert!(err(&format!("policy = \"oracle\"\n{MIN}")).contains("ground truth"));
         assert!(err(&format!("[host]\ncpus = \"3-1\"\n{MIN}")).contains("host.cpus"));
         assert!(err(&MIN.replace("name = \"kv\"", "name = \"../kv\"")).contains("[A-Za-z0-9._-]"));
+        let gpu = "gpu = { env_file = \"/run/x.env\", restart = \"\" }\n";
+        assert!(err(&format!("{MIN}{gpu}")).contains("gpu.restart"));
+        let gpu = "gpu = { env_file = \"/run/x.env\", restart = \"true\", index = -1 }\n";
+        assert!(err(&format!("{MIN}{gpu}")).contains("gpu.index"));
         assert!(err("interval_ms = 5\n").contains("interval_ms"));
         assert!(err(&format!("metrics_addr = \"localhost\"\n{MIN}")).contains("metrics_addr"));
         let off = DaemonConfig::parse(&format!("metrics_addr = \"\"\n{MIN}"), "t.toml").unwrap();

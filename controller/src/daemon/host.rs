@@ -45,6 +45,9 @@ pub enum HostError {
         /// Why.
         source: cohabit_collectors::latency::LatencyError,
     },
+    /// A GPU share could not be published.
+    #[error("GPU share: {0}")]
+    Gpu(String),
     /// The plan needs more resctrl groups than the host has CLOSIDs.
     #[error(
         "the plan needs {needed} resctrl groups but the host has {available} CLOSIDs for cohabit"
@@ -106,6 +109,8 @@ pub struct RealHost {
     can_quota: bool,
     resctrl: Option<Resctrl>,
     perf: PerfSupport,
+    gpus: Option<cohabit_collectors::nvml::Gpus>,
+    gpu: super::gpu::GpuActuator,
     cpus: Vec<u32>,
     capacity: HostCapacity,
     services: Vec<Service>,
@@ -173,6 +178,43 @@ impl RealHost {
         if let PerfSupport::Unsupported(why) = &perf {
             tracing::warn!("{why}; IPC and LLC misses will be reported as absent");
         }
+        let gpus = match cohabit_collectors::nvml::Gpus::open() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::warn!("{e}; GPU telemetry is absent");
+                None
+            }
+        };
+        let wants_gpu = cfg.services.iter().any(|s| s.gpu.is_some());
+        let mps = if cfg.mps.control.exists() {
+            Some(cohabit_collectors::mps::MpsControl::new(
+                &cfg.mps.control,
+                cfg.mps.pipe_dir.clone(),
+            ))
+        } else {
+            if wants_gpu {
+                tracing::warn!(control = %cfg.mps.control.display(), "no MPS control program; GPU shares go to environment files only");
+            }
+            None
+        };
+        let gpu = super::gpu::GpuActuator::new(&cfg.services, mps);
+        let gpu_caps: Vec<cohabit_core::GpuCapacity> = match (&gpus, cfg.gpus) {
+            (Some(g), _) => g
+                .info()
+                .iter()
+                .map(|i| cohabit_core::GpuCapacity {
+                    name: i.name.clone(),
+                    sms: 1,
+                })
+                .collect(),
+            (None, Some(n)) => (0..n)
+                .map(|i| cohabit_core::GpuCapacity {
+                    name: format!("GPU {i} (configured)"),
+                    sms: 1,
+                })
+                .collect(),
+            (None, None) => vec![],
+        };
         let cpus = match &cfg.cpus {
             Some(c) => c.0.clone(),
             None => online_cpus(&cfg.paths.sys),
@@ -188,7 +230,7 @@ impl RealHost {
             llc_ways: ways,
             llc_way_bytes: llc_bytes(&cfg.paths.sys) / u64::from(ways),
             mem_bw_bytes_per_s: cfg.mem_bw_gbps.unwrap_or(100.0) * 1e9,
-            gpus: vec![],
+            gpus: gpu_caps,
         };
         let mut services = Vec::new();
         for s in &cfg.services {
@@ -219,7 +261,7 @@ impl RealHost {
                 spec: ServiceSpec {
                     name: s.name.clone(),
                     class,
-                    gpu: None,
+                    gpu: s.gpu.as_ref().map(|g| g.index),
                 },
                 cfg: s.clone(),
                 latency,
@@ -246,6 +288,8 @@ impl RealHost {
             can_quota,
             resctrl,
             perf,
+            gpus,
+            gpu,
             cpus,
             capacity,
             services,
@@ -521,6 +565,22 @@ impl RealHost {
                 }
             }
         }
+        let pinned = self.cfg.mps.pinned_mem_limit.clone();
+        for s in &self.services {
+            if !self.gpu.manages(&s.spec.name) {
+                continue;
+            }
+            let alloc = if s.spec.is_latency_critical() {
+                plan.services.get(&s.spec.name)
+            } else {
+                Some(&plan.best_effort)
+            };
+            if let Some(pct) = alloc.and_then(|a| a.gpu_mps_pct) {
+                self.gpu
+                    .publish(&s.spec.name, pct, pinned.as_deref())
+                    .map_err(HostError::Gpu)?;
+            }
+        }
         self.plan = plan.clone();
         Ok(())
     }
@@ -556,6 +616,7 @@ impl RealHost {
                 }
             }
         }
+        self.gpu.restore();
         tracing::info!(restored, "host restored");
     }
 
@@ -652,11 +713,37 @@ impl Collector for RealHost {
         let dt_s = now.duration_since(self.last_collect).as_secs_f64();
         self.last_collect = now;
         self.refresh_processes();
+        if !self.dry_run {
+            let pids: BTreeMap<String, Vec<u32>> = self
+                .services
+                .iter()
+                .map(|s| (s.spec.name.clone(), s.pids.iter().copied().collect()))
+                .collect();
+            self.gpu.restart_due(now, &pids);
+        }
+        let readings = self.gpus.as_mut().map(cohabit_collectors::nvml::Gpus::read);
         let services = (0..self.services.len())
-            .map(|i| ServiceObservation {
-                sample: self.sample(i, dt_s),
-                spec: self.services[i].spec.clone(),
-                gpu_mps_effective_pct: None,
+            .map(|i| {
+                let mut sample = self.sample(i, dt_s);
+                let svc = &self.services[i];
+                if let (Some(r), Some(g)) = (&readings, svc.spec.gpu) {
+                    let util: Vec<f64> = r
+                        .get(g as usize)
+                        .map(|r| {
+                            svc.pids
+                                .iter()
+                                .filter_map(|p| r.process_sm_util_pct.get(p).copied())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    sample.gpu_util_pct =
+                        (!util.is_empty()).then(|| util.iter().sum::<f64>().min(100.0));
+                }
+                ServiceObservation {
+                    sample,
+                    spec: svc.spec.clone(),
+                    gpu_mps_effective_pct: self.gpu.effective(&svc.spec.name),
+                }
             })
             .collect();
         let t_ms = u64::try_from(now.duration_since(self.start).as_millis()).unwrap_or(u64::MAX);

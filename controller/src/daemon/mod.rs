@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod exporter;
+pub mod gpu;
 pub mod host;
 pub mod probe;
 

@@ -26,12 +26,16 @@ pub struct ProbeReport {
     pub cgroup_writable: Vec<String>,
     /// Hardware counters.
     pub perf: PerfSupport,
-    /// NVIDIA driver version, if loaded.
+    /// NVIDIA driver version, if NVML loaded.
     pub nvidia_driver: Option<String>,
-    /// GPUs the driver lists.
-    pub gpus: Vec<String>,
-    /// Whether an MPS control daemon runs.
+    /// Why there is no driver.
+    pub nvidia_absent: Option<String>,
+    /// GPUs NVML lists, with GPM support.
+    pub gpus: Vec<cohabit_collectors::nvml::GpuInfo>,
+    /// Whether an MPS control daemon process runs.
     pub mps_daemon: bool,
+    /// What the MPS control program said (server PIDs, or why not).
+    pub mps_state: String,
 }
 
 /// Looks at the host under `paths`.
@@ -45,16 +49,20 @@ pub fn probe(paths: &HostPaths) -> ProbeReport {
         Err(e) => (None, Some(format!("resctrl unreadable: {e}"))),
     };
     let cg = Cgroups::detect(paths).ok().flatten();
-    let nvidia_driver = std::fs::read_to_string(paths.proc.join("driver/nvidia/version"))
-        .ok()
-        .and_then(|t| t.lines().next().map(str::to_string));
-    let gpus = std::fs::read_dir(paths.proc.join("driver/nvidia/gpus"))
-        .map(|it| {
-            it.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    let (nvidia_driver, nvidia_absent, gpus) = match cohabit_collectors::nvml::Gpus::open() {
+        Ok(g) => (g.driver_version(), None, g.info().to_vec()),
+        Err(e) => (None, Some(e.to_string()), vec![]),
+    };
+    let control = std::path::Path::new("/usr/bin/nvidia-cuda-mps-control");
+    let mps_state = if control.exists() {
+        let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map(std::path::PathBuf::from);
+        match cohabit_collectors::mps::MpsControl::new(control, pipe).server_list() {
+            Ok(servers) => format!("control daemon running; servers: {servers:?}"),
+            Err(e) => format!("control daemon not reachable: {e}"),
+        }
+    } else {
+        "nvidia-cuda-mps-control is not installed".to_string()
+    };
     let procfs = Procfs::new(&paths.proc);
     let mps_daemon = procfs
         .pids_named("nvidia-cuda-mps")
@@ -75,8 +83,10 @@ pub fn probe(paths: &HostPaths) -> ProbeReport {
             .unwrap_or_default(),
         perf: perf::probe(),
         nvidia_driver,
+        nvidia_absent,
         gpus,
         mps_daemon,
+        mps_state,
     }
 }
 
@@ -143,13 +153,26 @@ impl ProbeReport {
         );
         line(
             "nvidia",
-            self.nvidia_driver
-                .clone()
-                .unwrap_or_else(|| "no NVIDIA driver".to_string()),
+            self.nvidia_driver.clone().map_or_else(
+                || {
+                    self.nvidia_absent
+                        .clone()
+                        .unwrap_or_else(|| "no NVIDIA driver".into())
+                },
+                |v| format!("driver {v}"),
+            ),
         );
-        if !self.gpus.is_empty() {
-            line("gpus", self.gpus.join(", "));
+        for g in &self.gpus {
+            line(
+                &format!("gpu {}", g.index),
+                format!(
+                    "{}{}",
+                    g.name,
+                    if g.gpm { ", GPM supported" } else { ", no GPM" }
+                ),
+            );
         }
+        line("mps control", self.mps_state.clone());
         line(
             "mps daemon",
             if self.mps_daemon {

@@ -47,6 +47,7 @@ cgroup = "/nonexistent-cgroup-root"
 [mps]
 control = "{fake}"
 pipe_dir = "{mps}"
+pinned_mem_limit = "0=8G"
 [[service]]
 name = "llm"
 p99_target_ms = 500

@@ -76,6 +76,23 @@ impl GpuActuator {
         Self { mps, clients }
     }
 
+    /// Sets the control daemon's default pinned-memory limit from `device=limit` (e.g.
+    /// `0=8G`), for servers started from now on. Logged, not fatal, when refused.
+    pub fn apply_pinned_default(&self, spec: &str) {
+        let Some(mps) = &self.mps else { return };
+        let parsed = spec
+            .split_once('=')
+            .and_then(|(d, l)| Some((d.trim().parse::<u32>().ok()?, l.trim())));
+        match parsed {
+            Some((device, limit)) => {
+                if let Err(e) = mps.set_default_device_pinned_mem_limit(device, limit) {
+                    tracing::warn!(error = %e, "MPS pinned-memory limit not set");
+                }
+            }
+            None => tracing::warn!(spec, "mps.pinned_mem_limit must look like 0=8G; ignored"),
+        }
+    }
+
     /// The share a service's running client has, if known.
     pub fn effective(&self, service: &str) -> Option<u8> {
         self.clients.get(service).and_then(|c| c.effective)

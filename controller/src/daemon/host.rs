@@ -198,6 +198,9 @@ impl RealHost {
             None
         };
         let gpu = super::gpu::GpuActuator::new(&cfg.services, mps);
+        if let (false, Some(limit)) = (dry_run, &cfg.mps.pinned_mem_limit) {
+            gpu.apply_pinned_default(limit);
+        }
         let gpu_caps: Vec<cohabit_core::GpuCapacity> = match (&gpus, cfg.gpus) {
             (Some(g), _) => g
                 .info()

@@ -1,0 +1,333 @@
+//! The model artifact: weights in safetensors plus JSON metadata beside them.
+//!
+//! `NAME.json` holds the format and schema versions, the feature names and their
+//! normalisation, the target's definition, the ensemble's shape, a digest of the training
+//! data and the evaluation metrics; its `weights` field names the safetensors file (relative
+//! to the JSON) with tensors `m{k}.l{i}.weight` (out × in, f32) and `m{k}.l{i}.bias` (out).
+//! Loading checks everything against this build's feature schema and against itself, and
+//! reports a wrong, truncated or mismatched artifact as a [`ModelError`] naming the file:
+//! callers fall back to feedback control, never panic.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ndarray::{Array1, Array2, ArrayView2};
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+
+use crate::features::{FEATURE_NAMES, FEATURE_SCHEMA_VERSION, N_FEATURES};
+use crate::mlp::{Dense, Ensemble, Mlp};
+
+/// Artifact format tag.
+pub const FORMAT: &str = "cohabit-qos-model";
+/// Artifact format version.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Why a model could not be loaded or saved.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read or written.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The metadata is not what a cohabit model needs.
+    #[error("model metadata {path}: {message}")]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The weights are unreadable or do not fit the metadata.
+    #[error("model weights {path}: {message}")]
+    Weights {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The JSON metadata of a model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelMetadata {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// The feature schema version the model was trained on.
+    pub schema_version: u32,
+    /// Feature names in input order (must equal this build's schema).
+    pub features: Vec<String>,
+    /// Per-feature mean used for normalisation.
+    pub norm_mean: Vec<f32>,
+    /// Per-feature scale used for normalisation (positive).
+    pub norm_std: Vec<f32>,
+    /// What the output means.
+    pub target: String,
+    /// The safetensors file, relative to the metadata file.
+    pub weights: String,
+    /// Ensemble members.
+    pub members: usize,
+    /// Hidden layer widths of each member.
+    pub hidden: Vec<usize>,
+    /// Digest of the training data (e.g. `sha256:…`).
+    #[serde(default)]
+    pub training_data_digest: String,
+    /// Evaluation metrics recorded at training time.
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// A loaded model: metadata and the ensemble.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// Its metadata.
+    pub meta: ModelMetadata,
+    /// The ensemble.
+    pub ensemble: Ensemble,
+}
+
+fn tensor_name(member: usize, layer: usize, part: &str) -> String {
+    format!("m{member}.l{layer}.{part}")
+}
+
+fn f32s(view: &TensorView<'_>) -> Vec<f32> {
+    view.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+impl Model {
+    /// Loads `NAME.json` and the weights it names.
+    pub fn load(meta_path: &Path) -> Result<Model, ModelError> {
+        let meta_err = |message: String| ModelError::Metadata {
+            path: meta_path.to_path_buf(),
+            message,
+        };
+        let text = std::fs::read_to_string(meta_path).map_err(|e| ModelError::Io {
+            what: "reading",
+            path: meta_path.to_path_buf(),
+            source: e,
+        })?;
+        let meta: ModelMetadata =
+            serde_json::from_str(&text).map_err(|e| meta_err(e.to_string()))?;
+        if meta.format != FORMAT || meta.format_version != FORMAT_VERSION {
+            return Err(meta_err(format!(
+                "format {:?} version {} is not {FORMAT:?} version {FORMAT_VERSION}",
+                meta.format, meta.format_version
+            )));
+        }
+        if meta.schema_version != FEATURE_SCHEMA_VERSION {
+            return Err(meta_err(format!(
+                "trained on feature schema {}, this build speaks schema {FEATURE_SCHEMA_VERSION}",
+                meta.schema_version
+            )));
+        }
+        if meta.features.len() != N_FEATURES
+            || meta.features.iter().zip(FEATURE_NAMES).any(|(a, b)| a != b)
+        {
+            let first = meta
+                .features
+                .iter()
+                .zip(FEATURE_NAMES)
+                .position(|(a, b)| a != b)
+                .unwrap_or(meta.features.len().min(N_FEATURES));
+            return Err(meta_err(format!(
+                "features differ from the schema at position {first} ({} features, schema has {N_FEATURES})",
+                meta.features.len()
+            )));
+        }
+        if meta.norm_mean.len() != N_FEATURES || meta.norm_std.len() != N_FEATURES {
+            return Err(meta_err(format!(
+                "normalisation needs {N_FEATURES} means and scales"
+            )));
+        }
+        if meta.norm_mean.iter().any(|v| !v.is_finite())
+            || meta.norm_std.iter().any(|v| !(v.is_finite() && *v > 0.0))
+        {
+            return Err(meta_err(
+                "normalisation has a non-finite mean or a non-positive scale".into(),
+            ));
+        }
+        if meta.members == 0 {
+            return Err(meta_err("an ensemble needs at least one member".into()));
+        }
+        let weights_path = meta_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&meta.weights);
+        let w_err = |message: String| ModelError::Weights {
+            path: weights_path.clone(),
+            message,
+        };
+        let bytes = std::fs::read(&weights_path).map_err(|e| ModelError::Io {
+            what: "reading",
+            path: weights_path.clone(),
+            source: e,
+        })?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| w_err(format!("not a safetensors file: {e}")))?;
+        let widths: Vec<usize> = std::iter::once(N_FEATURES)
+            .chain(meta.hidden.iter().copied())
+            .chain(std::iter::once(1))
+            .collect();
+        let mut members = Vec::with_capacity(meta.members);
+        for k in 0..meta.members {
+            let mut layers = Vec::new();
+            for (i, pair) in widths.windows(2).enumerate() {
+                let (inp, out) = (pair[0], pair[1]);
+                let get = |part: &str, shape: &[usize]| -> Result<Vec<f32>, ModelError> {
+                    let name = tensor_name(k, i, part);
+                    let v = st
+                        .tensor(&name)
+                        .map_err(|_| w_err(format!("tensor {name} is missing")))?;
+                    if v.dtype() != Dtype::F32 {
+                        return Err(w_err(format!(
+                            "tensor {name} is {:?}, expected F32",
+                            v.dtype()
+                        )));
+                    }
+                    if v.shape() != shape {
+                        return Err(w_err(format!(
+                            "tensor {name} has shape {:?}, expected {shape:?}",
+                            v.shape()
+                        )));
+                    }
+                    let data = f32s(&v);
+                    if data.iter().any(|x| !x.is_finite()) {
+                        return Err(w_err(format!("tensor {name} holds a non-finite value")));
+                    }
+                    Ok(data)
+                };
+                let weight = Array2::from_shape_vec((out, inp), get("weight", &[out, inp])?)
+                    .map_err(|e| w_err(e.to_string()))?;
+                let bias = Array1::from(get("bias", &[out])?);
+                layers.push(Dense { weight, bias });
+            }
+            members.push(Mlp { layers });
+        }
+        let ensemble = Ensemble {
+            members,
+            mean: Array1::from(meta.norm_mean.clone()),
+            std: Array1::from(meta.norm_std.clone()),
+        };
+        Ok(Model { meta, ensemble })
+    }
+
+    /// Writes `NAME.json` and `NAME.safetensors` into `dir`.
+    pub fn save(&self, dir: &Path, name: &str) -> Result<PathBuf, ModelError> {
+        let weights_file = format!("{name}.safetensors");
+        let weights_path = dir.join(&weights_file);
+        let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (k, m) in self.ensemble.members.iter().enumerate() {
+            for (i, l) in m.layers.iter().enumerate() {
+                let w: Vec<u8> = l.weight.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let b: Vec<u8> = l.bias.iter().flat_map(|v| v.to_le_bytes()).collect();
+                owned.push((tensor_name(k, i, "weight"), l.weight.shape().to_vec(), w));
+                owned.push((tensor_name(k, i, "bias"), vec![l.bias.len()], b));
+            }
+        }
+        let views: Vec<(String, TensorView<'_>)> = owned
+            .iter()
+            .map(|(n, shape, data)| {
+                TensorView::new(Dtype::F32, shape.clone(), data)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| ModelError::Weights {
+                        path: weights_path.clone(),
+                        message: e.to_string(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let bytes = safetensors::serialize(views, &None).map_err(|e| ModelError::Weights {
+            path: weights_path.clone(),
+            message: e.to_string(),
+        })?;
+        std::fs::write(&weights_path, bytes).map_err(|e| ModelError::Io {
+            what: "writing",
+            path: weights_path.clone(),
+            source: e,
+        })?;
+        let mut meta = self.meta.clone();
+        meta.weights = weights_file;
+        let meta_path = dir.join(format!("{name}.json"));
+        let text = serde_json::to_string_pretty(&meta).map_err(|e| ModelError::Metadata {
+            path: meta_path.clone(),
+            message: e.to_string(),
+        })?;
+        std::fs::write(&meta_path, text + "\n").map_err(|e| ModelError::Io {
+            what: "writing",
+            path: meta_path.clone(),
+            source: e,
+        })?;
+        Ok(meta_path)
+    }
+
+    /// Predicted ln(p99 / target) and its spread for each row of raw features.
+    pub fn score(&self, rows: ArrayView2<'_, f32>) -> (Array1<f32>, Array1<f32>) {
+        self.ensemble.predict(rows)
+    }
+}
+
+impl Model {
+    /// A model with pseudo-random weights (a fixed linear congruential sequence from `seed`)
+    /// in the current schema. It predicts nothing meaningful; it exists for tests and speed
+    /// benchmarks, and its metadata says so.
+    pub fn synthetic(members: usize, hidden: &[usize], seed: u64) -> Model {
+        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            // Top 24 bits to a float in [-0.5, 0.5).
+            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let widths: Vec<usize> = std::iter::once(N_FEATURES)
+            .chain(hidden.iter().copied())
+            .chain(std::iter::once(1))
+            .collect();
+        let members_v = (0..members)
+            .map(|_| Mlp {
+                layers: widths
+                    .windows(2)
+                    .map(|p| Dense {
+                        weight: Array2::from_shape_fn((p[1], p[0]), |_| {
+                            next() / (p[0] as f32).sqrt()
+                        }),
+                        bias: Array1::from_shape_fn(p[1], |_| next() * 0.1),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Model {
+            meta: ModelMetadata {
+                format: FORMAT.into(),
+                format_version: FORMAT_VERSION,
+                schema_version: FEATURE_SCHEMA_VERSION,
+                features: FEATURE_NAMES.iter().map(|s| s.to_string()).collect(),
+                norm_mean: vec![0.0; N_FEATURES],
+                norm_std: vec![1.0; N_FEATURES],
+                target: "synthetic weights for tests and benchmarks: not a trained model".into(),
+                weights: String::new(),
+                members,
+                hidden: hidden.to_vec(),
+                training_data_digest: String::new(),
+                metrics: BTreeMap::new(),
+            },
+            ensemble: Ensemble {
+                members: members_v,
+                mean: Array1::zeros(N_FEATURES),
+                std: Array1::ones(N_FEATURES),
+            },
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! cohabit's learned QoS-impact model, inference side.
+//!
+//! - [`features`]: the versioned feature schema (what a real host can measure under the
+//!   current allocation, plus a candidate allocation).
+//! - [`mlp`]: pure-Rust inference of an MLP ensemble with ndarray; the spread of the
+//!   members is the uncertainty.
+//! - [`artifact`]: the model artifact (safetensors weights + JSON metadata), checked on load.
+//!
+//! Training (tch, linfa) lives in a separate crate so the daemon never links libtorch.
+
+pub mod artifact;
+pub mod features;
+pub mod mlp;
+
+pub use artifact::{Model, ModelError, ModelMetadata};
+pub use features::{
+    features, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, N_FEATURES,
+};

@@ -85,6 +85,14 @@ pub struct ModelMetadata {
     /// Evaluation metrics recorded at training time.
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
+    /// Factor applied to the ensemble spread so that it is calibrated (fitted on validation
+    /// data at training time; 1 when absent).
+    #[serde(default = "one")]
+    pub sigma_scale: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// A loaded model: metadata and the ensemble.
@@ -158,6 +166,12 @@ impl Model {
             return Err(meta_err(
                 "normalisation has a non-finite mean or a non-positive scale".into(),
             ));
+        }
+        if !(meta.sigma_scale.is_finite() && meta.sigma_scale > 0.0) {
+            return Err(meta_err(format!(
+                "sigma_scale must be positive, got {}",
+                meta.sigma_scale
+            )));
         }
         if meta.members == 0 {
             return Err(meta_err("an ensemble needs at least one member".into()));
@@ -274,7 +288,8 @@ impl Model {
 
     /// Predicted ln(p99 / target) and its spread for each row of raw features.
     pub fn score(&self, rows: ArrayView2<'_, f32>) -> (Array1<f32>, Array1<f32>) {
-        self.ensemble.predict(rows)
+        let (mean, spread) = self.ensemble.predict(rows);
+        (mean, spread * self.meta.sigma_scale)
     }
 }
 
@@ -322,6 +337,7 @@ impl Model {
                 hidden: hidden.to_vec(),
                 training_data_digest: String::new(),
                 metrics: BTreeMap::new(),
+                sigma_scale: 1.0,
             },
             ensemble: Ensemble {
                 members: members_v,

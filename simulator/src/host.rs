@@ -315,8 +315,8 @@ impl Actuator for SimulatedHost {
 
 /// A counter reading with measurement dirt. Every call draws the same number of random
 /// numbers whatever the values, so runs of different policies on one seed see the same
-/// noise.
-fn measure(
+/// noise. Public so training data sees exactly the dirt the controller sees.
+pub fn measure(
     rng: &mut ChaCha8Rng,
     o: &Outcome,
     load_rps: f64,

@@ -1,0 +1,62 @@
+//! The default model shipped in the repository: it loads, its recorded metrics meet the
+//! targets, and it scores.
+
+use std::path::PathBuf;
+
+use cohabit_models::{Model, N_FEATURES};
+use ndarray::Array2;
+
+fn shipped() -> Model {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("default/qos-v1.json");
+    Model::load(&path).unwrap_or_else(|e| panic!("the shipped model must load: {e}"))
+}
+
+#[test]
+fn the_shipped_model_loads_and_its_recorded_metrics_meet_the_targets() {
+    let m = shipped();
+    let get = |k: &str| {
+        *m.meta
+            .metrics
+            .get(k)
+            .unwrap_or_else(|| panic!("metric {k} missing"))
+    };
+    assert!(
+        get("in_distribution_median_abs_error") <= 0.10,
+        "{:?}",
+        m.meta.metrics
+    );
+    assert!(
+        get("held_out_median_abs_error") <= 0.25,
+        "{:?}",
+        m.meta.metrics
+    );
+    assert!(
+        get("held_out_coverage_2sigma") >= 0.85,
+        "{:?}",
+        m.meta.metrics
+    );
+    assert!(
+        get("in_distribution_median_abs_error") < get("ridge_in_distribution_median_abs_error")
+    );
+    assert!(get("held_out_median_abs_error") < get("ridge_held_out_median_abs_error"));
+    assert!(get("training_seconds") < 300.0);
+    assert!(m.meta.training_data_digest.starts_with("fnv1a64:"));
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("default");
+    let size: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        size < 1 << 20,
+        "the shipped model stays under 1 MB ({size} bytes)"
+    );
+}
+
+#[test]
+fn the_shipped_model_scores_with_a_spread() {
+    let m = shipped();
+    let x = Array2::from_shape_fn((10, N_FEATURES), |(i, j)| ((i + j) % 5) as f32 / 5.0);
+    let (mean, sigma) = m.score(x.view());
+    assert!(mean.iter().all(|v| v.is_finite()));
+    assert!(sigma.iter().all(|s| *s > 0.0));
+}

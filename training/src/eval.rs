@@ -1,0 +1,157 @@
+//! Evaluation: error of predicted vs measured ln(p99/target), overall, per service, on
+//! services held out of training, and calibration of the spread; the same for the baseline.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use cohabit_models::Model;
+use serde::Serialize;
+
+use crate::dataset::{Dataset, Row};
+use crate::fit::{fit, matrix, FitConfig, Ridge};
+
+/// Errors of one predictor on some rows.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Errors {
+    /// Median absolute error.
+    pub median_abs_error: f64,
+    /// Mean absolute error.
+    pub mean_abs_error: f64,
+    /// Share of truths inside the predicted ±2σ (models with a spread only).
+    pub coverage_2sigma: Option<f64>,
+    /// Rows.
+    pub rows: usize,
+}
+
+fn errors(pred: &[f32], sigma: Option<&[f32]>, rows: &[&Row]) -> Errors {
+    let mut abs: Vec<f64> = pred
+        .iter()
+        .zip(rows)
+        .map(|(p, r)| f64::from((p - r.target).abs()))
+        .collect();
+    let coverage = sigma.map(|s| {
+        let inside = pred
+            .iter()
+            .zip(s)
+            .zip(rows)
+            .filter(|((p, s), r)| (*p - r.target).abs() <= 2.0 * **s)
+            .count();
+        inside as f64 / rows.len().max(1) as f64
+    });
+    abs.sort_by(f64::total_cmp);
+    Errors {
+        median_abs_error: abs.get(abs.len() / 2).copied().unwrap_or(0.0),
+        mean_abs_error: abs.iter().sum::<f64>() / abs.len().max(1) as f64,
+        coverage_2sigma: coverage,
+        rows: rows.len(),
+    }
+}
+
+/// A model's errors on rows.
+pub fn model_errors(model: &Model, rows: &[&Row]) -> Errors {
+    let (x, _) = matrix(rows);
+    let (m, s) = model.score(x.view());
+    errors(
+        m.as_slice().unwrap_or(&[]),
+        Some(s.as_slice().unwrap_or(&[])),
+        rows,
+    )
+}
+
+/// The baseline's errors on rows.
+pub fn ridge_errors(ridge: &Ridge, rows: &[&Row]) -> Errors {
+    errors(ridge.predict(rows).as_slice().unwrap_or(&[]), None, rows)
+}
+
+/// Everything `cohabit-train eval` and `fit` report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// The ensemble on in-distribution test rows.
+    pub mlp_in_distribution: Errors,
+    /// The baseline on the same rows.
+    pub ridge_in_distribution: Errors,
+    /// Per service (ensemble), in distribution.
+    pub mlp_per_service: BTreeMap<String, Errors>,
+    /// Leave-one-service-out: each service scored by models trained without it (pooled).
+    pub mlp_held_out: Errors,
+    /// The same for the baseline.
+    pub ridge_held_out: Errors,
+    /// Held-out errors per service (ensemble).
+    pub mlp_held_out_per_service: BTreeMap<String, Errors>,
+}
+
+/// Splits rows deterministically into (train, test) by a hash of their position.
+pub fn split(data: &Dataset, test_frac: f64, seed: u64) -> (Vec<&Row>, Vec<&Row>) {
+    let mut train = Vec::new();
+    let mut test = Vec::new();
+    for (i, r) in data.rows.iter().enumerate() {
+        let h = (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        if (h as f64 / (1u64 << 24) as f64) < test_frac {
+            test.push(r);
+        } else {
+            train.push(r);
+        }
+    }
+    (train, test)
+}
+
+/// Leave-one-service-out errors for the ensemble (trained with `cfg`) and the baseline.
+pub fn held_out(
+    data: &Dataset,
+    cfg: &FitConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<(Errors, Errors, BTreeMap<String, Errors>)> {
+    let mut mlp_pred = Vec::new();
+    let mut mlp_sigma = Vec::new();
+    let mut ridge_pred = Vec::new();
+    let mut rows_all: Vec<&Row> = Vec::new();
+    let mut per = BTreeMap::new();
+    for s in data.services() {
+        progress(&s);
+        let (out, inn): (Vec<&Row>, Vec<&Row>) = data.rows.iter().partition(|r| r.service == s);
+        let (train, val) = split(
+            &Dataset {
+                rows: inn.into_iter().cloned().collect(),
+            },
+            cfg.val_frac,
+            cfg.seed,
+        )
+        .into_owned_rows();
+        let train_refs: Vec<&Row> = train.iter().collect();
+        let val_refs: Vec<&Row> = val.iter().collect();
+        let model = fit(&train_refs, &val_refs, cfg, None, |_, _| {})?;
+        let ridge = Ridge::fit(&train_refs)?;
+        let (x, _) = matrix(&out);
+        let (m, sg) = model.score(x.view());
+        per.insert(
+            s.clone(),
+            errors(
+                m.as_slice().unwrap_or(&[]),
+                Some(sg.as_slice().unwrap_or(&[])),
+                &out,
+            ),
+        );
+        mlp_pred.extend(m.iter().copied());
+        mlp_sigma.extend(sg.iter().copied());
+        ridge_pred.extend(ridge.predict(&out).iter().copied());
+        rows_all.extend(out);
+    }
+    Ok((
+        errors(&mlp_pred, Some(&mlp_sigma), &rows_all),
+        errors(&ridge_pred, None, &rows_all),
+        per,
+    ))
+}
+
+trait Owned {
+    fn into_owned_rows(self) -> (Vec<Row>, Vec<Row>);
+}
+
+impl Owned for (Vec<&Row>, Vec<&Row>) {
+    fn into_owned_rows(self) -> (Vec<Row>, Vec<Row>) {
+        (
+            self.0.into_iter().cloned().collect(),
+            self.1.into_iter().cloned().collect(),
+        )
+    }
+}

@@ -1,0 +1,218 @@
+//! Datasets from the simulator: many random service mixes, loads, co-runners, current and
+//! candidate allocations. Features come only from simulated telemetry (the noisy `Sample`
+//! the controller would see under the current allocation), never from the simulator's
+//! hidden parameters; the target is the true p99 under the candidate.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cohabit_core::{Allocation, Plan, ServiceClass, ServiceSpec, WayRange};
+use cohabit_models::{features, target, Neighbours};
+use cohabit_sim::catalogue::{self, Platform};
+use cohabit_sim::host::measure;
+use cohabit_sim::scenario::{Noise, Scenario, SimService};
+use cohabit_sim::trace::LoadTrace;
+use cohabit_sim::TruthModel;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::dataset::{Dataset, Row};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenConfig {
+    /// Random host situations.
+    pub scenes: usize,
+    /// Candidate allocations scored per latency-critical service and scene.
+    pub candidates: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Platform.
+    pub platform: Platform,
+    /// Services to draw from (`None`: every CPU latency-critical model).
+    pub services: Option<Vec<String>>,
+}
+
+/// The CPU latency-critical models of the catalogue.
+pub fn cpu_services() -> Vec<&'static str> {
+    catalogue::catalogue()
+        .iter()
+        .filter(|m| m.latency.is_some() && m.gpu.is_none())
+        .map(|m| m.name)
+        .collect()
+}
+
+fn random_alloc(rng: &mut ChaCha8Rng, cores_max: u32, first_way: u32, ways_max: u32) -> Allocation {
+    let mba = *[100u8, 100, 100, 90, 70, 50, 30]
+        .choose(rng)
+        .unwrap_or(&100);
+    Allocation {
+        cores: rng.gen_range(1..=cores_max.max(1)),
+        llc_ways: WayRange::new(first_way, rng.gen_range(1..=ways_max.max(1))),
+        mba_pct: mba,
+        gpu_mps_pct: None,
+    }
+}
+
+/// Generates a dataset; `progress` is called with (done, total) scenes.
+// Targets are O(1) log-ratios; f32 is the model's precision.
+#[allow(clippy::cast_possible_truncation)]
+pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Dataset {
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let host = cfg.platform.host();
+    let cap = host.capacity.clone();
+    let pool: Vec<String> = cfg
+        .services
+        .clone()
+        .unwrap_or_else(|| cpu_services().into_iter().map(String::from).collect());
+    let be_pool = ["stream", "graph", "compute"];
+    let mut rows = Vec::new();
+    for scene in 0..cfg.scenes {
+        let n_lc = rng.gen_range(1..=3usize);
+        let mut names: Vec<&String> = pool
+            .choose_multiple(&mut rng, n_lc.min(pool.len()))
+            .collect();
+        names.sort();
+        let n_be = rng.gen_range(0..=2usize);
+        let mut services = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            let Some(model) = catalogue::model(n) else {
+                continue;
+            };
+            let lat = model
+                .latency
+                .unwrap_or_else(|| unreachable!("latency-critical pool"));
+            services.push(SimService {
+                spec: ServiceSpec {
+                    name: format!("{n}#{i}"),
+                    class: ServiceClass::LatencyCritical {
+                        p99_target_ms: lat.p99_target_ms,
+                    },
+                    gpu: None,
+                },
+                model,
+                load: Some(LoadTrace::Constant {
+                    fraction: rng.gen_range(0.03..0.4),
+                }),
+            });
+        }
+        for (j, b) in be_pool.choose_multiple(&mut rng, n_be).enumerate() {
+            let Some(model) = catalogue::model(b) else {
+                continue;
+            };
+            services.push(SimService {
+                spec: ServiceSpec {
+                    name: format!("{b}#be{j}"),
+                    class: ServiceClass::BestEffort,
+                    gpu: None,
+                },
+                model,
+                load: None,
+            });
+        }
+        let n = u32::try_from(
+            services
+                .iter()
+                .filter(|s| s.spec.is_latency_critical())
+                .count(),
+        )
+        .unwrap_or(1);
+        let sc = Arc::new(Scenario {
+            name: "gen".into(),
+            description: String::new(),
+            duration_s: 1.0,
+            tick_ms: 1000,
+            seed: cfg.seed,
+            host: host.clone(),
+            services,
+            noise: Noise::default(),
+        });
+        let truth = TruthModel::new(Arc::clone(&sc));
+        // Current plan: LC services side by side in the ways, the pool gets the rest.
+        let mut plan = Plan {
+            services: BTreeMap::new(),
+            best_effort: Allocation {
+                cores: 0,
+                llc_ways: WayRange::new(cap.llc_ways - 1, 1),
+                mba_pct: 100,
+                gpu_mps_pct: None,
+            },
+        };
+        let mut way = 0;
+        let mut cores = 0;
+        for s in sc.services.iter().filter(|s| s.spec.is_latency_critical()) {
+            let ways_left = cap.llc_ways.saturating_sub(way + 1).max(1);
+            let a = random_alloc(
+                &mut rng,
+                (cap.cores / n).max(1),
+                way.min(cap.llc_ways - 1),
+                (ways_left / n).max(1),
+            );
+            way = (a.llc_ways.end()).min(cap.llc_ways - 1);
+            cores += a.cores;
+            plan.services.insert(s.spec.name.clone(), a);
+        }
+        plan.best_effort.cores = cap.cores.saturating_sub(cores);
+        plan.best_effort.llc_ways = WayRange::new(way, cap.llc_ways - way);
+        let loads = truth.loads_at(0.5);
+        let zeros = vec![0.0; loads.len()];
+        let gpu = vec![None; loads.len()];
+        let (now, _) = truth.evaluate(&plan, &loads, &gpu, &zeros);
+        let samples: Vec<cohabit_core::Sample> = now
+            .outcomes
+            .iter()
+            .zip(&loads)
+            .map(|(o, l)| measure(&mut rng, o, *l, &sc.noise, 1.0))
+            .collect();
+        for (i, s) in sc.services.iter().enumerate() {
+            let Some(t) = s.spec.p99_target_ms() else {
+                continue;
+            };
+            let current = plan.services[&s.spec.name];
+            let neighbours = Neighbours {
+                mem_bw_bytes_per_s: samples
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .filter_map(|(_, x)| x.mem_bw_bytes_per_s)
+                    .filter(|b| *b < 4.0 * cap.mem_bw_bytes_per_s)
+                    .sum(),
+                cores: plan
+                    .groups()
+                    .filter(|(g, _)| *g != s.spec.name)
+                    .map(|(_, a)| a.cores)
+                    .sum(),
+            };
+            for _ in 0..cfg.candidates {
+                let cand = random_alloc(
+                    &mut rng,
+                    (current.cores * 2).clamp(2, cap.cores),
+                    current.llc_ways.first,
+                    cap.llc_ways - current.llc_ways.first,
+                );
+                let mut p2 = plan.clone();
+                p2.services.insert(s.spec.name.clone(), cand);
+                let (after, _) = truth.evaluate(&p2, &loads, &gpu, &zeros);
+                let Some(y) = after.outcomes[i].p99_ms.and_then(|p| target(p, t)) else {
+                    continue;
+                };
+                let f = features(&cap, t, &samples[i], &current, &cand, &neighbours);
+                let base = s
+                    .spec
+                    .name
+                    .split('#')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                rows.push(Row {
+                    service: base,
+                    features: f.to_vec(),
+                    target: y as f32,
+                });
+            }
+        }
+        progress(scene + 1, cfg.scenes);
+    }
+    Dataset { rows }
+}

@@ -1,0 +1,15 @@
+//! Offline training of cohabit's QoS-impact model (the `cohabit-train` command).
+//!
+//! - [`gen`]: datasets from the simulator; [`logs`]: datasets from decision logs;
+//!   [`dataset`]: rows on disk (JSON Lines).
+//! - [`fit`]: the tch MLP ensemble (with warm start) and the linfa ridge baseline.
+//! - [`eval`]: in-distribution, per-service and leave-one-service-out errors, calibration.
+//!
+//! Only this crate links libtorch (set `LIBTORCH`; `scripts/setup-libtorch.sh` makes one);
+//! the daemon scores with `cohabit-models` alone.
+
+pub mod dataset;
+pub mod eval;
+pub mod fit;
+pub mod gen;
+pub mod logs;

@@ -1,0 +1,285 @@
+//! `cohabit-train`: generate datasets, fit and evaluate the QoS-impact model.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use cohabit_models::Model;
+use cohabit_sim::catalogue::Platform;
+use cohabit_training::dataset::Dataset;
+use cohabit_training::eval::{self, Report};
+use cohabit_training::fit::{self, FitConfig};
+use cohabit_training::gen::{self, GenConfig};
+
+/// Train cohabit's QoS-impact model offline.
+#[derive(Debug, Parser)]
+#[command(name = "cohabit-train", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate a dataset from the simulator (features from simulated telemetry only).
+    Gen {
+        /// Random host situations.
+        #[arg(long, default_value_t = 12000)]
+        scenes: usize,
+        /// Candidate allocations per service and scene.
+        #[arg(long, default_value_t = 4)]
+        candidates: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Platform preset (xeon-e5-2697v4, xeon-gold-6338).
+        #[arg(long, default_value = "xeon-e5-2697v4")]
+        platform: String,
+        /// Output (JSON Lines).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Turn decision logs (from `cohabit simulate` or `cohabit run`) into a dataset.
+    Logs {
+        /// decisions.jsonl files.
+        #[arg(long = "log", required = true)]
+        logs: Vec<PathBuf>,
+        /// Platform preset of the host the logs come from (its capacity scales the features).
+        #[arg(long, default_value = "xeon-e5-2697v4")]
+        platform: String,
+        /// Output (JSON Lines).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Train the ensemble (and the baseline), evaluate, and write the model artifact.
+    Fit {
+        /// Dataset (JSON Lines).
+        #[arg(long)]
+        data: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Artifact name.
+        #[arg(long, default_value = "qos")]
+        name: String,
+        /// Warm-start from this artifact (its .json).
+        #[arg(long)]
+        init: Option<PathBuf>,
+        /// Ensemble members.
+        #[arg(long, default_value_t = 5)]
+        members: usize,
+        /// Most epochs per member.
+        #[arg(long, default_value_t = 100)]
+        epochs: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Skip leave-one-service-out evaluation (faster).
+        #[arg(long)]
+        no_held_out: bool,
+    },
+    /// Evaluate an artifact on a dataset.
+    Eval {
+        /// The artifact's .json.
+        #[arg(long)]
+        model: PathBuf,
+        /// Dataset (JSON Lines).
+        #[arg(long)]
+        data: PathBuf,
+    },
+}
+
+fn platform(name: &str) -> Result<Platform> {
+    Platform::by_name(name).with_context(|| format!("unknown platform {name:?}"))
+}
+
+fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    indicatif::ProgressBar::new(len).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} [{{bar:30}}] {{pos}}/{{len}} {{elapsed}}"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    )
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Gen {
+            scenes,
+            candidates,
+            seed,
+            platform: p,
+            out,
+        } => {
+            let pb = bar(scenes as u64, "scenes");
+            let data = gen::generate(
+                &GenConfig {
+                    scenes,
+                    candidates,
+                    seed,
+                    platform: platform(&p)?,
+                    services: None,
+                },
+                |d, _| pb.set_position(d as u64),
+            );
+            pb.finish_and_clear();
+            data.write(&out)?;
+            println!(
+                "wrote {} rows from {} simulated scenes to {} ({})",
+                data.rows.len(),
+                scenes,
+                out.display(),
+                data.digest()
+            );
+        }
+        Command::Logs {
+            logs,
+            platform: p,
+            out,
+        } => {
+            let host = platform(&p)?.host().capacity;
+            let mut all = Dataset::default();
+            for path in &logs {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let records: Vec<cohabit_core::DecisionRecord> = text
+                    .lines()
+                    .enumerate()
+                    .filter(|(_, l)| !l.trim().is_empty())
+                    .map(|(i, l)| {
+                        serde_json::from_str(l)
+                            .with_context(|| format!("{} line {}", path.display(), i + 1))
+                    })
+                    .collect::<Result<_>>()?;
+                all.rows
+                    .extend(cohabit_training::logs::rows_from_log(&records, &host).rows);
+            }
+            all.write(&out)?;
+            println!(
+                "wrote {} rows from {} log(s) to {}",
+                all.rows.len(),
+                logs.len(),
+                out.display()
+            );
+        }
+        Command::Fit {
+            data,
+            out,
+            name,
+            init,
+            members,
+            epochs,
+            seed,
+            no_held_out,
+        } => {
+            let ds = Dataset::read(&data)?;
+            let init = init
+                .map(|p| Model::load(&p))
+                .transpose()
+                .context("loading the warm-start model")?;
+            let cfg = FitConfig {
+                members,
+                epochs,
+                seed,
+                ..FitConfig::default()
+            };
+            let (train_val, test) = eval::split(&ds, 0.15, seed ^ 0xA5A5);
+            let rest = Dataset {
+                rows: train_val.iter().map(|r| (*r).clone()).collect(),
+            };
+            let (train, val) = eval::split(&rest, cfg.val_frac, seed);
+            let (tr, va) = (train, val);
+            let pb = bar((members * epochs) as u64, "training");
+            let started = std::time::Instant::now();
+            let mut model = fit::fit(&tr, &va, &cfg, init.as_ref(), |k, e| {
+                pb.set_position((k * epochs + e) as u64)
+            })?;
+            pb.finish_and_clear();
+            let train_s = started.elapsed().as_secs_f64();
+            let ridge = fit::Ridge::fit(&tr)?;
+            let mut report = Report {
+                mlp_in_distribution: eval::model_errors(&model, &test),
+                ridge_in_distribution: eval::ridge_errors(&ridge, &test),
+                ..Report::default()
+            };
+            for s in ds.services() {
+                let rows: Vec<_> = test.iter().copied().filter(|r| r.service == s).collect();
+                report
+                    .mlp_per_service
+                    .insert(s, eval::model_errors(&model, &rows));
+            }
+            if !no_held_out {
+                let small = FitConfig {
+                    members: 2,
+                    epochs: epochs.min(30),
+                    ..cfg.clone()
+                };
+                let pb = bar(ds.services().len() as u64, "held-out services");
+                let (m, r, per) = eval::held_out(&ds, &small, |_| pb.inc(1))?;
+                pb.finish_and_clear();
+                report.mlp_held_out = m;
+                report.ridge_held_out = r;
+                report.mlp_held_out_per_service = per;
+            }
+            let metrics = &mut model.meta.metrics;
+            metrics.insert(
+                "in_distribution_median_abs_error".into(),
+                report.mlp_in_distribution.median_abs_error,
+            );
+            metrics.insert(
+                "in_distribution_coverage_2sigma".into(),
+                report.mlp_in_distribution.coverage_2sigma.unwrap_or(0.0),
+            );
+            metrics.insert(
+                "ridge_in_distribution_median_abs_error".into(),
+                report.ridge_in_distribution.median_abs_error,
+            );
+            if !no_held_out {
+                metrics.insert(
+                    "held_out_median_abs_error".into(),
+                    report.mlp_held_out.median_abs_error,
+                );
+                metrics.insert(
+                    "held_out_coverage_2sigma".into(),
+                    report.mlp_held_out.coverage_2sigma.unwrap_or(0.0),
+                );
+                metrics.insert(
+                    "ridge_held_out_median_abs_error".into(),
+                    report.ridge_held_out.median_abs_error,
+                );
+            }
+            metrics.insert("training_seconds".into(), train_s);
+            metrics.insert("rows".into(), ds.rows.len() as f64);
+            model.meta.training_data_digest = ds.digest();
+            std::fs::create_dir_all(&out)?;
+            let path = model.save(&out, &name)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            println!("wrote {} (trained in {train_s:.1} s)", path.display());
+        }
+        Command::Eval { model, data } => {
+            let m = Model::load(&model)?;
+            let ds = Dataset::read(&data)?;
+            let rows: Vec<_> = ds.rows.iter().collect();
+            let mut report = Report {
+                mlp_in_distribution: eval::model_errors(&m, &rows),
+                ..Report::default()
+            };
+            for s in ds.services() {
+                let r: Vec<_> = rows.iter().copied().filter(|x| x.service == s).collect();
+                report.mlp_per_service.insert(s, eval::model_errors(&m, &r));
+            }
+            let (_, r, _) = eval::held_out(
+                &ds,
+                &FitConfig {
+                    members: 1,
+                    epochs: 1,
+                    ..FitConfig::default()
+                },
+                |_| {},
+            )?;
+            report.ridge_held_out = r;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! Training: parity of the pure-Rust inference with tch, datasets from the simulator and
+//! from decision logs, and a small end-to-end fit.
+
+use cohabit_models::mlp::Ensemble;
+use cohabit_models::{Model, N_FEATURES};
+use cohabit_sim::catalogue::Platform;
+use cohabit_training::dataset::Dataset;
+use cohabit_training::fit::{self, FitConfig};
+use cohabit_training::gen::{generate, GenConfig};
+use ndarray::{Array1, Array2};
+use tch::nn::{self, Module};
+
+#[test]
+fn rust_inference_matches_the_tch_forward_pass_within_1e_4() {
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let hidden = [32, 32];
+    let net = fit::mlp(vs.root(), &hidden);
+    let member = fit::export(&vs, hidden.len() + 1).unwrap();
+    let x = Array2::from_shape_fn((257, N_FEATURES), |(i, j)| {
+        (((i * 13 + j * 7) % 29) as f32 - 14.0) / 7.0
+    });
+    let torch: Vec<f32> =
+        Vec::<f32>::try_from(&net.forward(&fit::to_tensor(&x)).flatten(0, -1)).unwrap();
+    let ours = member.forward(x.view());
+    let worst = torch
+        .iter()
+        .zip(ours.iter())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-4, "largest difference {worst}");
+    // Through the ensemble wrapper with identity normalisation, too.
+    let e = Ensemble {
+        members: vec![member],
+        mean: Array1::zeros(N_FEATURES),
+        std: Array1::ones(N_FEATURES),
+    };
+    assert!((e.predict(x.view()).0[0] - torch[0]).abs() <= 1e-4);
+}
+
+fn small(seed: u64) -> Dataset {
+    generate(
+        &GenConfig {
+            scenes: 200,
+            candidates: 3,
+            seed,
+            platform: Platform::XeonE5_2697V4,
+            services: None,
+        },
+        |_, _| {},
+    )
+}
+
+#[test]
+fn generated_rows_are_finite_deterministic_and_cover_many_services() {
+    let a = small(5);
+    assert_eq!(a, small(5));
+    assert_ne!(a, small(6));
+    assert!(a.rows.len() > 400, "{}", a.rows.len());
+    assert!(a.rows.iter().all(|r| r.features.len() == N_FEATURES
+        && r.features.iter().all(|v| v.is_finite())
+        && r.target.is_finite()));
+    assert!(a.services().len() >= 8, "{:?}", a.services());
+    // Targets span meeting and missing the target.
+    assert!(a.rows.iter().any(|r| r.target < 0.0) && a.rows.iter().any(|r| r.target > 0.0));
+}
+
+#[test]
+fn a_small_fit_beats_predicting_the_mean_and_round_trips_through_the_artifact() {
+    let data = small(7);
+    let (train, test) = cohabit_training::eval::split(&data, 0.2, 1);
+    let (tr, va) = train.split_at(train.len() * 85 / 100);
+    let cfg = FitConfig {
+        members: 2,
+        epochs: 15,
+        ..FitConfig::default()
+    };
+    let model = fit::fit(tr, va, &cfg, None, |_, _| {}).unwrap();
+    let err = cohabit_training::eval::model_errors(&model, &test);
+    let mean = tr.iter().map(|r| r.target).sum::<f32>() / tr.len() as f32;
+    let mut naive: Vec<f32> = test.iter().map(|r| (r.target - mean).abs()).collect();
+    naive.sort_by(f32::total_cmp);
+    assert!(
+        err.mean_abs_error < f64::from(naive.iter().sum::<f32>() / naive.len() as f32),
+        "{err:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = model.save(dir.path(), "m").unwrap();
+    let back = Model::load(&path).unwrap();
+    assert_eq!(back.meta.sigma_scale, model.meta.sigma_scale);
+    // Warm start from it: the same shape is accepted, a different one refused.
+    assert!(fit::fit(
+        tr,
+        va,
+        &FitConfig {
+            members: 1,
+            epochs: 1,
+            ..cfg.clone()
+        },
+        Some(&back),
+        |_, _| {}
+    )
+    .is_ok());
+    assert!(fit::fit(
+        tr,
+        va,
+        &FitConfig {
+            hidden: vec![8],
+            ..cfg
+        },
+        Some(&back),
+        |_, _| {}
+    )
+    .is_err());
+}
+
+#[test]
+fn decision_logs_become_rows() {
+    use std::sync::Arc;
+    let sc = Arc::new(cohabit_sim::Scenario::load("demo").unwrap());
+    let run = cohabit_controller::simulate::run_policy(
+        &sc,
+        cohabit_controller::simulate::PolicyKind::Parties,
+        None,
+        |_| Ok(()),
+    )
+    .unwrap();
+    let host = sc.capacity().clone();
+    let rows = cohabit_training::logs::rows_from_log(&run.records[..50], &host);
+    // Two latency-critical services, 49 consecutive pairs.
+    assert_eq!(rows.rows.len(), 2 * 49);
+    assert!(rows
+        .rows
+        .iter()
+        .all(|r| r.features.iter().all(|v| v.is_finite())));
+    assert_eq!(
+        rows.services(),
+        vec!["memcached".to_string(), "xapian".to_string()]
+    );
+}

@@ -82,17 +82,34 @@ pub struct Report {
 
 /// Splits rows deterministically into (train, test) by a hash of their position.
 pub fn split(data: &Dataset, test_frac: f64, seed: u64) -> (Vec<&Row>, Vec<&Row>) {
+    split_rows(&data.rows.iter().collect::<Vec<_>>(), test_frac, seed)
+}
+
+/// [`split`] on rows already selected.
+pub fn split_rows<'a>(rows: &[&'a Row], test_frac: f64, seed: u64) -> (Vec<&'a Row>, Vec<&'a Row>) {
     let mut train = Vec::new();
     let mut test = Vec::new();
-    for (i, r) in data.rows.iter().enumerate() {
+    for (i, r) in rows.iter().enumerate() {
         let h = (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
         if (h as f64 / (1u64 << 24) as f64) < test_frac {
-            test.push(r);
+            test.push(*r);
         } else {
-            train.push(r);
+            train.push(*r);
         }
     }
     (train, test)
+}
+
+/// Leave-one-service-out errors of the baseline alone (no ensemble to train).
+pub fn ridge_held_out(data: &Dataset) -> Result<Errors> {
+    let mut pred = Vec::new();
+    let mut rows_all: Vec<&Row> = Vec::new();
+    for s in data.services() {
+        let (out, inn): (Vec<&Row>, Vec<&Row>) = data.rows.iter().partition(|r| r.service == s);
+        pred.extend(Ridge::fit(&inn)?.predict(&out).iter().copied());
+        rows_all.extend(out);
+    }
+    Ok(errors(&pred, None, &rows_all))
 }
 
 /// Leave-one-service-out errors for the ensemble (trained with `cfg`) and the baseline.
@@ -109,18 +126,9 @@ pub fn held_out(
     for s in data.services() {
         progress(&s);
         let (out, inn): (Vec<&Row>, Vec<&Row>) = data.rows.iter().partition(|r| r.service == s);
-        let (train, val) = split(
-            &Dataset {
-                rows: inn.into_iter().cloned().collect(),
-            },
-            cfg.val_frac,
-            cfg.seed,
-        )
-        .into_owned_rows();
-        let train_refs: Vec<&Row> = train.iter().collect();
-        let val_refs: Vec<&Row> = val.iter().collect();
-        let model = fit(&train_refs, &val_refs, cfg, None, |_, _| {})?;
-        let ridge = Ridge::fit(&train_refs)?;
+        let (train, val) = split_rows(&inn, cfg.val_frac, cfg.seed);
+        let model = fit(&train, &val, cfg, None, |_, _| {})?;
+        let ridge = Ridge::fit(&train)?;
         let (x, _) = matrix(&out);
         let (m, sg) = model.score(x.view());
         per.insert(
@@ -141,17 +149,4 @@ pub fn held_out(
         errors(&ridge_pred, None, &rows_all),
         per,
     ))
-}
-
-trait Owned {
-    fn into_owned_rows(self) -> (Vec<Row>, Vec<Row>);
-}
-
-impl Owned for (Vec<&Row>, Vec<&Row>) {
-    fn into_owned_rows(self) -> (Vec<Row>, Vec<Row>) {
-        (
-            self.0.into_iter().cloned().collect(),
-            self.1.into_iter().cloned().collect(),
-        )
-    }
 }

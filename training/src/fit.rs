@@ -106,17 +106,24 @@ pub fn to_tensor(x: &Array2<f32>) -> Tensor {
     Tensor::from_slice(x.as_slice().unwrap_or(&[])).view([rows, cols])
 }
 
+/// The weight and bias tensors of layer `i` of a member network.
+fn layer_vars(
+    vars: &std::collections::HashMap<String, Tensor>,
+    i: usize,
+) -> Result<(&Tensor, &Tensor)> {
+    let get = |part: &str| {
+        vars.get(&format!("l{i}.{part}"))
+            .with_context(|| format!("no l{i}.{part}"))
+    };
+    Ok((get("weight")?, get("bias")?))
+}
+
 /// The weights of a member network as the pure-Rust inference type.
 pub fn export(vs: &nn::VarStore, layers: usize) -> Result<Mlp> {
     let vars = vs.variables();
     let mut out = Vec::new();
     for i in 0..layers {
-        let w = vars
-            .get(&format!("l{i}.weight"))
-            .with_context(|| format!("no l{i}.weight"))?;
-        let b = vars
-            .get(&format!("l{i}.bias"))
-            .with_context(|| format!("no l{i}.bias"))?;
+        let (w, b) = layer_vars(&vars, i)?;
         let shape = w.size();
         let (o, n) = (usize::try_from(shape[0])?, usize::try_from(shape[1])?);
         let wv: Vec<f32> = Vec::<f32>::try_from(&w.flatten(0, -1))?;
@@ -133,12 +140,7 @@ fn import(vs: &mut nn::VarStore, m: &Mlp) -> Result<()> {
     let vars = vs.variables();
     tch::no_grad(|| -> Result<()> {
         for (i, l) in m.layers.iter().enumerate() {
-            let w = vars
-                .get(&format!("l{i}.weight"))
-                .with_context(|| format!("no l{i}.weight"))?;
-            let b = vars
-                .get(&format!("l{i}.bias"))
-                .with_context(|| format!("no l{i}.bias"))?;
+            let (w, b) = layer_vars(&vars, i)?;
             let src = to_tensor(&l.weight);
             anyhow::ensure!(
                 src.size() == w.size(),

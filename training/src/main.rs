@@ -184,10 +184,7 @@ fn main() -> Result<()> {
                 ..FitConfig::default()
             };
             let (train_val, test) = eval::split(&ds, 0.15, seed ^ 0xA5A5);
-            let rest = Dataset {
-                rows: train_val.iter().map(|r| (*r).clone()).collect(),
-            };
-            let (train, val) = eval::split(&rest, cfg.val_frac, seed);
+            let (train, val) = eval::split_rows(&train_val, cfg.val_frac, seed);
             let (tr, va) = (train, val);
             let pb = bar((members * epochs) as u64, "training");
             let started = std::time::Instant::now();
@@ -268,16 +265,7 @@ fn main() -> Result<()> {
                 let r: Vec<_> = rows.iter().copied().filter(|x| x.service == s).collect();
                 report.mlp_per_service.insert(s, eval::model_errors(&m, &r));
             }
-            let (_, r, _) = eval::held_out(
-                &ds,
-                &FitConfig {
-                    members: 1,
-                    epochs: 1,
-                    ..FitConfig::default()
-                },
-                |_| {},
-            )?;
-            report.ridge_held_out = r;
+            report.ridge_held_out = eval::ridge_held_out(&ds)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
     }

@@ -541,9 +541,10 @@ impl RealHost {
         }
         if let Some(cg) = &self.cgroups {
             let layout = self.cpu_layout(plan);
+            let existing = cg.leftovers();
             for (group, alloc) in plan.groups() {
                 let name = cgroup_name(group);
-                let fresh = !cg.leftovers().contains(&name);
+                let fresh = !existing.contains(&name);
                 if fresh {
                     cg.create(&name)?;
                 }

@@ -6,12 +6,14 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use cohabit_core::DecisionRecord;
+use cohabit_models::Model;
 use cohabit_sim::{Scenario, SimError, SimulatedHost, TruthModel};
 
 use crate::control::{self, LoopError};
 use crate::metrics::{self, RunSummary};
 use crate::policy::{
-    HostContext, OraclePolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy,
+    HostContext, MlConfig, MlPolicy, OraclePolicy, PartiesConfig, PartiesPolicy, Policy,
+    StaticPolicy,
 };
 
 /// The policies the simulator can run.
@@ -21,19 +23,27 @@ pub enum PolicyKind {
     Static,
     /// The PARTIES feedback controller.
     Parties,
+    /// Model-predictive allocation with the platform's built-in model.
+    Ml,
     /// Ground-truth search (simulator only).
     Oracle,
 }
 
 impl PolicyKind {
     /// Every policy, in the order comparisons print them.
-    pub const ALL: [PolicyKind; 3] = [PolicyKind::Static, PolicyKind::Parties, PolicyKind::Oracle];
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Static,
+        PolicyKind::Parties,
+        PolicyKind::Ml,
+        PolicyKind::Oracle,
+    ];
 
     /// The policy's name.
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Static => "static",
             PolicyKind::Parties => "parties",
+            PolicyKind::Ml => "ml",
             PolicyKind::Oracle => "oracle",
         }
     }
@@ -59,17 +69,36 @@ impl FromStr for PolicyKind {
     }
 }
 
-/// Builds a policy for a scenario.
-pub fn build_policy(kind: PolicyKind, scenario: &Arc<Scenario>) -> Box<dyn Policy> {
+/// Builds a policy for a scenario. `ml` uses `model`, or else the built-in model of the
+/// scenario's platform.
+pub fn build_policy(
+    kind: PolicyKind,
+    scenario: &Arc<Scenario>,
+    model: Option<&Arc<Model>>,
+) -> Result<Box<dyn Policy>, RunError> {
     let ctx = HostContext {
         host: scenario.capacity().clone(),
         specs: scenario.specs(),
     };
-    match kind {
+    Ok(match kind {
         PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
         PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
+        PolicyKind::Ml => {
+            let model = match model {
+                Some(m) => Arc::clone(m),
+                None => Arc::new(builtin_model(scenario.host.preset)?),
+            };
+            Box::new(MlPolicy::new(ctx, model, MlConfig::default()))
+        }
         PolicyKind::Oracle => Box::new(OraclePolicy::new(TruthModel::new(Arc::clone(scenario)))),
-    }
+    })
+}
+
+/// The built-in model of a platform preset.
+pub fn builtin_model(preset: &str) -> Result<Model, RunError> {
+    cohabit_models::builtin(preset)
+        .ok_or_else(|| RunError::NoModel(preset.to_string()))?
+        .map_err(RunError::Model)
 }
 
 /// Why a simulated run failed.
@@ -81,6 +110,12 @@ pub enum RunError {
     /// The loop stopped.
     #[error(transparent)]
     Loop(#[from] LoopError),
+    /// `ml` was asked for on a platform without a built-in model and none was given.
+    #[error("no built-in model for platform {0:?} (built in: {list}); pass --model", list = cohabit_models::builtin_platforms().collect::<Vec<_>>().join(", "))]
+    NoModel(String),
+    /// The model could not be loaded.
+    #[error(transparent)]
+    Model(#[from] cohabit_models::ModelError),
 }
 
 /// One simulated run: every record and its summary.
@@ -98,9 +133,20 @@ pub fn run_policy(
     scenario: &Arc<Scenario>,
     kind: PolicyKind,
     seed: Option<u64>,
+    sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
+) -> Result<SimRun, RunError> {
+    run_policy_with(scenario, kind, seed, None, sink)
+}
+
+/// [`run_policy`] with a model for `ml` other than the built-in one.
+pub fn run_policy_with(
+    scenario: &Arc<Scenario>,
+    kind: PolicyKind,
+    seed: Option<u64>,
+    model: Option<&Arc<Model>>,
     mut sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
 ) -> Result<SimRun, RunError> {
-    let mut policy = build_policy(kind, scenario);
+    let mut policy = build_policy(kind, scenario, model)?;
     let initial = policy.initial();
     let mut host = SimulatedHost::launch(Arc::clone(scenario), &initial.plan, seed)?;
     let mut records = Vec::with_capacity(usize::try_from(scenario.ticks()).unwrap_or(0));
@@ -138,6 +184,16 @@ pub fn compare_runs(
     kinds: &[PolicyKind],
     seed: Option<u64>,
 ) -> Result<Vec<SimRun>, RunError> {
+    compare_runs_with(scenario, kinds, seed, None)
+}
+
+/// [`compare_runs`] with a model for `ml` other than the built-in one.
+pub fn compare_runs_with(
+    scenario: &Arc<Scenario>,
+    kinds: &[PolicyKind],
+    seed: Option<u64>,
+    model: Option<&Arc<Model>>,
+) -> Result<Vec<SimRun>, RunError> {
     let mut wanted: Vec<PolicyKind> = kinds.to_vec();
     if !wanted.contains(&PolicyKind::Oracle) {
         wanted.push(PolicyKind::Oracle);
@@ -145,7 +201,7 @@ pub fn compare_runs(
     let results: Vec<Result<SimRun, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = wanted
             .iter()
-            .map(|&k| s.spawn(move || run_policy(scenario, k, seed, |_| Ok(()))))
+            .map(|&k| s.spawn(move || run_policy_with(scenario, k, seed, model, |_| Ok(()))))
             .collect();
         handles
             .into_iter()

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ndarray::{Array1, Array2, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
@@ -118,17 +118,39 @@ fn f32s(view: &TensorView<'_>) -> Vec<f32> {
 impl Model {
     /// Loads `NAME.json` and the weights it names.
     pub fn load(meta_path: &Path) -> Result<Model, ModelError> {
-        let meta_err = |message: String| ModelError::Metadata {
-            path: meta_path.to_path_buf(),
-            message,
-        };
         let text = std::fs::read_to_string(meta_path).map_err(|e| ModelError::Io {
             what: "reading",
             path: meta_path.to_path_buf(),
             source: e,
         })?;
+        let meta = Self::parse_metadata(&text, meta_path)?;
+        let weights_path = meta_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&meta.weights);
+        let bytes = std::fs::read(&weights_path).map_err(|e| ModelError::Io {
+            what: "reading",
+            path: weights_path.clone(),
+            source: e,
+        })?;
+        Self::from_parts(meta, &bytes, &weights_path)
+    }
+
+    /// A model from metadata text and weight bytes already in memory (e.g. compiled into
+    /// the binary); `origin` names them in errors.
+    pub fn from_bytes(meta_text: &str, weights: &[u8], origin: &Path) -> Result<Model, ModelError> {
+        let meta = Self::parse_metadata(meta_text, origin)?;
+        let weights_path = origin.with_file_name(&meta.weights);
+        Self::from_parts(meta, weights, &weights_path)
+    }
+
+    fn parse_metadata(text: &str, meta_path: &Path) -> Result<ModelMetadata, ModelError> {
+        let meta_err = |message: String| ModelError::Metadata {
+            path: meta_path.to_path_buf(),
+            message,
+        };
         let meta: ModelMetadata =
-            serde_json::from_str(&text).map_err(|e| meta_err(e.to_string()))?;
+            serde_json::from_str(text).map_err(|e| meta_err(e.to_string()))?;
         if meta.format != FORMAT || meta.format_version != FORMAT_VERSION {
             return Err(meta_err(format!(
                 "format {:?} version {} is not {FORMAT:?} version {FORMAT_VERSION}",
@@ -176,20 +198,19 @@ impl Model {
         if meta.members == 0 {
             return Err(meta_err("an ensemble needs at least one member".into()));
         }
-        let weights_path = meta_path
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(&meta.weights);
+        Ok(meta)
+    }
+
+    fn from_parts(
+        meta: ModelMetadata,
+        bytes: &[u8],
+        weights_path: &Path,
+    ) -> Result<Model, ModelError> {
         let w_err = |message: String| ModelError::Weights {
-            path: weights_path.clone(),
+            path: weights_path.to_path_buf(),
             message,
         };
-        let bytes = std::fs::read(&weights_path).map_err(|e| ModelError::Io {
-            what: "reading",
-            path: weights_path.clone(),
-            source: e,
-        })?;
-        let st = SafeTensors::deserialize(&bytes)
+        let st = SafeTensors::deserialize(bytes)
             .map_err(|e| w_err(format!("not a safetensors file: {e}")))?;
         let widths: Vec<usize> = std::iter::once(N_FEATURES)
             .chain(meta.hidden.iter().copied())
@@ -289,6 +310,34 @@ impl Model {
     /// Predicted ln(p99 / target) and its spread for each row of raw features.
     pub fn score(&self, rows: ArrayView2<'_, f32>) -> (Array1<f32>, Array1<f32>) {
         let (mean, spread) = self.ensemble.predict(rows);
+        (mean, spread * self.meta.sigma_scale)
+    }
+
+    /// Predicted change of ln(p99 / target) from a `reference` row to each of `rows`, and
+    /// its calibrated spread: the members' disagreement on the *difference*, which is what
+    /// matters when the reference's outcome has been measured (members that share an
+    /// offset agree on differences even where their levels spread).
+    pub fn score_change(
+        &self,
+        reference: ArrayView1<'_, f32>,
+        rows: ArrayView2<'_, f32>,
+    ) -> (Array1<f32>, Array1<f32>) {
+        let n = rows.nrows();
+        let mut all = Array2::<f32>::zeros((n + 1, rows.ncols()));
+        all.row_mut(0).assign(&reference);
+        all.slice_mut(ndarray::s![1.., ..]).assign(&rows);
+        let out = self.ensemble.members_predict(all.view());
+        let k = out.nrows().max(1) as f32;
+        let mut mean = Array1::<f32>::zeros(n);
+        let mut var = Array1::<f32>::zeros(n);
+        for member in out.rows() {
+            let d = member.slice(ndarray::s![1..]).mapv(|v| v - member[0]);
+            mean += &d;
+            var += &(&d * &d);
+        }
+        mean /= k;
+        // E[d²] - E[d]², clamped against rounding.
+        let spread = (var / k - &mean * &mean).mapv(|v| v.max(0.0).sqrt());
         (mean, spread * self.meta.sigma_scale)
     }
 }

@@ -9,10 +9,12 @@
 //! Training (tch, linfa) lives in a separate crate so the daemon never links libtorch.
 
 pub mod artifact;
+pub mod builtin;
 pub mod features;
 pub mod mlp;
 
 pub use artifact::{Model, ModelError, ModelMetadata};
+pub use builtin::{builtin, builtin_platforms};
 pub use features::{
     features, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, N_FEATURES,
 };

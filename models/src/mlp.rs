@@ -56,6 +56,16 @@ impl Ensemble {
         self.mean.len()
     }
 
+    /// Every member's prediction for a batch of raw feature rows: (members, rows).
+    pub fn members_predict(&self, x: ArrayView2<'_, f32>) -> Array2<f32> {
+        let z = (&x - &self.mean) / &self.std;
+        let mut out = Array2::<f32>::zeros((self.members.len(), x.nrows()));
+        for (k, m) in self.members.iter().enumerate() {
+            out.row_mut(k).assign(&m.forward(z.view()));
+        }
+        out
+    }
+
     /// Mean and spread of the members' predictions for a batch of raw feature rows.
     pub fn predict(&self, x: ArrayView2<'_, f32>) -> (Array1<f32>, Array1<f32>) {
         let z = (&x - &self.mean) / &self.std;

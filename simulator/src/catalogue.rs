@@ -36,6 +36,9 @@ const MB: f64 = 1024.0 * 1024.0;
 /// physical constants only the simulator needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimHost {
+    /// The preset this host was built from (`xeon-e5-2697v4`, …); overrides in a scenario
+    /// keep it.
+    pub preset: &'static str,
     /// Capacities shared with the controller.
     pub capacity: HostCapacity,
     /// Unloaded memory latency.
@@ -75,6 +78,7 @@ impl Platform {
     /// The platform's physical description.
     pub fn host(self) -> SimHost {
         let e5 = SimHost {
+            preset: "xeon-e5-2697v4",
             capacity: HostCapacity {
                 name: "Xeon E5-2697 v4 (simulated)".into(),
                 cores: 36,
@@ -91,6 +95,7 @@ impl Platform {
         match self {
             Platform::XeonE5_2697V4 => e5,
             Platform::XeonGold6338 => SimHost {
+                preset: "xeon-gold-6338",
                 capacity: HostCapacity {
                     name: "Xeon Gold 6338 (simulated)".into(),
                     cores: 64,
@@ -106,6 +111,7 @@ impl Platform {
             },
             Platform::XeonE5_2697V4A100 => {
                 let mut h = e5;
+                h.preset = "xeon-e5-2697v4-a100";
                 h.capacity.name = "Xeon E5-2697 v4 + A100 (simulated)".into();
                 h.capacity.gpus = vec![GpuCapacity {
                     name: "A100-SXM4-40GB (simulated)".into(),

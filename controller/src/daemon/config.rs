@@ -3,7 +3,8 @@
 //!
 //! ```toml
 //! interval_ms = 1000
-//! policy = "parties"                 # static | parties
+//! policy = "parties"                 # static | parties | ml
+//! model = "/etc/cohabit/qos-v1.json" # ml only: the model (cohabit-train fit writes one)
 //! log = "/var/log/cohabit/decisions.jsonl"
 //! collect_timeout_ms = 500
 //! metrics_addr = "127.0.0.1:9464"    # Prometheus metrics; "" disables
@@ -52,6 +53,7 @@ struct File {
     interval_ms: i64,
     #[serde(default = "default_policy")]
     policy: String,
+    model: Option<PathBuf>,
     log: Option<PathBuf>,
     #[serde(default = "default_timeout")]
     collect_timeout_ms: i64,
@@ -242,6 +244,8 @@ pub struct DaemonConfig {
     pub interval_ms: u64,
     /// Policy.
     pub policy: PolicyKind,
+    /// The model `ml` uses.
+    pub model: Option<PathBuf>,
     /// Decision log, if any.
     pub log: Option<PathBuf>,
     /// Longest a collection may take before the tick is skipped.
@@ -297,6 +301,11 @@ impl DaemonConfig {
             .policy
             .parse()
             .map_err(|e: String| err(format!("policy: {e}")))?;
+        if policy == PolicyKind::Ml && f.model.is_none() {
+            return Err(err(
+                "policy: ml needs model = \"path/to/model.json\" (see cohabit-train fit)".into(),
+            ));
+        }
         if policy == PolicyKind::Oracle {
             return Err(err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into()));
         }
@@ -400,6 +409,7 @@ impl DaemonConfig {
         Ok(Self {
             interval_ms: f.interval_ms.unsigned_abs(),
             policy,
+            model: f.model,
             log: f.log,
             collect_timeout_ms: f.collect_timeout_ms.unsigned_abs(),
             metrics_addr,

@@ -22,7 +22,9 @@ use self::config::DaemonConfig;
 use self::exporter::{ErrorKind, Exporter};
 use self::host::RealHost;
 use crate::control;
-use crate::policy::{HostContext, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
+use crate::policy::{
+    HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy,
+};
 use crate::simulate::PolicyKind;
 
 struct Loop {
@@ -53,6 +55,14 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         None => None,
     };
     let policy_kind = cfg.policy;
+    // A model that does not load stops the start, naming the file: an operator who asked
+    // for ml should not silently get something else.
+    let model = match (&cfg.model, policy_kind) {
+        (Some(path), PolicyKind::Ml) => Some(Arc::new(
+            cohabit_models::Model::load(path).context("loading the model for policy ml")?,
+        )),
+        _ => None,
+    };
     let metrics_addr = cfg.metrics_addr;
     let mut host = RealHost::open(cfg, dry_run).context("opening the host")?;
     let ctx = HostContext {
@@ -61,6 +71,10 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
     };
     let mut policy: Box<dyn Policy> = match policy_kind {
         PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
+        PolicyKind::Ml => match model {
+            Some(m) => Box::new(MlPolicy::new(ctx, m, MlConfig::default())),
+            None => anyhow::bail!("policy ml needs a model"),
+        },
         PolicyKind::Parties | PolicyKind::Oracle => {
             Box::new(PartiesPolicy::new(ctx, PartiesConfig::default()))
         }

@@ -11,10 +11,12 @@ use cohabit_core::{
 };
 
 mod fair;
+mod ml;
 mod oracle;
 mod parties;
 
 pub use fair::StaticPolicy;
+pub use ml::{MlConfig, MlPolicy};
 pub use oracle::OraclePolicy;
 pub use parties::{PartiesConfig, PartiesPolicy};
 
@@ -42,7 +44,7 @@ impl Decision {
 
 /// A resource-allocation policy.
 pub trait Policy: Send {
-    /// Short name (`static`, `parties`, `oracle`).
+    /// Short name (`static`, `parties`, `ml`, `oracle`).
     fn name(&self) -> &'static str;
     /// The allocation services start with.
     fn initial(&mut self) -> Decision;

@@ -50,7 +50,7 @@ pub enum Command {
         /// A built-in scenario name or a scenario TOML file.
         #[arg(long)]
         scenario: String,
-        /// Policy: static, parties or oracle.
+        /// Policy: static, parties, ml or oracle.
         #[arg(long, default_value = "parties")]
         policy: PolicyKind,
         /// Directory for decisions.jsonl and summary.json (created if missing).
@@ -59,6 +59,8 @@ pub enum Command {
         /// Seed of the measurement noise (default: the scenario's).
         #[arg(long)]
         seed: Option<u64>,
+        #[command(flatten)]
+        sim: SimArgs,
     },
     /// Report what this host can do: RDT, cgroups, hardware counters, GPUs, MPS.
     Probe {
@@ -84,7 +86,11 @@ pub enum Command {
         #[arg(long)]
         scenario: String,
         /// Comma-separated policies.
-        #[arg(long, value_delimiter = ',', default_value = "static,parties,oracle")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "static,parties,ml,oracle"
+        )]
         policies: Vec<PolicyKind>,
         /// Seed of the measurement noise (default: each scenario's).
         #[arg(long)]
@@ -95,6 +101,22 @@ pub enum Command {
         /// Also write every run's decisions and the summaries here (for `plot` and `report`).
         #[arg(long)]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        sim: SimArgs,
+    },
+    /// The whole benchmark: every built-in scenario × static, parties, ml and oracle on its
+    /// own platform, and the CPU scenarios again on a Xeon Gold 6338 with that platform's
+    /// warm-started model; then ml's targets, checked side by side.
+    Bench {
+        /// Second platform for the CPU scenarios.
+        #[arg(long, default_value = "xeon-gold-6338")]
+        platform: String,
+        /// Seed of the measurement noise (default: each scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
     },
     /// Draw the decision plots of a run or comparison directory.
     Plot {
@@ -117,6 +139,41 @@ pub enum Command {
     },
 }
 
+/// Where a simulation runs and which model `ml` uses.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SimArgs {
+    /// Run on another built-in platform (see `cohabit scenarios --models`).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// Model for `ml` (a .json written by cohabit-train fit; default: the platform's
+    /// built-in model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+impl SimArgs {
+    /// The scenario `name`, moved to the platform if one was asked for.
+    fn scenario(&self, name: &str) -> Result<Arc<Scenario>> {
+        let sc = Scenario::load(name)?;
+        Ok(Arc::new(match &self.platform {
+            Some(p) => sc.on_platform(p)?,
+            None => sc,
+        }))
+    }
+
+    /// The model asked for, loaded.
+    fn model(&self) -> Result<Option<Arc<cohabit_models::Model>>> {
+        self.model
+            .as_deref()
+            .map(|p| {
+                cohabit_models::Model::load(p)
+                    .map(Arc::new)
+                    .with_context(|| format!("loading the model for ml from {}", p.display()))
+            })
+            .transpose()
+    }
+}
+
 /// Runs a parsed command, writing its report to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
     match cli.command {
@@ -126,14 +183,29 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             policy,
             out: dir,
             seed,
-        } => simulate_cmd(&scenario, policy, &dir, seed, out),
+            sim,
+        } => simulate_cmd(&scenario, policy, &dir, seed, &sim, out),
         Command::Compare {
             scenario,
             policies,
             seed,
             format,
             out: dir,
-        } => compare_cmd(&scenario, &policies, seed, format, dir.as_deref(), out),
+            sim,
+        } => compare_cmd(
+            &scenario,
+            &policies,
+            seed,
+            format,
+            dir.as_deref(),
+            &sim,
+            out,
+        ),
+        Command::Bench {
+            platform,
+            seed,
+            format,
+        } => crate::bench::bench_cmd(&platform, seed, format, out),
         Command::Plot {
             run_dir,
             out: dir,
@@ -191,7 +263,7 @@ fn load(name: &str) -> Result<Arc<Scenario>> {
     Ok(Arc::new(Scenario::load(name)?))
 }
 
-const BANNER: &str =
+pub(crate) const BANNER: &str =
     "SIMULATION: every figure below comes from cohabit's simulated host, not from hardware.";
 
 fn scenarios(models: bool, format: Format, out: &mut dyn Write) -> Result<()> {
@@ -295,16 +367,18 @@ fn simulate_cmd(
     policy: PolicyKind,
     dir: &PathBuf,
     seed: Option<u64>,
+    sim: &SimArgs,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let scenario = load(name)?;
+    let scenario = sim.scenario(name)?;
+    let model = sim.model()?;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating output directory {}", dir.display()))?;
     let log_path = dir.join("decisions.jsonl");
     let file =
         File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut log = BufWriter::new(file);
-    let run = simulate::run_policy(&scenario, policy, seed, |r| {
+    let run = simulate::run_policy_with(&scenario, policy, seed, model.as_ref(), |r| {
         serde_json::to_writer(&mut log, r)?;
         log.write_all(b"\n")
     })
@@ -350,8 +424,10 @@ fn compare_cmd(
     seed: Option<u64>,
     format: Format,
     dir: Option<&std::path::Path>,
+    sim: &SimArgs,
     out: &mut dyn Write,
 ) -> Result<()> {
+    let model = sim.model()?;
     if policies.is_empty() {
         bail!("--policies needs at least one policy");
     }
@@ -370,8 +446,8 @@ fn compare_cmd(
     let mut all = Vec::new();
     for n in &names {
         progress.set_message(n.clone());
-        let scenario = load(n)?;
-        let runs = simulate::compare_runs(&scenario, policies, seed)
+        let scenario = sim.scenario(n)?;
+        let runs = simulate::compare_runs_with(&scenario, policies, seed, model.as_ref())
             .with_context(|| format!("comparing policies on {n}"))?;
         if let Some(dir) = dir {
             for r in &runs {

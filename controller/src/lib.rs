@@ -7,6 +7,7 @@
 //! - [`daemon`]: `cohabit run` on a real host, and `cohabit probe`.
 //! - [`cli`]: the `cohabit` command.
 
+pub mod bench;
 pub mod cli;
 pub mod control;
 pub mod daemon;

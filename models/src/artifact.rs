@@ -104,6 +104,10 @@ pub struct Model {
     pub ensemble: Ensemble,
 }
 
+/// Input columns that depend on the candidate allocation; the others describe the service
+/// and host as measured, and are shared by every candidate of one service at one tick.
+pub const CANDIDATE_FEATURES: [usize; 7] = [15, 16, 17, 18, 19, 20, 21];
+
 fn tensor_name(member: usize, layer: usize, part: &str) -> String {
     format!("m{member}.l{layer}.{part}")
 }
@@ -313,7 +317,9 @@ impl Model {
         (mean, spread * self.meta.sigma_scale)
     }
 
-    /// Predicted change of ln(p99 / target) from a `reference` row to each of `rows`, and
+    /// Predicted change of ln(p99 / target) from a `reference` row to each of `rows` (which
+    /// must equal the reference outside [`CANDIDATE_FEATURES`]: candidates of one service
+    /// at one tick), and
     /// its calibrated spread: the members' disagreement on the *difference*, which is what
     /// matters when the reference's outcome has been measured (members that share an
     /// offset agree on differences even where their levels spread).
@@ -326,7 +332,9 @@ impl Model {
         let mut all = Array2::<f32>::zeros((n + 1, rows.ncols()));
         all.row_mut(0).assign(&reference);
         all.slice_mut(ndarray::s![1.., ..]).assign(&rows);
-        let out = self.ensemble.members_predict(all.view());
+        let out = self
+            .ensemble
+            .members_predict_shared(all.view(), &CANDIDATE_FEATURES);
         let k = out.nrows().max(1) as f32;
         let mut mean = Array1::<f32>::zeros(n);
         let mut var = Array1::<f32>::zeros(n);

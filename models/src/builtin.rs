@@ -6,12 +6,20 @@ use std::path::Path;
 use crate::{Model, ModelError};
 
 /// (platform preset, metadata, weights, where they came from)
-const BUILTIN: &[(&str, &str, &[u8], &str)] = &[(
-    "xeon-e5-2697v4",
-    include_str!("../default/qos-v1.json"),
-    include_bytes!("../default/qos-v1.safetensors"),
-    "models/default/qos-v1.json",
-)];
+const BUILTIN: &[(&str, &str, &[u8], &str)] = &[
+    (
+        "xeon-e5-2697v4",
+        include_str!("../default/qos-v1.json"),
+        include_bytes!("../default/qos-v1.safetensors"),
+        "models/default/qos-v1.json",
+    ),
+    (
+        "xeon-gold-6338",
+        include_str!("../xeon-gold-6338/qos-v1-gold.json"),
+        include_bytes!("../xeon-gold-6338/qos-v1-gold.safetensors"),
+        "models/xeon-gold-6338/qos-v1-gold.json",
+    ),
+];
 
 /// The built-in model for a platform preset (`xeon-e5-2697v4-a100` uses its CPU's model),
 /// `None` when there is none.

@@ -98,3 +98,71 @@ fn truncated_or_missing_weights_are_errors_not_panics() {
         "a missing member's tensors are named"
     );
 }
+
+#[test]
+fn only_the_candidate_features_depend_on_the_candidate() {
+    use cohabit_core::{Allocation, HostCapacity, Sample, WayRange};
+    use cohabit_models::artifact::CANDIDATE_FEATURES;
+    use cohabit_models::{features, Neighbours};
+    let host = HostCapacity {
+        name: "t".into(),
+        cores: 36,
+        freq_ghz: 2.3,
+        llc_ways: 20,
+        llc_way_bytes: 1 << 21,
+        mem_bw_bytes_per_s: 7e10,
+        gpus: vec![],
+    };
+    let sample = Sample {
+        ipc: Some(1.1),
+        p99_ms: Some(0.4),
+        cpu_busy_cores: Some(3.0),
+        requests_per_s: Some(1e5),
+        ..Sample::default()
+    };
+    let alloc = |c, w, m| Allocation {
+        cores: c,
+        llc_ways: WayRange::new(0, w),
+        mba_pct: m,
+        gpu_mps_pct: None,
+    };
+    let current = alloc(6, 4, 100);
+    let n = Neighbours::default();
+    let gpu = Allocation {
+        gpu_mps_pct: Some(30),
+        ..alloc(3, 2, 50)
+    };
+    let a = features(&host, 1.0, &sample, &current, &gpu, &n);
+    let b = features(&host, 1.0, &sample, &current, &alloc(9, 7, 100), &n);
+    for j in 0..N_FEATURES {
+        assert_eq!(
+            a[j] != b[j],
+            CANDIDATE_FEATURES.contains(&j),
+            "feature {j} ({})",
+            cohabit_models::FEATURE_NAMES[j]
+        );
+    }
+}
+
+#[test]
+fn scoring_shared_rows_equals_scoring_them_in_full() {
+    use cohabit_models::artifact::CANDIDATE_FEATURES;
+    let m = Model::synthetic(3, &[16, 8], 5);
+    let mut x = rows(12);
+    // Rows equal outside the candidate columns, as candidates of one service are.
+    for i in 1..x.nrows() {
+        for j in (0..N_FEATURES).filter(|j| !CANDIDATE_FEATURES.contains(j)) {
+            x[[i, j]] = x[[0, j]];
+        }
+    }
+    let full = m.ensemble.members_predict(x.view());
+    let shared = m
+        .ensemble
+        .members_predict_shared(x.view(), &CANDIDATE_FEATURES);
+    for (a, b) in full.iter().zip(shared.iter()) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    // The change from row 0 to row 0 is nothing, with no spread.
+    let (d, s) = m.score_change(x.row(0), x.slice(ndarray::s![0..1, ..]));
+    assert!(d[0].abs() < 1e-5 && s[0].abs() < 1e-3, "{} {}", d[0], s[0]);
+}

@@ -373,6 +373,34 @@ impl Scenario {
         self.services.iter().map(|s| s.spec.clone()).collect()
     }
 
+    /// The same scenario on another built-in platform: the same request rates (loads are
+    /// fractions of knees calibrated on the reference platform). Refused when a service
+    /// needs a GPU the platform lacks.
+    pub fn on_platform(&self, preset: &str) -> Result<Scenario, SimError> {
+        let platform = Platform::by_name(preset).ok_or_else(|| {
+            let names: Vec<&str> = Platform::ALL.iter().map(|(n, _)| *n).collect();
+            SimError::Scenario(format!(
+                "unknown platform {preset:?}; presets: {}",
+                names.join(", ")
+            ))
+        })?;
+        let host = platform.host();
+        if let Some(s) = self.services.iter().find(|s| {
+            s.spec
+                .gpu
+                .is_some_and(|g| g as usize >= host.capacity.gpus.len())
+        }) {
+            return Err(SimError::Scenario(format!(
+                "scenario {}: service {} needs a GPU and platform {preset} has none",
+                self.name, s.spec.name
+            )));
+        }
+        Ok(Scenario {
+            host,
+            ..self.clone()
+        })
+    }
+
     /// The host capacity the controller sees.
     pub fn capacity(&self) -> &HostCapacity {
         &self.host.capacity

@@ -302,7 +302,7 @@ const NOISE_FLOOR: f64 = 0.02;
 
 /// Core counts scored first, as multiples of the cores in force (up to twice them: the
 /// trust region of the training data).
-const CORE_GRID: [f64; 8] = [0.3, 0.5, 0.7, 0.85, 1.0, 1.25, 1.5, 2.0];
+const CORE_GRID: [f64; 6] = [0.4, 0.6, 0.8, 1.0, 1.4, 2.0];
 
 /// p99 over target beyond which a measurement is not used as an anchor.
 const SATURATED: f64 = 2.0;
@@ -341,13 +341,15 @@ impl MlPolicy {
         }
     }
 
-    /// Way counts searched: every count up to 6, then every other, and the most a service
-    /// can have (a way more or less matters less the more a service has).
+    /// Way counts searched: a way more or less matters less the more a service has, so
+    /// the grid thins out, and ends at the most a service can have.
     fn way_grid(&self) -> Vec<u32> {
         let max = self.lc_ways();
-        let mut g: Vec<u32> = (1..=max.min(6)).chain((8..max).step_by(2)).collect();
+        let mut g: Vec<u32> = [1, 2, 3, 4, 6, 8, 11, 14]
+            .into_iter()
+            .filter(|w| *w < max)
+            .collect();
         g.push(max);
-        g.dedup();
         g
     }
 
@@ -428,7 +430,7 @@ impl MlPolicy {
     /// prediction is admissible (pessimistic value at most ln(`limit`), spread at most
     /// `unsure_sigma`). A grid of core counts around the allocation in force is scored for
     /// every way count in one batch, then the gap below each way count's first admissible
-    /// grid point is closed by a batched bisection. Returns (cores, mean, spread) per way.
+    /// grid point in a second. Returns (cores, mean, spread) per way.
     fn frontier(
         &self,
         input: &Input<'_>,
@@ -480,23 +482,18 @@ impl MlPolicy {
                 at[k] = Some(row[i]);
             }
         }
-        loop {
-            let open: Vec<usize> = (0..ways.len())
-                .filter(|&k| at[k].is_some() && lo[k] < hi[k])
-                .collect();
-            if open.is_empty() {
-                break;
-            }
-            let points: Vec<(u32, u32)> = open
-                .iter()
-                .map(|&k| ((lo[k] + hi[k]) / 2, ways[k]))
-                .collect();
-            for (&k, (p, (c, _))) in open.iter().zip(score(&points).into_iter().zip(points)) {
-                if ok(p) {
+        // Close every gap in one batch: each core count between the grid point below and
+        // the first admissible one (one batch is cheaper than a bisection's several).
+        let gaps: Vec<(usize, u32)> = (0..ways.len())
+            .filter(|&k| at[k].is_some())
+            .flat_map(|k| (lo[k]..hi[k]).map(move |c| (k, c)))
+            .collect();
+        if !gaps.is_empty() {
+            let points: Vec<(u32, u32)> = gaps.iter().map(|&(k, c)| (c, ways[k])).collect();
+            for (&(k, c), p) in gaps.iter().zip(score(&points)) {
+                if c < hi[k] && ok(p) {
                     hi[k] = c;
                     at[k] = Some(p);
-                } else {
-                    lo[k] = c + 1;
                 }
             }
         }

@@ -1,0 +1,227 @@
+//! The `ml` policy end to end on the simulator: every figure is deterministic for a seed,
+//! so the bounds below are regression guards, not statistics.
+
+use std::sync::Arc;
+
+use cohabit_controller::control;
+use cohabit_controller::metrics;
+use cohabit_controller::policy::{HostContext, MlConfig, MlPolicy, Policy};
+use cohabit_controller::simulate::{self, PolicyKind};
+use cohabit_core::{DecisionRecord, WayRange};
+use cohabit_models::Model;
+use cohabit_sim::scenario::builtin_names;
+use cohabit_sim::{Scenario, SimulatedHost};
+
+fn ctx(sc: &Scenario) -> HostContext {
+    HostContext {
+        host: sc.capacity().clone(),
+        specs: sc.specs(),
+    }
+}
+
+/// Runs `policy` on `sc` and returns every record.
+fn run(sc: &Arc<Scenario>, policy: &mut dyn Policy, ticks: u64) -> Vec<DecisionRecord> {
+    let initial = policy.initial().plan;
+    let mut host = SimulatedHost::launch(Arc::clone(sc), &initial, None).unwrap();
+    let mut records = Vec::new();
+    control::run(&mut host, policy, ticks, |r| {
+        records.push(r);
+        Ok(())
+    })
+    .unwrap();
+    records
+}
+
+/// True when every latency-critical service met its target in the record's interval.
+fn met(sc: &Scenario, r: &DecisionRecord) -> bool {
+    let truth = r.truth.as_ref().unwrap();
+    sc.services
+        .iter()
+        .filter_map(|s| s.spec.p99_target_ms().map(|t| (&s.spec.name, t)))
+        .all(|(n, t)| truth.p99_ms[n] <= t)
+}
+
+#[test]
+fn ml_keeps_qos_on_every_scenario_with_fewer_actuations_than_parties() {
+    for name in builtin_names() {
+        let sc = Arc::new(Scenario::load(name).unwrap());
+        let rows = simulate::compare(&sc, &[PolicyKind::Parties, PolicyKind::Ml], None).unwrap();
+        let (parties, ml) = (&rows[0], &rows[1]);
+        assert_eq!(ml.policy, "ml");
+        assert!(ml.qos_met_fraction >= 0.97, "{name}: {ml:?}");
+        assert!(
+            ml.qos_met_fraction >= parties.qos_met_fraction,
+            "{name}: ml {} parties {}",
+            ml.qos_met_fraction,
+            parties.qos_met_fraction
+        );
+        assert!(
+            ml.actuations < parties.actuations,
+            "{name}: ml {} parties {}",
+            ml.actuations,
+            parties.actuations
+        );
+        if let Some(c) = ml.convergence_intervals_p50 {
+            assert!(c <= 3.0, "{name}: convergence {c}");
+        }
+    }
+}
+
+#[test]
+fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
+    for name in builtin_names() {
+        let sc = Arc::new(Scenario::load(name).unwrap());
+        let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+        let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
+        for r in run(&sc, &mut ml, 120) {
+            r.plan.validate(sc.capacity(), &sc.specs()).unwrap();
+            let ranges: Vec<WayRange> = r.plan.services.values().map(|a| a.llc_ways).collect();
+            for (i, a) in ranges.iter().enumerate() {
+                for b in &ranges[i + 1..] {
+                    assert!(!a.overlaps(b), "{name}: {a:?} overlaps {b:?}");
+                }
+            }
+            for s in sc.specs().iter().filter(|s| s.is_latency_critical()) {
+                let why = &r.reasons[&s.name];
+                assert!(
+                    why.starts_with("model") || why.starts_with("fallback"),
+                    "{name}: {why}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn services_are_placed_from_the_model_at_the_first_measurement() {
+    let sc = Arc::new(Scenario::load("parties-mix").unwrap());
+    let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+    let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
+    let records = run(&sc, &mut ml, 3);
+    let first = &records[0];
+    let placed: Vec<&String> = first
+        .reasons
+        .iter()
+        .filter(|(_, why)| why.starts_with("model: placed"))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(placed.len() >= 2, "{:?}", first.reasons);
+    // Placement moves straight off the fair share (no ramp of one unit per interval).
+    for n in placed {
+        let (before, after) = (
+            first.observation.current.services[n],
+            first.plan.services[n],
+        );
+        let moved = before.cores.abs_diff(after.cores)
+            + before.llc_ways.count.abs_diff(after.llc_ways.count);
+        assert!(moved >= 2, "{n}: {before:?} -> {after:?}");
+        assert!(
+            first.predictions.contains_key(n),
+            "a placement records its prediction"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_share_changes_rarely_and_never_oversubscribes_the_gpu() {
+    let sc = Arc::new(Scenario::load("gpu-inference").unwrap());
+    let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+    let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
+    let records = run(&sc, &mut ml, sc.ticks());
+    let mut restarts = 0;
+    for r in &records {
+        let sum: u32 = r
+            .plan
+            .services
+            .values()
+            .filter_map(|a| a.gpu_mps_pct)
+            .map(u32::from)
+            .sum();
+        assert!(sum <= 99, "LC shares {sum} leave the pool less than 1 %");
+        restarts += r
+            .changes
+            .iter()
+            .filter(|c| c.group != cohabit_core::BEST_EFFORT_GROUP)
+            .filter(|c| c.resource == cohabit_core::Resource::GpuShare)
+            .count();
+        // While a client restarts its published share stays put.
+        for o in r.observation.latency_critical() {
+            let published = r.observation.current.services[&o.spec.name].gpu_mps_pct;
+            if o.gpu_mps_effective_pct != published {
+                assert_eq!(r.plan.services[&o.spec.name].gpu_mps_pct, published);
+            }
+        }
+    }
+    assert!(restarts <= 6, "{restarts} GPU client restarts in 600 s");
+    let met = records.iter().filter(|r| met(&sc, r)).count();
+    assert!(
+        met * 100 >= records.len() * 98,
+        "{met} of {}",
+        records.len()
+    );
+}
+
+#[test]
+fn a_wrong_model_is_caught_and_the_fallback_restores_qos_within_bounded_intervals() {
+    // Random weights: predictions that have nothing to do with the services. The policy
+    // must notice (misses, spreads, ranges), fall back to feedback, and get QoS back.
+    let sc = Arc::new(Scenario::load("demo").unwrap());
+    let wrong = Arc::new(Model::synthetic(5, &[32, 32], 7));
+    let mut ml = MlPolicy::new(ctx(&sc), wrong, MlConfig::default());
+    let records = run(&sc, &mut ml, sc.ticks());
+    let fallbacks = records
+        .iter()
+        .flat_map(|r| r.reasons.values())
+        .filter(|why| why.starts_with("fallback"))
+        .count();
+    assert!(fallbacks > 0, "the wrong model was never distrusted");
+    // QoS holds for good within a bounded number of intervals after the start and after
+    // memcached's load step at 200 s.
+    let first_good_run = |from: usize| {
+        (from..records.len()).find(|&i| {
+            records[i..(i + 10).min(records.len())]
+                .iter()
+                .all(|r| met(&sc, r))
+        })
+    };
+    let start = first_good_run(0).expect("QoS never held for 10 intervals");
+    assert!(start <= 30, "QoS back only after {start} intervals");
+    let after_step = first_good_run(200).expect("QoS never held after the step");
+    assert!(
+        after_step - 200 <= 30,
+        "QoS back {} intervals after the step",
+        after_step - 200
+    );
+    let summary = metrics::summarize(
+        "demo",
+        "ml",
+        sc.seed,
+        &sc.services
+            .iter()
+            .filter_map(|s| s.spec.p99_target_ms().map(|t| (s.spec.name.clone(), t)))
+            .collect(),
+        &records,
+    );
+    assert!(summary.qos_met_fraction >= 0.85, "{summary:?}");
+}
+
+#[test]
+fn a_confidently_biased_model_is_corrected_online() {
+    // The shipped model with its output shifted down by ln(4): it believes every p99 is a
+    // quarter of what it is. The anchor on measurements and the learned bias undo that.
+    let sc = Arc::new(Scenario::load("load-spike").unwrap());
+    let mut m = simulate::builtin_model(sc.host.preset).unwrap();
+    for member in &mut m.ensemble.members {
+        if let Some(last) = member.layers.last_mut() {
+            last.bias -= 4f32.ln();
+        }
+    }
+    let mut ml = MlPolicy::new(ctx(&sc), Arc::new(m), MlConfig::default());
+    let records = run(&sc, &mut ml, sc.ticks());
+    let met = records.iter().filter(|r| met(&sc, r)).count();
+    assert!(
+        met * 100 >= records.len() * 95,
+        "{met} of {}",
+        records.len()
+    );
+}

@@ -294,6 +294,9 @@ const MEASUREMENT_SIGMA: f64 = 0.05;
 /// Cost of changing one resource of one service in the packer (a fraction of the host).
 const CHANGE_COST: f64 = 0.01;
 
+/// Busy fraction of its cores above which a service counts as saturated.
+const SATURATED_UTIL: f64 = 0.9;
+
 /// Relative load change under which a sudden saturated reading waits for confirmation.
 const GLITCH_LOAD_CHANGE: f64 = 0.2;
 
@@ -306,6 +309,9 @@ const CORE_GRID: [f64; 6] = [0.4, 0.6, 0.8, 1.0, 1.4, 2.0];
 
 /// p99 over target beyond which a measurement is not used as an anchor.
 const SATURATED: f64 = 2.0;
+
+/// A partial packing in the dynamic programme: (cost, cores used, (cores, ways) so far).
+type Packing = (f64, u32, Vec<(u32, u32)>);
 
 /// The model-predictive policy.
 #[derive(Debug, Clone)]
@@ -569,8 +575,14 @@ impl MlPolicy {
         let (cores, ways, what) = match s {
             Some(v) if v < 0.05 => {
                 // Violating: a step proportional to how far off, a quarter of the current
-                // cores at most, and one more way.
-                let step = (f64::from(cur.0) * (-v).clamp(0.1, 0.25)).ceil();
+                // cores at most; past saturation (p99 at twice the target or more, a
+                // reading the glitch check let through) the cores double. One more way.
+                let frac = if v <= 1.0 - SATURATED {
+                    1.0
+                } else {
+                    (-v).clamp(0.1, 0.25)
+                };
+                let step = (f64::from(cur.0) * frac).ceil();
                 let step = u32::try_from(cohabit_sim::whole(step)).unwrap_or(1).max(1);
                 (
                     cur.0 + step,
@@ -633,7 +645,11 @@ impl MlPolicy {
                 (Some(a), Some(b)) if b > 0.0 => (a / b - 1.0).abs() < GLITCH_LOAD_CHANGE,
                 _ => false,
             };
-            if q > SATURATED.ln() && q0 <= 0.0 && same_load {
+            // A saturated service serves no more than it can: its busy cores tell.
+            let busy = sample
+                .cpu_busy_cores
+                .map_or(0.0, |b| b / f64::from(current.cores.max(1)));
+            if q > SATURATED.ln() && q0 <= 0.0 && same_load && busy < SATURATED_UTIL {
                 return Plan1::fixed(
                     name,
                     current.cores,
@@ -759,15 +775,25 @@ impl MlPolicy {
         if keep.is_none() {
             st.surplus_ticks = 0;
         }
+        let mut points: Vec<(u32, u32)> = frontier
+            .iter()
+            .zip(&ways)
+            .filter_map(|(p, w)| p.map(|(c, _, _)| (c, *w)))
+            .collect();
+        if !cur_safe && !new_service {
+            // A service that needs more never loses a resource in the same step: trading
+            // ways for cores (or back) on a prediction alone can land on a cliff.
+            let (c0, w0) = (current.cores, current.llc_ways.count);
+            points = points
+                .into_iter()
+                .map(|(c, w)| (c.max(c0), w.max(w0)))
+                .collect();
+            points.sort_unstable();
+            points.dedup();
+        }
         Plan1 {
             name: name.to_string(),
-            need: Need::Frontier {
-                points: frontier
-                    .iter()
-                    .zip(&ways)
-                    .filter_map(|(p, w)| p.map(|(c, _, _)| (c, *w)))
-                    .collect(),
-            },
+            need: Need::Frontier { points },
             keep,
             reason,
             gpu_pct: None,
@@ -1020,11 +1046,11 @@ impl MlPolicy {
         };
         for allow_keep in [true, false] {
             // dp[u] = (cost, cores, choices) using u ways.
-            let mut dp: Vec<Option<(f64, u32, Vec<(u32, u32)>)>> = vec![None; w_total + 1];
+            let mut dp: Vec<Option<Packing>> = vec![None; w_total + 1];
             dp[0] = Some((0.0, 0, vec![]));
             for (p, cur) in plans.iter().zip(current) {
                 let opts = options(p, allow_keep);
-                let mut next: Vec<Option<(f64, u32, Vec<(u32, u32)>)>> = vec![None; w_total + 1];
+                let mut next: Vec<Option<Packing>> = vec![None; w_total + 1];
                 for (u, e) in dp.iter().enumerate() {
                     let Some((cst, cores, ch)) = e else { continue };
                     for &(c, w) in &opts {

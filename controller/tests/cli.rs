@@ -43,7 +43,7 @@ fn compare_json_prints_one_record_per_policy_with_every_metric() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
     let rows = v.as_array().unwrap();
     let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
-    assert_eq!(policies, ["static", "parties", "oracle"]);
+    assert_eq!(policies, ["static", "parties", "ml", "oracle"]);
     for r in rows {
         assert_eq!(r["simulated"], true);
         assert_eq!(r["scenario"], "demo");
@@ -64,7 +64,7 @@ fn compare_json_prints_one_record_per_policy_with_every_metric() {
         let q = r["qos_met_fraction"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&q));
     }
-    assert_eq!(rows[2]["be_throughput_vs_oracle"], 1.0);
+    assert_eq!(rows[3]["be_throughput_vs_oracle"], 1.0);
 }
 
 #[test]
@@ -145,4 +145,84 @@ fn unknown_policies_and_scenarios_are_refused_with_the_choices() {
     let o = cohabit(&["simulate", "--scenario", "nope", "--out", "/tmp/never"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("demo"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_prints_every_scenario_and_policy_on_both_platforms_and_the_ml_checks() {
+    let o = cohabit(&["bench", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    assert_eq!(v["simulated"], true);
+    let platforms = v["platforms"].as_array().unwrap();
+    let names: Vec<&str> = platforms
+        .iter()
+        .map(|p| p["platform"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"xeon-e5-2697v4") && names.contains(&"xeon-gold-6338"),
+        "{names:?}"
+    );
+    let runs: usize = platforms
+        .iter()
+        .map(|p| p["runs"].as_array().unwrap().len())
+        .sum();
+    // 4 scenarios on their own platforms + 3 CPU ones on the Gold, 4 policies each.
+    assert_eq!(runs, 7 * 4);
+    let gold = platforms
+        .iter()
+        .find(|p| p["platform"] == "xeon-gold-6338")
+        .unwrap();
+    assert!(gold["skipped"][0].as_str().unwrap().contains("needs a GPU"));
+    let checks = v["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 7 * 5);
+    assert!(checks.iter().all(|c| c["met"].is_boolean()));
+}
+
+#[test]
+fn simulate_on_another_platform_and_with_a_model_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/default/qos-v1.json");
+    let o = cohabit(&[
+        "simulate",
+        "--scenario",
+        "demo",
+        "--policy",
+        "ml",
+        "--platform",
+        "xeon-gold-6338",
+        "--model",
+        model,
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Xeon Gold 6338"), "{}", stdout(&o));
+    let o = cohabit(&[
+        "simulate",
+        "--scenario",
+        "gpu-inference",
+        "--platform",
+        "xeon-gold-6338",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("needs a GPU"), "{}", stderr(&o));
+    let o = cohabit(&[
+        "simulate",
+        "--scenario",
+        "demo",
+        "--policy",
+        "ml",
+        "--model",
+        "/nonexistent/model.json",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("/nonexistent/model.json"),
+        "{}",
+        stderr(&o)
+    );
 }

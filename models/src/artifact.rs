@@ -89,6 +89,11 @@ pub struct ModelMetadata {
     /// data at training time; 1 when absent).
     #[serde(default = "one")]
     pub sigma_scale: f32,
+    /// Factor applied to the members' disagreement on a *change* between two candidates
+    /// of one service (see [`Model::score_change`]), calibrated on pairs of candidates
+    /// (`cohabit-train calibrate`); `sigma_scale` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_sigma_scale: Option<f32>,
 }
 
 fn one() -> f32 {
@@ -197,6 +202,15 @@ impl Model {
             return Err(meta_err(format!(
                 "sigma_scale must be positive, got {}",
                 meta.sigma_scale
+            )));
+        }
+        if meta
+            .change_sigma_scale
+            .is_some_and(|v| !(v.is_finite() && v > 0.0))
+        {
+            return Err(meta_err(format!(
+                "change_sigma_scale must be positive, got {:?}",
+                meta.change_sigma_scale
             )));
         }
         if meta.members == 0 {
@@ -346,7 +360,11 @@ impl Model {
         mean /= k;
         // E[d²] - E[d]², clamped against rounding.
         let spread = (var / k - &mean * &mean).mapv(|v| v.max(0.0).sqrt());
-        (mean, spread * self.meta.sigma_scale)
+        let scale = self
+            .meta
+            .change_sigma_scale
+            .unwrap_or(self.meta.sigma_scale);
+        (mean, spread * scale)
     }
 }
 
@@ -395,6 +413,7 @@ impl Model {
                 training_data_digest: String::new(),
                 metrics: BTreeMap::new(),
                 sigma_scale: 1.0,
+                change_sigma_scale: None,
             },
             ensemble: Ensemble {
                 members: members_v,

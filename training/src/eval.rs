@@ -150,3 +150,78 @@ pub fn held_out(
         per,
     ))
 }
+
+/// Calibration of the spread of predicted *changes* (what the `ml` policy uses once the
+/// allocation in force has been measured).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChangeCalibration {
+    /// Pairs of candidates of one service in one situation that were compared.
+    pub pairs: usize,
+    /// Median absolute error of the predicted change.
+    pub median_abs_error: f64,
+    /// Share of true changes inside ±2 spread with the level's `sigma_scale`.
+    pub coverage_with_level_scale: f64,
+    /// The factor that puts 95 % of them inside ±2 spread.
+    pub change_sigma_scale: f32,
+}
+
+/// Groups consecutive rows of one service whose features agree outside the candidate
+/// columns (the candidates `cohabit-train gen` scores per service and scene) and measures,
+/// for every candidate against the group's first, the error of the predicted change
+/// against its raw spread. `None` without such pairs.
+pub fn change_calibration(model: &Model, rows: &[Row]) -> Option<ChangeCalibration> {
+    use cohabit_models::artifact::CANDIDATE_FEATURES;
+    let same_situation = |a: &Row, b: &Row| {
+        a.service == b.service
+            && a.features
+                .iter()
+                .zip(&b.features)
+                .enumerate()
+                .all(|(j, (x, y))| CANDIDATE_FEATURES.contains(&j) || x == y)
+    };
+    let raw = {
+        let mut m = model.clone();
+        m.meta.change_sigma_scale = Some(1.0);
+        m
+    };
+    let mut z = Vec::new();
+    let mut abs = Vec::new();
+    let mut inside = 0usize;
+    let level = f64::from(model.meta.sigma_scale);
+    let mut start = 0;
+    while start < rows.len() {
+        let mut end = start + 1;
+        while end < rows.len() && same_situation(&rows[start], &rows[end]) {
+            end += 1;
+        }
+        if end - start >= 2 {
+            let group = &rows[start..end];
+            let reference = ndarray::Array1::from(group[0].features.clone());
+            let others: Vec<&Row> = group[1..].iter().collect();
+            let (x, y) = matrix(&others);
+            let (d, s) = raw.score_change(reference.view(), x.view());
+            for ((d, s), y) in d.iter().zip(&s).zip(&y) {
+                let err = f64::from((y - group[0].target) - d).abs();
+                abs.push(err);
+                z.push(err / f64::from(s.max(1e-6)));
+                if err <= 2.0 * level * f64::from(*s) {
+                    inside += 1;
+                }
+            }
+        }
+        start = end;
+    }
+    if z.is_empty() {
+        return None;
+    }
+    z.sort_by(f64::total_cmp);
+    abs.sort_by(f64::total_cmp);
+    let q = z[z.len() * 95 / 100];
+    #[allow(clippy::cast_possible_truncation)] // a small positive factor
+    Some(ChangeCalibration {
+        pairs: z.len(),
+        median_abs_error: abs[abs.len() / 2],
+        coverage_with_level_scale: inside as f64 / z.len() as f64,
+        change_sigma_scale: ((q / 2.0).max(1e-3)) as f32,
+    })
+}

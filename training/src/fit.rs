@@ -256,6 +256,7 @@ pub fn fit(
             training_data_digest: String::new(),
             metrics: BTreeMap::new(),
             sigma_scale: 1.0,
+            change_sigma_scale: None,
         },
         ensemble: Ensemble { members, mean: mean.clone(), std: std.clone() },
     };

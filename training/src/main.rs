@@ -78,6 +78,16 @@ enum Command {
         #[arg(long)]
         no_held_out: bool,
     },
+    /// Calibrate the spread of predicted changes between candidates on a dataset from
+    /// `gen` (not the training data) and write it into the artifact.
+    Calibrate {
+        /// The artifact's .json (rewritten in place).
+        #[arg(long)]
+        model: PathBuf,
+        /// Dataset (JSON Lines) from `cohabit-train gen`.
+        #[arg(long)]
+        data: PathBuf,
+    },
     /// Evaluate an artifact on a dataset.
     Eval {
         /// The artifact's .json.
@@ -252,6 +262,32 @@ fn main() -> Result<()> {
             let path = model.save(&out, &name)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             println!("wrote {} (trained in {train_s:.1} s)", path.display());
+        }
+        Command::Calibrate { model, data } => {
+            let mut m = Model::load(&model)?;
+            let ds = Dataset::read(&data)?;
+            let c = eval::change_calibration(&m, &ds.rows).with_context(|| {
+                format!(
+                    "{} has no groups of candidates of one service in one situation (make it with cohabit-train gen)",
+                    data.display()
+                )
+            })?;
+            m.meta.change_sigma_scale = Some(c.change_sigma_scale);
+            m.meta.metrics.insert("change_pairs".into(), c.pairs as f64);
+            m.meta
+                .metrics
+                .insert("change_median_abs_error".into(), c.median_abs_error);
+            m.meta.metrics.insert(
+                "change_coverage_2sigma_with_level_scale".into(),
+                c.coverage_with_level_scale,
+            );
+            let dir = model.parent().unwrap_or(std::path::Path::new("."));
+            let name = model
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .context("the model path has no file name")?;
+            m.save(dir, name)?;
+            println!("{}", serde_json::to_string_pretty(&c)?);
         }
         Command::Eval { model, data } => {
             let m = Model::load(&model)?;

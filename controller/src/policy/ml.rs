@@ -172,6 +172,8 @@ const GPU_MIN_SAMPLES: u32 = 3;
 struct ServiceState {
     /// How this tick's predictions are made.
     basis: Basis,
+    /// This tick's scored candidates (cores, ways) at full MBA, for reuse.
+    scored: Vec<((u32, u32), Pred)>,
     /// Last tick's measured ln(p99/target) and requests per second.
     prev_reading: Option<(f64, Option<f64>)>,
     /// Exponentially weighted error of the anchored predictions.
@@ -197,6 +199,7 @@ impl Default for ServiceState {
         Self {
             basis: Basis::default(),
             prev_reading: None,
+            scored: Vec::new(),
             bias: 0.0,
             z2: 1.0,
             noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
@@ -383,6 +386,21 @@ impl MlPolicy {
     /// the members' disagreement on that change plus the measurement's own noise. Otherwise
     /// the model's level. Both plus the learned bias; spreads times the service's factor.
     fn predict_many(&self, input: &Input<'_>, cands: &[Allocation]) -> Vec<Pred> {
+        let b = input.basis;
+        // Anchored, the allocation in force is predicted as measured: no model needed.
+        let same = |c: &Allocation| {
+            c.cores == input.current.cores
+                && c.llc_ways.count == input.current.llc_ways.count
+                && c.mba_pct == input.current.mba_pct
+        };
+        if let (Some(q), true) = (b.anchor, cands.iter().all(same)) {
+            let p = Pred {
+                mean: q + b.bias,
+                sigma: b.noise,
+                model_sigma: 0.0,
+            };
+            return vec![p; cands.len()];
+        }
         let host = &self.ctx.host;
         let f = |c: &Allocation| {
             features(
@@ -398,7 +416,6 @@ impl MlPolicy {
         for (r, c) in cands.iter().enumerate() {
             rows.row_mut(r).assign(&ArrayView1::from(&f(c)[..]));
         }
-        let b = input.basis;
         match b.anchor {
             Some(q) => {
                 let reference = f(input.current);
@@ -444,11 +461,12 @@ impl MlPolicy {
         max_cores: u32,
         limit: f64,
         k: f64,
+        scored: &mut Vec<((u32, u32), Pred)>,
     ) -> Vec<Option<(u32, f64, f64)>> {
         let limit = limit.ln();
         let unsure = self.cfg.unsure_sigma;
         let ok = |(m, s): (f64, f64)| m + k * s <= limit && s <= unsure;
-        let score = |points: &[(u32, u32)]| -> Vec<(f64, f64)> {
+        let mut score = |points: &[(u32, u32)]| -> Vec<(f64, f64)> {
             let cands: Vec<Allocation> = points
                 .iter()
                 .map(|&(cores, w)| Allocation {
@@ -458,10 +476,9 @@ impl MlPolicy {
                     gpu_mps_pct: None,
                 })
                 .collect();
-            self.predict_many(input, &cands)
-                .into_iter()
-                .map(|p| (p.mean, p.sigma))
-                .collect()
+            let preds = self.predict_many(input, &cands);
+            scored.extend(points.iter().copied().zip(preds.iter().copied()));
+            preds.into_iter().map(|p| (p.mean, p.sigma)).collect()
         };
         let cur = f64::from(input.current.cores.max(1));
         let mut grid: Vec<u32> = CORE_GRID
@@ -624,6 +641,7 @@ impl MlPolicy {
         let neighbours = self.neighbours(obs, name);
         let measured = log_qos(&sample, target);
         let st = self.state.entry(name.to_string()).or_default();
+        st.scored.clear();
         let new_service = !st.seen;
         st.seen = true;
         // Past saturation (queues growing, timeouts) the model's differences mean little:
@@ -707,11 +725,19 @@ impl MlPolicy {
         // The trust region: training candidates had at most twice the cores in force, so a
         // single step at most doubles them.
         let max_cores = self.ctx.host.cores.min(current.cores.max(1) * 2);
-        let mut frontier = self.frontier(&input, &ways, max_cores, cfg.margin, cfg.k_sigma);
+        let mut scored = Vec::new();
+        let mut frontier = self.frontier(
+            &input,
+            &ways,
+            max_cores,
+            cfg.margin,
+            cfg.k_sigma,
+            &mut scored,
+        );
         let mut relaxed = false;
         if frontier.iter().all(Option::is_none) {
             // Nothing meets the target with the margin: settle for the bare target.
-            frontier = self.frontier(&input, &ways, max_cores, 1.0, 0.0);
+            frontier = self.frontier(&input, &ways, max_cores, 1.0, 0.0, &mut scored);
             relaxed = true;
             if frontier.iter().all(Option::is_none) {
                 let best = self
@@ -735,6 +761,9 @@ impl MlPolicy {
                 };
                 return self.fixed(obs, name, &why, true);
             }
+        }
+        if let Some(st) = self.state.get_mut(name) {
+            st.scored = scored;
         }
         let (cur_mean, cur_sigma) = self
             .predict_many(&input, std::slice::from_ref(&current))
@@ -1078,7 +1107,8 @@ impl MlPolicy {
         // Degrade: nobody is cut to make room. A service keeps what it has (or its cheaper
         // need, when all of that need is below what it has); then, in configuration order,
         // each service that wants more takes its cheapest point within reach of what is
-        // free, or else grows toward its need as far as what is free allows.
+        // free, or else grows toward its need (cores by at least a quarter) as far as what
+        // is free allows.
         let w_cap = u32::try_from(w_total).unwrap_or(1);
         let cheapest: Vec<(u32, u32)> = plans
             .iter()
@@ -1118,8 +1148,11 @@ impl MlPolicy {
                 .filter(reach)
                 .min_by(|a, b| cost(a.0, a.1).total_cmp(&cost(b.0, b.1)))
                 .unwrap_or_else(|| {
+                    // Nothing within reach: grow what can grow, cores by at least a
+                    // quarter (ways are the usual bottleneck, cores rarely are).
+                    let cores = cheapest[i].0.max(base.0 + (base.0 / 4).max(1));
                     (
-                        cheapest[i].0.max(base.0).min(base.0 + free_c),
+                        cores.min(base.0 + free_c),
                         if pool {
                             base.1
                         } else {
@@ -1240,11 +1273,19 @@ impl Policy for MlPolicy {
                 neighbours: &neighbours,
                 basis,
             };
-            let Some(&Pred {
+            let known = self.state.get_mut(&p.name).and_then(|st| {
+                let key = (cand.cores, cand.llc_ways.count);
+                let hit = (cand.mba_pct == MBA_MAX_PCT)
+                    .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
+                    .flatten();
+                st.scored.clear();
+                hit
+            });
+            let Some(Pred {
                 mean,
                 sigma,
                 model_sigma,
-            }) = self.predict_many(&input, &[cand]).first()
+            }) = known.or_else(|| self.predict_many(&input, &[cand]).first().copied())
             else {
                 continue;
             };

@@ -1,6 +1,7 @@
 //! cohabit's controller: policies, the control loop, run metrics and the `cohabit` CLI.
 //!
-//! - [`policy`]: the `Policy` trait and the `static`, `parties` and `oracle` policies.
+//! - [`policy`]: the `Policy` trait and the `static`, `parties`, `ml` and `oracle` policies.
+//! - [`bench`]: `cohabit bench`, every scenario × policy on two platforms, with `ml`'s targets.
 //! - [`control`]: the loop that collects, decides, applies and records.
 //! - [`metrics`]: the comparison metrics of a run.
 //! - [`simulate`]: running and comparing policies on simulated scenarios.

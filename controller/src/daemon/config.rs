@@ -562,6 +562,17 @@ mod tests {
         ))
         .contains("metric"));
         assert!(err(&format!("policy = \"oracle\"\n{MIN}")).contains("ground truth"));
+        assert!(err(&format!("policy = \"ml\"\n{MIN}")).contains("needs model"));
+        let ml = DaemonConfig::parse(
+            &format!("policy = \"ml\"\nmodel = \"/etc/cohabit/qos.json\"\n{MIN}"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(ml.policy, PolicyKind::Ml);
+        assert_eq!(
+            ml.model.as_deref(),
+            Some(Path::new("/etc/cohabit/qos.json"))
+        );
         assert!(err(&format!("[host]\ncpus = \"3-1\"\n{MIN}")).contains("host.cpus"));
         assert!(err(&MIN.replace("name = \"kv\"", "name = \"../kv\"")).contains("[A-Za-z0-9._-]"));
         let gpu = "gpu = { env_file = \"/run/x.env\", restart = \"\" }\n";

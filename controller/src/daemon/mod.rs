@@ -193,3 +193,30 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
     .await?;
     Ok(ticks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ml_with_a_model_that_does_not_load_stops_before_touching_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("qos.json");
+        std::fs::write(&bad, "{\"format\": \"something else\"}").unwrap();
+        let text = format!(
+            "policy = \"ml\"\nmodel = \"{}\"\n[paths]\ncgroup = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:9400\" }}\n",
+            bad.display(),
+            dir.path().join("no-cgroups").display()
+        );
+        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(run(cfg, true, Some(1))).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("loading the model for policy ml"), "{msg}");
+        assert!(msg.contains("qos.json"), "{msg}");
+        assert!(!dir.path().join("no-cgroups").exists());
+    }
+}

@@ -45,11 +45,13 @@
 //! instead: `ln(p99/target)` falls by `e * ln(s'/s)` when the share goes from `s` to `s'`,
 //! with `e` learned from the service's own share changes (prior
 //! [`MlConfig::gpu_exponent_prior`]) and anchored on the smoothed measured p99 at the share in
-//! force. A share change restarts the MPS client (seconds of downtime), so shares grow at
-//! once when the pessimistic prediction needs it but shrink only after
-//! `gpu_shrink_after_ms` of surplus larger than `gpu_hysteresis_pct`, and never while a
-//! restart is pending. When the services on a GPU need more than it has, each gets its
-//! need at the bare target and the rest is split in proportion to need; the pool keeps 1 %.
+//! force. A share change restarts the MPS client (seconds of downtime), so a share grows
+//! (in 5-point steps) when the pessimistic prediction needs it and the smoothed tail is past
+//! the margin, shrinks only after `gpu_shrink_after_ms` of surplus larger than
+//! `gpu_hysteresis_pct`, and never changes while a restart is pending or on fewer than
+//! three samples since the last change. When the services on a GPU want more than 99 %,
+//! those that want less take it and the others grow into what is free in proportion to how
+//! much more they want; the pool keeps 1 %.
 //!
 //! Reasons start with `model:` or `fallback:` so logs and plots can tell the paths apart.
 //!

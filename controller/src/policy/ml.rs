@@ -736,8 +736,15 @@ impl MlPolicy {
         };
         let ways = self.way_grid();
         // The trust region: training candidates had at most twice the cores in force, so a
-        // single step at most doubles them.
-        let max_cores = self.ctx.host.cores.min(current.cores.max(1) * 2);
+        // single step at most doubles them. A service measured under its margin only looks
+        // for cheaper allocations, so a quarter more cores is as far as it needs to look.
+        let held = measured.is_some_and(|q| q <= cfg.margin.ln());
+        let reach = if held {
+            current.cores + current.cores / 4
+        } else {
+            current.cores * 2
+        };
+        let max_cores = self.ctx.host.cores.min(reach.max(2));
         let mut scored = Vec::new();
         let mut frontier = self.frontier(
             &input,

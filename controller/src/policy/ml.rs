@@ -21,10 +21,12 @@
 //!    `misses_to_fallback` misses in a row. A sudden saturated reading with unchanged load
 //!    and idle cores waits a tick for confirmation (counter glitches).
 //! 4. **Search.** For each way count on a grid, the fewest cores whose pessimistic
-//!    prediction `mean + k_sigma * sigma` is at most ln(`margin`), among core counts in a
+//!    prediction `mean + k_sigma * sigma` (`k_sigma_give_back` for a service within its
+//!    margin, which could only give back) is at most ln(`margin`), among core counts in a
 //!    trust region (up to twice the cores in force, as in the training data): a core grid
 //!    for every way count in one batch, then one batch closing the gap below each way
-//!    count's first admissible grid point. This gives each service a frontier.
+//!    count's first admissible grid point. This gives each service a frontier. If nothing
+//!    is admissible, the bare target among the candidates already scored.
 //! 5. **Pack** jointly: a dynamic programme over services picks one frontier point each so
 //!    that cores and ways fit (the pool keeps one way when CPU jobs run) at least cost
 //!    (share of cores plus `way_cost` times share of ways, plus a little per changed
@@ -36,7 +38,9 @@
 //!    room. Each service keeps what it has (or its need, when that is smaller in every
 //!    resource); then, in configuration order, services that want more take their cheapest
 //!    point within reach of what is free, or grow toward it as far as what is free allows
-//!    (a service over its target by a quarter more cores, up to twice its need's). The rule
+//!    (a service over its target by a quarter more cores, up to twice its need's); a service
+//!    over its target still short of ways takes one step's worth from the service with the
+//!    most measured slack whose frontier has a point with fewer ways. The rule
 //!    depends only on the needs and what is in force, so it does not oscillate while the
 //!    loads hold.
 //!
@@ -75,6 +79,8 @@ pub struct MlConfig {
     pub margin: f64,
     /// Spreads added to the mean for the pessimistic prediction.
     pub k_sigma: f64,
+    /// The same for a service that is within its margin and could only give back.
+    pub k_sigma_give_back: f64,
     /// A spread (ln units) above which the model is considered unsure.
     pub unsure_sigma: f64,
     /// Features further than this many training standard deviations from the training
@@ -108,6 +114,7 @@ impl Default for MlConfig {
         Self {
             margin: 0.9,
             k_sigma: 0.5,
+            k_sigma_give_back: 1.0,
             unsure_sigma: 0.7,
             z_limit: 5.0,
             correction_weight: 0.3,
@@ -256,6 +263,8 @@ struct Plan1 {
     predictable: bool,
     /// Measured over its target in the last interval.
     violating: bool,
+    /// Measured slack `1 - p99/target` in the last interval.
+    slack: Option<f64>,
 }
 
 impl Plan1 {
@@ -269,6 +278,7 @@ impl Plan1 {
             shares_pool_ways: false,
             predictable,
             violating: false,
+            slack: None,
         }
     }
 }
@@ -751,13 +761,30 @@ impl MlPolicy {
             &ways,
             max_cores,
             cfg.margin,
-            cfg.k_sigma,
+            // Risk is not symmetric: a service in trouble takes an uncertain step up, a
+            // service that is fine gives back only what the model is sure of.
+            if held {
+                cfg.k_sigma_give_back
+            } else {
+                cfg.k_sigma
+            },
             &mut scored,
         );
         let mut relaxed = false;
         if frontier.iter().all(Option::is_none) {
-            // Nothing meets the target with the margin: settle for the bare target.
-            frontier = self.frontier(&input, &ways, max_cores, 1.0, 0.0, &mut scored);
+            // Nothing meets the target with the margin: settle for the bare target, among
+            // the candidates already scored (no second search).
+            let unsure = cfg.unsure_sigma;
+            frontier = ways
+                .iter()
+                .map(|&w| {
+                    scored
+                        .iter()
+                        .filter(|((_, sw), p)| *sw == w && p.mean <= 0.0 && p.sigma <= unsure)
+                        .min_by_key(|((c, _), _)| *c)
+                        .map(|((c, _), p)| (*c, p.mean, p.sigma))
+                })
+                .collect();
             relaxed = true;
             if frontier.iter().all(Option::is_none) {
                 let best = self
@@ -851,6 +878,7 @@ impl MlPolicy {
             shares_pool_ways: false,
             predictable: true,
             violating: false,
+            slack: None,
         }
     }
 
@@ -991,6 +1019,7 @@ impl MlPolicy {
             shares_pool_ways: false,
             predictable: false,
             violating: false,
+            slack: None,
         }
     }
 
@@ -1132,7 +1161,9 @@ impl MlPolicy {
         // need, when all of that need is below what it has); then, in configuration order,
         // each service that wants more takes its cheapest point within reach of what is
         // free, or else grows toward its need as far as what is free allows (cores by a
-        // quarter, up to twice its need's, when it is over its target).
+        // quarter, up to twice its need's, when it is over its target); one still short of
+        // ways takes them from the service with most slack that the model says can spare
+        // them.
         let w_cap = u32::try_from(w_total).unwrap_or(1);
         let cheapest: Vec<(u32, u32)> = plans
             .iter()
@@ -1197,6 +1228,30 @@ impl MlPolicy {
             }
             out[i] = pick;
         }
+        // A service over its target that still lacks the ways it wants takes one from the
+        // service with the most measured slack whose model-backed options include one with
+        // a way less (and the cores it then needs are free): one way per interval.
+        for i in 0..plans.len() {
+            if !plans[i].violating || plans[i].shares_pool_ways || out[i].1 >= cheapest[i].1 {
+                continue;
+            }
+            let donor = (0..plans.len())
+                .filter(|&j| j != i && !plans[j].violating && !plans[j].shares_pool_ways)
+                .filter_map(|j| {
+                    let fewer = options(&plans[j], false)
+                        .into_iter()
+                        .filter(|&(c, w)| w < out[j].1 && c <= out[j].0 + free_c)
+                        .max_by_key(|&(_, w)| w)?;
+                    Some((j, fewer, plans[j].slack.unwrap_or(0.0)))
+                })
+                .max_by(|a, b| a.2.total_cmp(&b.2));
+            if let Some((j, (c, w), _)) = donor {
+                free_c = (free_c + out[j].0).saturating_sub(c);
+                let freed = out[j].1 - w;
+                out[j] = (c, w);
+                out[i].1 += freed.min(cheapest[i].1 - out[i].1);
+            }
+        }
         (out, true)
     }
 }
@@ -1241,7 +1296,8 @@ impl Policy for MlPolicy {
                     self.plan_cpu_service(obs, name, now_ms)
                 };
                 p.shares_pool_ways = i >= isolated;
-                p.violating = slack(obs, name).is_some_and(|s| s < 0.0);
+                p.slack = slack(obs, name);
+                p.violating = p.slack.is_some_and(|s| s < 0.0);
                 p
             })
             .collect();

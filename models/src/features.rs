@@ -23,7 +23,7 @@
 //! Glitched counters are not features: a value outside its plausible range (IPC above 10,
 //! bandwidth above 4× the host's peak) is treated as missing.
 
-use cohabit_core::{Allocation, HostCapacity, Sample};
+use cohabit_core::{Allocation, HostCapacity, Observation, Sample};
 
 /// Version of the schema below.
 pub const FEATURE_SCHEMA_VERSION: u32 = 1;
@@ -68,6 +68,39 @@ pub struct Neighbours {
     pub cores: u32,
 }
 
+impl Neighbours {
+    /// The other tenants of service `name` in an observation: the measured bandwidth of
+    /// every other service and job (implausible readings dropped) and the cores of every
+    /// other group in the allocation in force. Training rows from logs and the `ml` policy
+    /// both use this, so the model is fed at run time what it was trained on.
+    pub fn observed(obs: &Observation, name: &str, host: &HostCapacity) -> Self {
+        Self {
+            mem_bw_bytes_per_s: obs
+                .services
+                .iter()
+                .filter(|o| o.spec.name != name)
+                .filter_map(|o| o.sample.mem_bw_bytes_per_s)
+                .filter(|b| *b < 4.0 * host.mem_bw_bytes_per_s)
+                .sum(),
+            cores: obs
+                .current
+                .groups()
+                .filter(|(g, _)| *g != name)
+                .map(|(_, a)| a.cores)
+                .sum(),
+        }
+    }
+}
+
+/// The measured ln(p99 / target) as the model sees it (`log_qos_now`): clipped to ±3,
+/// `None` when the p99 or the target is missing or not positive.
+pub fn log_qos_ratio(sample: &Sample, target_ms: f64) -> Option<f64> {
+    sample
+        .p99_ms
+        .filter(|p| p.is_finite() && *p > 0.0 && target_ms > 0.0)
+        .map(|p| (p / target_ms).ln().clamp(-3.0, 3.0))
+}
+
 fn plausible(v: Option<f64>, max: f64) -> Option<f64> {
     v.filter(|x| x.is_finite() && *x >= 0.0 && *x <= max)
 }
@@ -100,10 +133,7 @@ pub fn features(
     let bw = host.mem_bw_bytes_per_s.max(1.0);
     let llc = (host.llc_bytes() as f64).max(1.0);
     let rps = plausible(sample.requests_per_s, 1e12).unwrap_or(0.0);
-    let qos = sample
-        .p99_ms
-        .filter(|p| p.is_finite() && *p > 0.0 && target_ms > 0.0)
-        .map(|p| (p / target_ms).ln().clamp(-3.0, 3.0));
+    let qos = log_qos_ratio(sample, target_ms);
     let busy = plausible(sample.cpu_busy_cores, cores * 2.0).unwrap_or(0.0);
     let cur_cores = f64::from(current.cores.max(1));
     let cand_cores = f64::from(candidate.cores.max(1));

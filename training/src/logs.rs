@@ -46,23 +46,7 @@ pub fn rows_from_log(records: &[DecisionRecord], host: &HostCapacity) -> Dataset
             let Some(y) = outcome.and_then(|p| target(p, t)) else {
                 continue;
             };
-            let neighbours = Neighbours {
-                mem_bw_bytes_per_s: now
-                    .observation
-                    .services
-                    .iter()
-                    .filter(|o| o.spec.name != s.spec.name)
-                    .filter_map(|o| o.sample.mem_bw_bytes_per_s)
-                    .filter(|b| *b < 4.0 * host.mem_bw_bytes_per_s)
-                    .sum(),
-                cores: now
-                    .observation
-                    .current
-                    .groups()
-                    .filter(|(g, _)| *g != s.spec.name)
-                    .map(|(_, a)| a.cores)
-                    .sum(),
-            };
+            let neighbours = Neighbours::observed(&now.observation, &s.spec.name, host);
             let f = features(host, t, &s.sample, current, candidate, &neighbours);
             #[allow(clippy::cast_possible_truncation)]
             rows.push(Row {

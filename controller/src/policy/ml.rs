@@ -66,8 +66,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cohabit_core::{Allocation, Observation, Plan, Prediction, Sample, WayRange, MBA_MAX_PCT};
-use cohabit_models::{features, Model, Neighbours, FEATURE_NAMES, N_FEATURES};
+use cohabit_core::{Allocation, Observation, Prediction, Sample, WayRange, MBA_MAX_PCT};
+use cohabit_models::{features, log_qos_ratio, Model, Neighbours, FEATURE_NAMES, N_FEATURES};
 use ndarray::{Array2, ArrayView1};
 
 use super::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
@@ -346,15 +346,6 @@ pub struct MlPolicy {
     cfg: MlConfig,
     model: Arc<Model>,
     state: BTreeMap<String, ServiceState>,
-    last_plan: Option<Plan>,
-}
-
-/// ln of a measured p99 over target, clipped like the model's input.
-fn log_qos(sample: &Sample, target_ms: f64) -> Option<f64> {
-    sample
-        .p99_ms
-        .filter(|p| p.is_finite() && *p > 0.0 && target_ms > 0.0)
-        .map(|p| (p / target_ms).ln().clamp(-3.0, 3.0))
 }
 
 impl MlPolicy {
@@ -369,7 +360,6 @@ impl MlPolicy {
             cfg,
             model,
             state,
-            last_plan: None,
         }
     }
 
@@ -548,25 +538,6 @@ impl MlPolicy {
             .collect()
     }
 
-    fn neighbours(&self, obs: &Observation, name: &str) -> Neighbours {
-        let peak = self.ctx.host.mem_bw_bytes_per_s;
-        Neighbours {
-            mem_bw_bytes_per_s: obs
-                .services
-                .iter()
-                .filter(|o| o.spec.name != name)
-                .filter_map(|o| o.sample.mem_bw_bytes_per_s)
-                .filter(|b| *b < 4.0 * peak)
-                .sum(),
-            cores: obs
-                .current
-                .groups()
-                .filter(|(g, _)| *g != name)
-                .map(|(_, a)| a.cores)
-                .sum(),
-        }
-    }
-
     /// Step 1: the measured error of the last prediction updates the bias and the misses.
     fn correct(&mut self, obs: &Observation) {
         let alpha = self.cfg.correction_weight;
@@ -579,7 +550,7 @@ impl MlPolicy {
             };
             let Some(last) = st.last.take() else { continue };
             let in_force = obs.current.services.get(&o.spec.name) == Some(&last.alloc);
-            let Some(measured) = log_qos(&o.sample, target).filter(|_| in_force) else {
+            let Some(measured) = log_qos_ratio(&o.sample, target).filter(|_| in_force) else {
                 continue;
             };
             let err = measured - last.base;
@@ -661,8 +632,8 @@ impl MlPolicy {
                 gpu_mps_pct: None,
             }
         });
-        let neighbours = self.neighbours(obs, name);
-        let measured = log_qos(&sample, target);
+        let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
+        let measured = log_qos_ratio(&sample, target);
         let st = self.state.entry(name.to_string()).or_default();
         st.scored.clear();
         let new_service = !st.seen;
@@ -919,7 +890,7 @@ impl MlPolicy {
         if g.skip > 0 {
             g.skip -= 1;
         } else if !pending {
-            if let Some(q) = log_qos(&sample, target) {
+            if let Some(q) = log_qos_ratio(&sample, target) {
                 // Few requests per interval make the p99 noisy; smooth it.
                 g.log_q = Some(g.log_q.map_or(q, |old| 0.7 * old + 0.3 * q));
                 g.samples += 1;
@@ -1274,7 +1245,6 @@ impl Policy for MlPolicy {
                 )
             })
             .collect();
-        self.last_plan = Some(plan.clone());
         Decision::new(plan, reasons)
     }
 
@@ -1352,7 +1322,7 @@ impl Policy for MlPolicy {
                 continue;
             };
             let current = obs.current.services.get(&p.name).copied().unwrap_or(cand);
-            let neighbours = self.neighbours(obs, &p.name);
+            let neighbours = Neighbours::observed(obs, &p.name, &self.ctx.host);
             let basis = self.state.get(&p.name).map(|s| s.basis).unwrap_or_default();
             let input = Input {
                 target_ms: target,
@@ -1400,7 +1370,6 @@ impl Policy for MlPolicy {
             cohabit_core::BEST_EFFORT_GROUP.to_string(),
             "model: what the latency-critical services leave".to_string(),
         );
-        self.last_plan = Some(plan.clone());
         let mut d = Decision::new(plan, reasons);
         d.predictions = predictions;
         d

@@ -320,7 +320,7 @@ impl Cgroups {
         let Some(dir) = self.dir("cpu", group) else {
             return Ok(());
         };
-        let quota = cores.map(|c| crate::whole_u64((c * PERIOD_US as f64).max(1000.0)));
+        let quota = cores.map(|c| cohabit_core::whole((c * PERIOD_US as f64).max(1000.0)));
         match self.version {
             Version::V1 => {
                 write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;

@@ -244,7 +244,7 @@ fn record(shared: &Mutex<Shared>, datagram: &[u8]) {
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
         match line.parse::<f64>() {
             Ok(us) if us.is_finite() && us >= 0.0 => {
-                let v = crate::whole_u64(us).clamp(1, MAX_US);
+                let v = cohabit_core::whole(us).clamp(1, MAX_US);
                 if s.hist.record(v).is_err() {
                     s.rejected += 1;
                 }

@@ -58,12 +58,6 @@ impl HostPaths {
     }
 }
 
-/// Rounds a non-negative float to a whole number (`as` saturates: negative and NaN give 0).
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-pub(crate) fn whole_u64(x: f64) -> u64 {
-    x.round() as u64
-}
-
 /// An I/O failure with the path and what was being done (STYLE.md 8).
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {path}: {source}")]

@@ -1,6 +1,6 @@
 //! cohabit's shared vocabulary.
 //!
-//! Everything the simulator, the real-host daemon, the policies and (later) training agree
+//! Everything the simulator, the real-host daemon, the policies and training agree
 //! on: what a host offers ([`HostCapacity`]), what runs on it ([`ServiceSpec`]), how a share
 //! of it is described ([`Allocation`], [`Plan`]), what is measured ([`Sample`],
 //! [`Observation`]) and what is written down each tick ([`DecisionRecord`]).
@@ -10,6 +10,7 @@
 mod alloc;
 mod error;
 mod host;
+pub mod num;
 mod plan;
 mod record;
 mod sample;
@@ -18,6 +19,7 @@ mod service;
 pub use alloc::{Allocation, Resource, WayRange, MBA_MAX_PCT};
 pub use error::CoreError;
 pub use host::{GpuCapacity, HostCapacity};
+pub use num::whole;
 pub use plan::{Change, Plan, BEST_EFFORT_GROUP};
 pub use record::{DecisionRecord, GroundTruth, Prediction, DECISION_SCHEMA_VERSION};
 pub use sample::{Observation, Sample, ServiceObservation};
@@ -33,6 +35,16 @@ pub trait Collector {
     type Error: std::error::Error + Send + Sync + 'static;
     /// Telemetry of the interval that just ended.
     fn collect(&mut self) -> Result<Observation, Self::Error>;
+
+    /// True for the simulator; copied into every decision record.
+    fn simulated(&self) -> bool {
+        false
+    }
+
+    /// The truth of the interval last collected, where the host knows it (the simulator).
+    fn ground_truth(&self) -> Option<GroundTruth> {
+        None
+    }
 }
 
 /// Where plans are applied: the simulator, or a real host's resctrl/cgroup/MPS actuators.

@@ -242,6 +242,14 @@ impl SimulatedHost {
 impl Collector for SimulatedHost {
     type Error = SimError;
 
+    fn simulated(&self) -> bool {
+        true
+    }
+
+    fn ground_truth(&self) -> Option<GroundTruth> {
+        self.last_truth.clone()
+    }
+
     fn collect(&mut self) -> Result<Observation, SimError> {
         let sc = Arc::clone(&self.truth.scenario);
         let tick_ms = sc.tick_ms as f64;

@@ -18,12 +18,7 @@ pub mod scenario;
 pub mod trace;
 pub mod world;
 
-/// Rounds a non-negative float to the nearest whole number (`as` saturates: negative and
-/// NaN become 0, huge values `u64::MAX`).
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-pub fn whole(x: f64) -> u64 {
-    x.round() as u64
-}
+pub use cohabit_core::whole;
 
 pub use host::{SimulatedHost, TruthModel};
 pub use scenario::Scenario;

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use cohabit_controller::control;
-use cohabit_controller::metrics;
-use cohabit_controller::policy::{HostContext, MlConfig, MlPolicy, Policy};
-use cohabit_controller::simulate::{self, PolicyKind};
 use cohabit_core::{DecisionRecord, WayRange};
+use cohabit_lab::metrics;
+use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_models::Model;
+use cohabit_policy::control;
+use cohabit_policy::{HostContext, MlConfig, MlPolicy, Policy};
 use cohabit_sim::scenario::builtin_names;
 use cohabit_sim::{Scenario, SimulatedHost};
 
@@ -45,7 +45,11 @@ fn met(sc: &Scenario, r: &DecisionRecord) -> bool {
 fn ml_keeps_qos_on_every_scenario_with_fewer_actuations_than_parties() {
     for name in builtin_names() {
         let sc = Arc::new(Scenario::load(name).unwrap());
-        let rows = simulate::compare(&sc, &[PolicyKind::Parties, PolicyKind::Ml], None).unwrap();
+        let rows = simulate::compare(&sc, &[LabPolicy::Parties, LabPolicy::Ml], None, None)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.summary)
+            .collect::<Vec<_>>();
         let (parties, ml) = (&rows[0], &rows[1]);
         assert_eq!(ml.policy, "ml");
         assert!(ml.qos_met_fraction >= 0.97, "{name}: {ml:?}");

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use cohabit_controller::simulate::{self, PolicyKind};
 use cohabit_core::DecisionRecord;
+use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_sim::scenario::builtin_names;
 use cohabit_sim::Scenario;
 
@@ -15,7 +15,7 @@ fn scenario(name: &str) -> Arc<Scenario> {
 fn the_oracle_meets_qos_in_99_percent_of_intervals_on_every_builtin_scenario() {
     for name in builtin_names() {
         let s = scenario(name);
-        let run = simulate::run_policy(&s, PolicyKind::Oracle, None, |_| Ok(())).unwrap();
+        let run = simulate::run_policy(&s, LabPolicy::Oracle, None, None, |_| Ok(())).unwrap();
         let q = run.summary.qos_met_fraction;
         assert!(
             q >= 0.99,
@@ -28,7 +28,11 @@ fn the_oracle_meets_qos_in_99_percent_of_intervals_on_every_builtin_scenario() {
 #[test]
 fn parties_beats_static_on_the_parties_like_mix() {
     let s = scenario("parties-mix");
-    let rows = simulate::compare(&s, &[PolicyKind::Static, PolicyKind::Parties], None).unwrap();
+    let rows = simulate::compare(&s, &[LabPolicy::Static, LabPolicy::Parties], None, None)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.summary)
+        .collect::<Vec<_>>();
     let (st, pa) = (&rows[0], &rows[1]);
     assert_eq!(
         (st.policy.as_str(), pa.policy.as_str()),
@@ -48,7 +52,11 @@ fn parties_beats_static_on_the_parties_like_mix() {
 #[test]
 fn the_oracle_leaves_best_effort_at_least_what_feedback_does_when_both_meet_qos() {
     let s = scenario("demo");
-    let rows = simulate::compare(&s, &[PolicyKind::Parties, PolicyKind::Oracle], None).unwrap();
+    let rows = simulate::compare(&s, &[LabPolicy::Parties, LabPolicy::Oracle], None, None)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.summary)
+        .collect::<Vec<_>>();
     assert_eq!(rows[1].be_throughput_vs_oracle, Some(1.0));
     assert!(rows[1].qos_met_fraction >= rows[0].qos_met_fraction);
 }
@@ -67,10 +75,10 @@ fn strip_times(records: &[DecisionRecord]) -> Vec<DecisionRecord> {
 #[test]
 fn the_same_seed_gives_the_same_run_and_another_seed_other_noise() {
     let s = scenario("load-spike");
-    let a = simulate::run_policy(&s, PolicyKind::Parties, Some(9), |_| Ok(())).unwrap();
-    let b = simulate::run_policy(&s, PolicyKind::Parties, Some(9), |_| Ok(())).unwrap();
+    let a = simulate::run_policy(&s, LabPolicy::Parties, Some(9), None, |_| Ok(())).unwrap();
+    let b = simulate::run_policy(&s, LabPolicy::Parties, Some(9), None, |_| Ok(())).unwrap();
     assert_eq!(strip_times(&a.records), strip_times(&b.records));
-    let c = simulate::run_policy(&s, PolicyKind::Parties, Some(10), |_| Ok(())).unwrap();
+    let c = simulate::run_policy(&s, LabPolicy::Parties, Some(10), None, |_| Ok(())).unwrap();
     assert_ne!(a.records[0].observation, c.records[0].observation);
     // The truth does not depend on the noise seed; only what the policy reacts to does.
     assert_eq!(a.records[0].truth, c.records[0].truth);
@@ -80,7 +88,7 @@ fn the_same_seed_gives_the_same_run_and_another_seed_other_noise() {
 fn every_record_round_trips_through_json_lines() {
     let s = scenario("gpu-inference");
     let mut lines = Vec::new();
-    let run = simulate::run_policy(&s, PolicyKind::Parties, None, |r| {
+    let run = simulate::run_policy(&s, LabPolicy::Parties, None, None, |r| {
         lines.push(serde_json::to_string(r).map_err(std::io::Error::other)?);
         Ok(())
     })
@@ -140,7 +148,11 @@ model = "graph"
     .unwrap();
     let s = Arc::new(Scenario::load(path.to_str().unwrap()).unwrap());
     assert_eq!(s.ticks(), 150);
-    let rows = simulate::compare(&s, &[PolicyKind::Parties, PolicyKind::Oracle], Some(1)).unwrap();
+    let rows = simulate::compare(&s, &[LabPolicy::Parties, LabPolicy::Oracle], Some(1), None)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.summary)
+        .collect::<Vec<_>>();
     assert_eq!(rows[1].intervals, 150);
     assert!(rows[1].qos_met_fraction >= 0.99, "{:?}", rows[1]);
     assert_eq!(rows[1].load_changes, 2);

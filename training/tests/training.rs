@@ -118,13 +118,11 @@ fn a_small_fit_beats_predicting_the_mean_and_round_trips_through_the_artifact() 
 fn decision_logs_become_rows() {
     use std::sync::Arc;
     let sc = Arc::new(cohabit_sim::Scenario::load("demo").unwrap());
-    let run = cohabit_controller::simulate::run_policy(
-        &sc,
-        cohabit_controller::simulate::PolicyKind::Parties,
-        None,
-        |_| Ok(()),
-    )
-    .unwrap();
+    let run =
+        cohabit_lab::simulate::run_policy(&sc, cohabit_lab::LabPolicy::Parties, None, None, |_| {
+            Ok(())
+        })
+        .unwrap();
     let host = sc.capacity().clone();
     let rows = cohabit_training::logs::rows_from_log(&run.records[..50], &host);
     // Two latency-critical services, 49 consecutive pairs.

@@ -34,7 +34,7 @@ use cohabit_collectors::latency::PushAddr;
 use cohabit_collectors::HostPaths;
 use serde::Deserialize;
 
-use crate::simulate::PolicyKind;
+use cohabit_policy::PolicyKind;
 
 /// A configuration that failed to load; the message names the file and field.
 #[derive(Debug, thiserror::Error)]
@@ -297,6 +297,9 @@ impl DaemonConfig {
                 f.collect_timeout_ms
             )));
         }
+        if f.policy == "oracle" {
+            return Err(err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into()));
+        }
         let policy: PolicyKind = f
             .policy
             .parse()
@@ -305,9 +308,6 @@ impl DaemonConfig {
             return Err(err(
                 "policy: ml needs model = \"path/to/model.json\" (see cohabit-train fit)".into(),
             ));
-        }
-        if policy == PolicyKind::Oracle {
-            return Err(err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into()));
         }
         let metrics_addr = if f.metrics_addr.trim().is_empty() {
             None

@@ -18,12 +18,11 @@ use cohabit_collectors::perf::{self, CgroupCounters, PerfSupport, PerfTotals};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl, GROUP_PREFIX};
 use cohabit_core::{
-    Actuator, Allocation, Change, Collector, GroundTruth, HostCapacity, Observation, Plan, Sample,
-    ServiceClass, ServiceObservation, ServiceSpec, BEST_EFFORT_GROUP,
+    Actuator, Allocation, Change, Collector, HostCapacity, Observation, Plan, Sample, ServiceClass,
+    ServiceObservation, ServiceSpec, BEST_EFFORT_GROUP,
 };
 
 use super::config::{DaemonConfig, LatencySource, Matcher, ServiceConfig};
-use crate::control::ControlledHost;
 
 /// Why the real host could not start or apply a plan.
 #[derive(Debug, thiserror::Error)]
@@ -767,16 +766,6 @@ impl Actuator for RealHost {
     }
 }
 
-impl ControlledHost for RealHost {
-    fn simulated(&self) -> bool {
-        false
-    }
-
-    fn ground_truth(&self) -> Option<GroundTruth> {
-        None
-    }
-}
-
 /// Online CPUs from `<sys>/devices/system/cpu/online`, or CPU 0 alone.
 pub fn online_cpus(sys: &std::path::Path) -> Vec<u32> {
     std::fs::read_to_string(sys.join("devices/system/cpu/online"))
@@ -821,8 +810,8 @@ mod tests {
     use cohabit_collectors::resctrl::fake::FakeResctrl;
 
     use super::*;
-    use crate::control;
-    use crate::policy::{HostContext, Policy, StaticPolicy};
+    use cohabit_policy::control;
+    use cohabit_policy::{HostContext, Policy, StaticPolicy};
 
     /// The fixture's proc tree has no cgroup mounts and no processes: only resctrl (the fake)
     /// is touched, never this machine's cgroups.
@@ -874,14 +863,14 @@ mod tests {
             fn name(&self) -> &'static str {
                 "narrow"
             }
-            fn initial(&mut self) -> crate::policy::Decision {
+            fn initial(&mut self) -> cohabit_policy::Decision {
                 self.0.initial()
             }
             fn decide(
                 &mut self,
                 obs: &cohabit_core::Observation,
                 now: u64,
-            ) -> crate::policy::Decision {
+            ) -> cohabit_policy::Decision {
                 let mut d = self.0.decide(obs, now);
                 if let Some(a) = d.plan.services.get_mut("kv") {
                     a.llc_ways.count = 1;

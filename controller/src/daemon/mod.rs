@@ -1,6 +1,6 @@
 //! `cohabit run`: the daemon that drives a real host, and `cohabit probe`.
 //!
-//! The loop is the simulator's ([`crate::control::step`]) on a tokio interval: ticks are
+//! The loop is the simulator's ([`cohabit_policy::control::step`]) on a tokio interval: ticks are
 //! scheduled from the start time, so they do not drift; a tick whose collection is still
 //! running when the next is due is skipped with a log line. SIGTERM and SIGINT end the
 //! loop, after which every change is undone.
@@ -21,11 +21,8 @@ use tokio::time::MissedTickBehavior;
 use self::config::DaemonConfig;
 use self::exporter::{ErrorKind, Exporter};
 use self::host::RealHost;
-use crate::control;
-use crate::policy::{
-    HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy,
-};
-use crate::simulate::PolicyKind;
+use cohabit_policy::control;
+use cohabit_policy::{HostContext, Policy, PolicyKind};
 
 struct Loop {
     host: RealHost,
@@ -69,16 +66,7 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         host: host.capacity().clone(),
         specs: host.specs(),
     };
-    let mut policy: Box<dyn Policy> = match policy_kind {
-        PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
-        PolicyKind::Ml => match model {
-            Some(m) => Box::new(MlPolicy::new(ctx, m, MlConfig::default())),
-            None => anyhow::bail!("policy ml needs a model"),
-        },
-        PolicyKind::Parties | PolicyKind::Oracle => {
-            Box::new(PartiesPolicy::new(ctx, PartiesConfig::default()))
-        }
-    };
+    let mut policy: Box<dyn Policy> = policy_kind.build(ctx, model)?;
     let initial = policy.initial();
     if let Err(e) = host.launch(&initial.plan) {
         host.restore();

@@ -27,7 +27,7 @@ use cohabit_core::{Observation, Plan, WayRange, MBA_MAX_PCT};
 use cohabit_sim::world::{self, Tenant};
 use cohabit_sim::TruthModel;
 
-use super::{fair_shares, layout, shares_of, Decision, HostContext, Policy, Share};
+use cohabit_policy::{fair_shares, layout, shares_of, Decision, HostContext, Policy, Share};
 
 /// The ground-truth oracle.
 #[derive(Debug, Clone)]
@@ -418,7 +418,7 @@ mod tests {
     use cohabit_sim::Scenario;
 
     use super::*;
-    use crate::policy::StaticPolicy;
+    use cohabit_policy::StaticPolicy;
 
     fn oracle(name: &str) -> (OraclePolicy, Arc<Scenario>) {
         let sc = Arc::new(Scenario::load(name).unwrap());

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use base64::Engine;
 
-use super::data::{self, Run, RunDir};
 use super::plot::{self, PlotFormat};
 use crate::metrics::RunSummary;
+use crate::rundir::{self as data, Run, RunDir};
 
 /// Most decision rows the table shows (the log has them all).
 pub const MAX_ROWS: usize = 2000;

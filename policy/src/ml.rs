@@ -496,7 +496,7 @@ impl MlPolicy {
         let cur = f64::from(input.current.cores.max(1));
         let mut grid: Vec<u32> = CORE_GRID
             .iter()
-            .map(|f| u32::try_from(cohabit_sim::whole((cur * f).max(1.0))).unwrap_or(1))
+            .map(|f| u32::try_from(cohabit_core::whole((cur * f).max(1.0))).unwrap_or(1))
             .map(|c| c.clamp(1, max_cores))
             .collect();
         grid.sort_unstable();
@@ -594,7 +594,7 @@ impl MlPolicy {
                     (-v).clamp(0.1, 0.25)
                 };
                 let step = (f64::from(cur.0) * frac).ceil();
-                let step = u32::try_from(cohabit_sim::whole(step)).unwrap_or(1).max(1);
+                let step = u32::try_from(cohabit_core::whole(step)).unwrap_or(1).max(1);
                 (
                     cur.0 + step,
                     cur.1 + 1,
@@ -943,9 +943,9 @@ impl MlPolicy {
         // Hysteresis: grow at once, shrink only after a lasting, sizeable surplus.
         let step = |x: f64| {
             let x = (x / GPU_STEP_PCT).ceil() * GPU_STEP_PCT;
-            u8::try_from(cohabit_sim::whole(x.clamp(GPU_STEP_PCT, 100.0))).unwrap_or(100)
+            u8::try_from(cohabit_core::whole(x.clamp(GPU_STEP_PCT, 100.0))).unwrap_or(100)
         };
-        let now_pct = u8::try_from(cohabit_sim::whole(share_now)).unwrap_or(100);
+        let now_pct = u8::try_from(cohabit_core::whole(share_now)).unwrap_or(100);
         let mut chosen = now_pct;
         let enough = g.samples >= GPU_MIN_SAMPLES || !g.placed;
         if let (false, true, Some(q)) = (pending, enough, g.log_q) {
@@ -972,7 +972,7 @@ impl MlPolicy {
         // The CPU side: pre- and post-processing, sized from the measured busy cores.
         let busy = sample.cpu_busy_cores.unwrap_or(0.0);
         let cur_cores = current.map_or(1, |a| a.cores);
-        let cores = u32::try_from(cohabit_sim::whole((busy / 0.5).ceil().max(1.0)))
+        let cores = u32::try_from(cohabit_core::whole((busy / 0.5).ceil().max(1.0)))
             .unwrap_or(1)
             .max(
                 if slack(obs, name).is_some_and(|s| s < 0.0) && g.log_q.is_none() {
@@ -1067,7 +1067,7 @@ impl MlPolicy {
                 } else {
                     shares[k].floor().max(1.0)
                 };
-                plans[i].gpu_pct = u8::try_from(cohabit_sim::whole(s)).ok();
+                plans[i].gpu_pct = u8::try_from(cohabit_core::whole(s)).ok();
                 plans[i]
                     .reason
                     .push_str("; GPU full: growth limited to what is free");

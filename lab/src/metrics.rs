@@ -4,6 +4,7 @@
 //! noisy measurements the policies saw, so a policy is judged by what really happened.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use cohabit_core::DecisionRecord;
 use serde::{Deserialize, Serialize};
@@ -145,6 +146,59 @@ pub fn summarize(
             })
             .collect(),
     }
+}
+
+/// Best-effort throughput relative to the oracle's on the same scenario and seed; `None`
+/// when the oracle ran no best-effort work (the ratio would mean nothing). The one rule
+/// for `be_vs_oracle`.
+pub fn be_vs_oracle(be_throughput: f64, oracle_be_throughput: f64) -> Option<f64> {
+    (oracle_be_throughput > 0.0).then(|| be_throughput / oracle_be_throughput)
+}
+
+/// The comparison table.
+pub fn table(rows: &[RunSummary], with_scenario: bool) -> String {
+    let mut s = String::new();
+    let opt = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |x| format!("{x:.p$}"));
+    if with_scenario {
+        let _ = write!(s, "{:<14} ", "scenario");
+    }
+    let _ = writeln!(
+        s,
+        "{:<8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10}",
+        "policy",
+        "qos_met",
+        "sev_mean",
+        "sev_max",
+        "conv_p50",
+        "conv_max",
+        "be_tput",
+        "be_vs_oracle",
+        "actuations",
+        "dec_p50_us",
+        "dec_p99_us"
+    );
+    for r in rows {
+        if with_scenario {
+            let _ = write!(s, "{:<14} ", r.scenario);
+        }
+        let _ = writeln!(
+            s,
+            "{:<8} {:>8.4} {:>9.3} {:>8.2} {:>9} {:>8} {:>8.3} {:>12} {:>10} {:>10.1} {:>10.1}",
+            r.policy,
+            r.qos_met_fraction,
+            r.violation_severity_mean,
+            r.violation_severity_max,
+            opt(r.convergence_intervals_p50, 1),
+            r.convergence_intervals_max
+                .map_or_else(|| "-".into(), |v| v.to_string()),
+            r.be_throughput,
+            opt(r.be_throughput_vs_oracle, 3),
+            r.actuations,
+            r.decision_us_p50,
+            r.decision_us_p99
+        );
+    }
+    s
 }
 
 fn fraction(a: usize, b: usize) -> f64 {

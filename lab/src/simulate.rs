@@ -9,16 +9,16 @@ use cohabit_core::DecisionRecord;
 use cohabit_models::Model;
 use cohabit_sim::{Scenario, SimError, SimulatedHost, TruthModel};
 
-use crate::control::{self, LoopError};
-use crate::metrics::{self, RunSummary};
-use crate::policy::{
-    HostContext, MlConfig, MlPolicy, OraclePolicy, PartiesConfig, PartiesPolicy, Policy,
-    StaticPolicy,
-};
+use cohabit_policy::control::{self, LoopError};
+use cohabit_policy::{BuildError, HostContext, Policy, PolicyKind};
 
-/// The policies the simulator can run.
+use crate::metrics::{self, RunSummary};
+use crate::oracle::OraclePolicy;
+
+/// The policies the lab can run: every [`PolicyKind`], and the oracle, which needs the
+/// simulator's ground truth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PolicyKind {
+pub enum LabPolicy {
     /// Fair share, never changed.
     Static,
     /// The PARTIES feedback controller.
@@ -29,41 +29,59 @@ pub enum PolicyKind {
     Oracle,
 }
 
-impl PolicyKind {
+impl LabPolicy {
     /// Every policy, in the order comparisons print them.
-    pub const ALL: [PolicyKind; 4] = [
-        PolicyKind::Static,
-        PolicyKind::Parties,
-        PolicyKind::Ml,
-        PolicyKind::Oracle,
+    pub const ALL: [LabPolicy; 4] = [
+        LabPolicy::Static,
+        LabPolicy::Parties,
+        LabPolicy::Ml,
+        LabPolicy::Oracle,
     ];
 
     /// The policy's name.
     pub fn name(self) -> &'static str {
+        match self.deployable() {
+            Some(k) => k.name(),
+            None => "oracle",
+        }
+    }
+
+    /// The policy a real host can run, or `None` for the oracle.
+    pub fn deployable(self) -> Option<PolicyKind> {
         match self {
-            PolicyKind::Static => "static",
-            PolicyKind::Parties => "parties",
-            PolicyKind::Ml => "ml",
-            PolicyKind::Oracle => "oracle",
+            LabPolicy::Static => Some(PolicyKind::Static),
+            LabPolicy::Parties => Some(PolicyKind::Parties),
+            LabPolicy::Ml => Some(PolicyKind::Ml),
+            LabPolicy::Oracle => None,
         }
     }
 }
 
-impl fmt::Display for PolicyKind {
+impl From<PolicyKind> for LabPolicy {
+    fn from(k: PolicyKind) -> Self {
+        match k {
+            PolicyKind::Static => LabPolicy::Static,
+            PolicyKind::Parties => LabPolicy::Parties,
+            PolicyKind::Ml => LabPolicy::Ml,
+        }
+    }
+}
+
+impl fmt::Display for LabPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl FromStr for PolicyKind {
+impl FromStr for LabPolicy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        PolicyKind::ALL
+        LabPolicy::ALL
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
-                let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+                let names: Vec<&str> = LabPolicy::ALL.iter().map(|p| p.name()).collect();
                 format!("unknown policy {s:?}; choose from {}", names.join(", "))
             })
     }
@@ -72,7 +90,7 @@ impl FromStr for PolicyKind {
 /// Builds a policy for a scenario. `ml` uses `model`, or else the built-in model of the
 /// scenario's platform.
 pub fn build_policy(
-    kind: PolicyKind,
+    kind: LabPolicy,
     scenario: &Arc<Scenario>,
     model: Option<&Arc<Model>>,
 ) -> Result<Box<dyn Policy>, RunError> {
@@ -80,18 +98,17 @@ pub fn build_policy(
         host: scenario.capacity().clone(),
         specs: scenario.specs(),
     };
-    Ok(match kind {
-        PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
-        PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
-        PolicyKind::Ml => {
-            let model = match model {
-                Some(m) => Arc::clone(m),
-                None => Arc::new(builtin_model(scenario.host.preset)?),
-            };
-            Box::new(MlPolicy::new(ctx, model, MlConfig::default()))
-        }
-        PolicyKind::Oracle => Box::new(OraclePolicy::new(TruthModel::new(Arc::clone(scenario)))),
-    })
+    let Some(deployable) = kind.deployable() else {
+        return Ok(Box::new(OraclePolicy::new(TruthModel::new(Arc::clone(
+            scenario,
+        )))));
+    };
+    let model = match (deployable, model) {
+        (PolicyKind::Ml, Some(m)) => Some(Arc::clone(m)),
+        (PolicyKind::Ml, None) => Some(Arc::new(builtin_model(scenario.host.preset)?)),
+        _ => None,
+    };
+    Ok(deployable.build(ctx, model)?)
 }
 
 /// The built-in model of a platform preset.
@@ -116,6 +133,9 @@ pub enum RunError {
     /// The model could not be loaded.
     #[error(transparent)]
     Model(#[from] cohabit_models::ModelError),
+    /// The policy could not be built.
+    #[error(transparent)]
+    Build(#[from] BuildError),
 }
 
 /// One simulated run: every record and its summary.
@@ -127,21 +147,12 @@ pub struct SimRun {
     pub summary: RunSummary,
 }
 
-/// Runs `kind` on `scenario`; `seed` overrides the scenario's. `sink` sees every record as
-/// it is made (e.g. to stream `decisions.jsonl`).
+/// Runs `kind` on `scenario`; `seed` overrides the scenario's; `model` replaces the
+/// platform's built-in model for `ml`. `sink` sees every record as it is made (e.g. to
+/// stream `decisions.jsonl`).
 pub fn run_policy(
     scenario: &Arc<Scenario>,
-    kind: PolicyKind,
-    seed: Option<u64>,
-    sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
-) -> Result<SimRun, RunError> {
-    run_policy_with(scenario, kind, seed, None, sink)
-}
-
-/// [`run_policy`] with a model for `ml` other than the built-in one.
-pub fn run_policy_with(
-    scenario: &Arc<Scenario>,
-    kind: PolicyKind,
+    kind: LabPolicy,
     seed: Option<u64>,
     model: Option<&Arc<Model>>,
     mut sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
@@ -165,43 +176,23 @@ pub fn run_policy_with(
     Ok(SimRun { records, summary })
 }
 
-/// Runs every policy in `kinds` on the same scenario and seed, one thread each, and fills
-/// in `be_throughput_vs_oracle` (running the oracle as a reference if it was not asked for).
+/// Runs every policy in `kinds` on the same scenario and seed, one thread each, keeping
+/// every run's decision log, and fills in `be_throughput_vs_oracle` (running the oracle as
+/// a reference if it was not asked for).
 pub fn compare(
     scenario: &Arc<Scenario>,
-    kinds: &[PolicyKind],
-    seed: Option<u64>,
-) -> Result<Vec<RunSummary>, RunError> {
-    Ok(compare_runs(scenario, kinds, seed)?
-        .into_iter()
-        .map(|r| r.summary)
-        .collect())
-}
-
-/// [`compare`], keeping every run's decision log.
-pub fn compare_runs(
-    scenario: &Arc<Scenario>,
-    kinds: &[PolicyKind],
-    seed: Option<u64>,
-) -> Result<Vec<SimRun>, RunError> {
-    compare_runs_with(scenario, kinds, seed, None)
-}
-
-/// [`compare_runs`] with a model for `ml` other than the built-in one.
-pub fn compare_runs_with(
-    scenario: &Arc<Scenario>,
-    kinds: &[PolicyKind],
+    kinds: &[LabPolicy],
     seed: Option<u64>,
     model: Option<&Arc<Model>>,
 ) -> Result<Vec<SimRun>, RunError> {
-    let mut wanted: Vec<PolicyKind> = kinds.to_vec();
-    if !wanted.contains(&PolicyKind::Oracle) {
-        wanted.push(PolicyKind::Oracle);
+    let mut wanted: Vec<LabPolicy> = kinds.to_vec();
+    if !wanted.contains(&LabPolicy::Oracle) {
+        wanted.push(LabPolicy::Oracle);
     }
     let results: Vec<Result<SimRun, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = wanted
             .iter()
-            .map(|&k| s.spawn(move || run_policy_with(scenario, k, seed, model, |_| Ok(()))))
+            .map(|&k| s.spawn(move || run_policy(scenario, k, seed, model, |_| Ok(()))))
             .collect();
         handles
             .into_iter()
@@ -211,12 +202,11 @@ pub fn compare_runs_with(
     let mut runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let oracle_be = runs
         .iter()
-        .find(|r| r.summary.policy == PolicyKind::Oracle.name())
+        .find(|r| r.summary.policy == LabPolicy::Oracle.name())
         .map(|r| r.summary.be_throughput);
     for r in &mut runs {
-        r.summary.be_throughput_vs_oracle = oracle_be
-            .filter(|o| *o > 0.0)
-            .map(|o| r.summary.be_throughput / o);
+        r.summary.be_throughput_vs_oracle =
+            oracle_be.and_then(|o| metrics::be_vs_oracle(r.summary.be_throughput, o));
     }
     runs.retain(|r| kinds.iter().any(|k| k.name() == r.summary.policy));
     Ok(runs)

@@ -384,7 +384,7 @@ mod tests {
     use cohabit_core::{Sample, ServiceObservation};
 
     use super::*;
-    use crate::policy::tests::ctx;
+    use crate::tests::ctx;
 
     fn obs(policy_plan: &cohabit_core::Plan, c: &HostContext, p99: &[(&str, f64)]) -> Observation {
         Observation {

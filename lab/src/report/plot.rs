@@ -11,10 +11,10 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::data::{judged_p99_ms, targets, ReasonKind, Run};
+use crate::rundir::{judged_p99_ms, targets, ReasonKind, Run};
 
 /// Image format of the plots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlotFormat {
     /// Raster.
     Png,

@@ -1,8 +1,10 @@
-//! Reading run directories back: a single run (`decisions.jsonl`, `summary.json`) or a
-//! comparison (`summary.json` holding every policy's summary, and one
-//! `<scenario>/<policy>/decisions.jsonl` per run).
+//! Run directories, written and read here only: a single run (`decisions.jsonl`,
+//! `summary.json`) or a comparison (`summary.json` holding every policy's summary, and one
+//! `<scenario>/<policy>/decisions.jsonl` per run). A daemon's log directory reads as a
+//! single run.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +32,79 @@ pub enum RunDir {
     Single(Box<Run>),
     /// Several policies side by side.
     Comparison(Vec<Run>),
+}
+
+/// The decision log of a single run.
+pub const LOG: &str = "decisions.jsonl";
+/// The summary of a run, or the list of summaries of a comparison.
+pub const SUMMARY: &str = "summary.json";
+
+/// Streams one run's decision log into `dir/decisions.jsonl` as records are made.
+#[derive(Debug)]
+pub struct SingleRunWriter {
+    dir: PathBuf,
+    log: std::io::BufWriter<std::fs::File>,
+    records: usize,
+}
+
+impl SingleRunWriter {
+    /// Creates `dir` (if missing) and an empty decision log in it.
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating output directory {}", dir.display()))?;
+        let path = dir.join(LOG);
+        let file =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            log: std::io::BufWriter::new(file),
+            records: 0,
+        })
+    }
+
+    /// Appends one record.
+    pub fn record(&mut self, rec: &DecisionRecord) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.log, rec)?;
+        self.log.write_all(b"\n")?;
+        self.records += 1;
+        Ok(())
+    }
+
+    /// Flushes the log, writes `summary.json` beside it and returns the paths written and
+    /// the number of records.
+    pub fn finish(mut self, summary: &RunSummary) -> Result<(PathBuf, PathBuf, usize)> {
+        let log = self.dir.join(LOG);
+        self.log
+            .flush()
+            .with_context(|| format!("writing {}", log.display()))?;
+        let path = self.dir.join(SUMMARY);
+        std::fs::write(&path, serde_json::to_string_pretty(summary)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok((log, path, self.records))
+    }
+}
+
+/// Writes one comparison's run into `dir/<scenario>/<policy>/decisions.jsonl`.
+pub fn write_comparison_run(
+    dir: &Path,
+    summary: &RunSummary,
+    records: &[DecisionRecord],
+) -> Result<()> {
+    let d = dir.join(&summary.scenario).join(&summary.policy);
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    let mut text = String::new();
+    for rec in records {
+        text.push_str(&serde_json::to_string(rec)?);
+        text.push('\n');
+    }
+    std::fs::write(d.join(LOG), text).with_context(|| format!("writing into {}", d.display()))
+}
+
+/// Writes a comparison's `summary.json` (every run's summary).
+pub fn write_comparison_summary(dir: &Path, summaries: &[RunSummary]) -> Result<()> {
+    let path = dir.join(SUMMARY);
+    std::fs::write(&path, serde_json::to_string_pretty(summaries)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Reads a JSON Lines decision log; a bad line is an error naming its number.
@@ -70,8 +145,8 @@ fn run_from(
 
 /// Loads a run or comparison directory.
 pub fn load(dir: &Path) -> Result<RunDir> {
-    let log = dir.join("decisions.jsonl");
-    let summary_path = dir.join("summary.json");
+    let log = dir.join(LOG);
+    let summary_path = dir.join(SUMMARY);
     if log.exists() {
         let summary = match std::fs::read_to_string(&summary_path) {
             Ok(t) => Some(
@@ -102,10 +177,7 @@ pub fn load(dir: &Path) -> Result<RunDir> {
     }
     let mut runs = Vec::new();
     for s in summaries {
-        let path: PathBuf = dir
-            .join(&s.scenario)
-            .join(&s.policy)
-            .join("decisions.jsonl");
+        let path: PathBuf = dir.join(&s.scenario).join(&s.policy).join(LOG);
         let records = if path.exists() {
             read_log(&path)?
         } else {

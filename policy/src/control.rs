@@ -1,33 +1,19 @@
 //! The control loop: collect, decide, apply the difference, record.
 //!
-//! The loop is the same for the simulator and (later) a real host: it only sees the
+//! The loop is the same for the simulator and a real host: it only sees the
 //! [`Collector`] and [`Actuator`] traits. A rejected plan is logged in the record's reasons
 //! and the host keeps its last good state; the loop goes on.
 
 use std::time::Instant;
 
-use cohabit_core::{Actuator, Collector, DecisionRecord, GroundTruth, DECISION_SCHEMA_VERSION};
-use cohabit_sim::SimulatedHost;
+use cohabit_core::{Actuator, Collector, DecisionRecord, DECISION_SCHEMA_VERSION};
 
-use crate::policy::Policy;
+use crate::Policy;
 
-/// A host the loop can drive.
-pub trait ControlledHost: Collector + Actuator {
-    /// True for the simulator; copied into every record.
-    fn simulated(&self) -> bool;
-    /// The truth of the interval last collected, where the host knows it.
-    fn ground_truth(&self) -> Option<GroundTruth>;
-}
+/// A host the loop can drive: anything that collects and applies.
+pub trait ControlledHost: Collector + Actuator {}
 
-impl ControlledHost for SimulatedHost {
-    fn simulated(&self) -> bool {
-        true
-    }
-
-    fn ground_truth(&self) -> Option<GroundTruth> {
-        self.last_truth().cloned()
-    }
-}
+impl<H: Collector + Actuator> ControlledHost for H {}
 
 /// Why the loop stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -99,13 +85,49 @@ pub fn run<H: ControlledHost>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use cohabit_core::Observation;
-    use cohabit_sim::Scenario;
+    use cohabit_core::{
+        CoreError, HostCapacity, Observation, Plan, Sample, ServiceClass, ServiceObservation,
+        ServiceSpec,
+    };
 
     use super::*;
-    use crate::policy::{Decision, HostContext, StaticPolicy};
+    use crate::{Decision, StaticPolicy};
+
+    /// A host that refuses plans beyond its capacity, as a real one does.
+    struct Host {
+        cap: HostCapacity,
+        spec: ServiceSpec,
+        plan: Plan,
+        t_ms: u64,
+    }
+
+    impl Collector for Host {
+        type Error = CoreError;
+        fn collect(&mut self) -> Result<Observation, CoreError> {
+            self.t_ms += 1000;
+            Ok(Observation {
+                t_ms: self.t_ms,
+                services: vec![ServiceObservation {
+                    spec: self.spec.clone(),
+                    sample: Sample {
+                        p99_ms: Some(0.5),
+                        ..Sample::default()
+                    },
+                    gpu_mps_effective_pct: None,
+                }],
+                current: self.plan.clone(),
+            })
+        }
+    }
+
+    impl Actuator for Host {
+        type Error = CoreError;
+        fn apply(&mut self, plan: &Plan, _: &[cohabit_core::Change]) -> Result<(), CoreError> {
+            plan.validate(&self.cap, std::slice::from_ref(&self.spec))?;
+            self.plan = plan.clone();
+            Ok(())
+        }
+    }
 
     /// Asks for one core too many every other tick.
     struct Greedy(StaticPolicy, u32);
@@ -129,14 +151,19 @@ mod tests {
 
     #[test]
     fn a_rejected_plan_is_recorded_and_the_host_keeps_its_last_good_state() {
-        let sc = Arc::new(Scenario::load("demo").unwrap());
-        let ctx = HostContext {
-            host: sc.capacity().clone(),
-            specs: sc.specs(),
-        };
-        let mut policy = Greedy(StaticPolicy::new(ctx), 0);
+        let ctx = crate::tests::ctx(1, true, false, 0);
+        let mut policy = Greedy(StaticPolicy::new(ctx.clone()), 0);
         let initial = policy.initial().plan;
-        let mut host = SimulatedHost::launch(Arc::clone(&sc), &initial, None).unwrap();
+        let mut host = Host {
+            cap: ctx.host.clone(),
+            spec: ctx.specs[0].clone(),
+            plan: initial.clone(),
+            t_ms: 0,
+        };
+        assert!(matches!(
+            host.spec.class,
+            ServiceClass::LatencyCritical { .. }
+        ));
         let mut records = Vec::new();
         run(&mut host, &mut policy, 6, |r| {
             records.push(r);
@@ -151,6 +178,7 @@ mod tests {
             );
             assert_eq!(r.plan, initial);
             assert!(r.changes.is_empty());
+            assert!(!r.simulated && r.truth.is_none());
             let rejected = r.reasons.get("apply").is_some_and(|m| m.contains("cores"));
             assert_eq!(rejected, k % 2 == 1, "tick {k}: {:?}", r.reasons);
         }

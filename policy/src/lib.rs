@@ -1,8 +1,16 @@
-//! Policies: pure functions from what was observed to the next plan.
+//! cohabit's decisions: pure functions from what was observed to the next plan, and the
+//! loop that drives a host with them.
 //!
 //! A [`Policy`] receives an [`Observation`] and the time explicitly; it keeps its own state
 //! between ticks and does no I/O and reads no clock, so the simulator, the daemon and tests
-//! share one code path (STYLE.md 4).
+//! share one code path (docs/STYLE.md 4). This crate depends on `cohabit-core` and
+//! `cohabit-models` only: no simulator, no collectors, no async runtime, no filesystem
+//! (docs/DESIGN.md 2).
+//!
+//! - [`StaticPolicy`], [`PartiesPolicy`], [`MlPolicy`]: the policies a host can run, named
+//!   by [`PolicyKind`], which also builds them.
+//! - [`layout`] and its helpers: shares laid out as a [`Plan`].
+//! - [`control`]: the loop that collects, decides, applies and records.
 
 use std::collections::BTreeMap;
 
@@ -10,15 +18,16 @@ use cohabit_core::{
     Allocation, HostCapacity, Observation, Plan, Prediction, ServiceSpec, WayRange, MBA_MAX_PCT,
 };
 
-mod fair;
+pub mod control;
+mod kind;
 mod ml;
-mod oracle;
 mod parties;
+mod static_share;
 
-pub use fair::StaticPolicy;
+pub use kind::{BuildError, PolicyKind};
 pub use ml::{MlConfig, MlPolicy};
-pub use oracle::OraclePolicy;
 pub use parties::{PartiesConfig, PartiesPolicy};
+pub use static_share::StaticPolicy;
 
 /// What a policy decided at one tick, and why.
 #[derive(Debug, Clone, PartialEq)]
@@ -217,7 +226,7 @@ pub fn slack(obs: &Observation, name: &str) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use cohabit_core::ServiceClass;
 
     use super::*;

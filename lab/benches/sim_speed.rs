@@ -1,14 +1,14 @@
 //! Simulation speed: one hour of 1 s ticks with 6 services (4 latency-critical, 2 best
 //! effort) per policy, and a full comparison on every built-in scenario.
 //!
-//! Run with `cargo bench -p cohabit-controller --bench sim_speed`. Prints a table; the
+//! Run with `cargo bench -p cohabit-lab --bench sim_speed`. Prints a table; the
 //! numbers to compare are ratios within one run (machines here are noisy).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cohabit_controller::simulate::{self, PolicyKind};
+use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_sim::scenario::builtin_names;
 use cohabit_sim::Scenario;
 
@@ -52,9 +52,9 @@ fn main() {
         "{:<8} {:>10} {:>12} {:>14} {:>9}",
         "policy", "wall_s", "ticks_per_s", "sim_s_per_wall_s", "qos_met"
     );
-    for kind in PolicyKind::ALL {
+    for kind in LabPolicy::ALL {
         let t = Instant::now();
-        let run = simulate::run_policy(&hour, kind, None, |_| Ok(())).expect("run");
+        let run = simulate::run_policy(&hour, kind, None, None, |_| Ok(())).expect("run");
         let wall = t.elapsed().as_secs_f64();
         println!(
             "{:<8} {:>10.3} {:>12.0} {:>14.0} {:>9.4}",
@@ -68,7 +68,7 @@ fn main() {
     let t = Instant::now();
     for name in builtin_names() {
         let s = Arc::new(Scenario::load(name).expect("built-in"));
-        simulate::compare(&s, &PolicyKind::ALL, None).expect("compare");
+        simulate::compare(&s, &LabPolicy::ALL, None, None).expect("compare");
     }
     println!(
         "\n`cohabit compare --scenario all` equivalent (4 policies x 4 scenarios): {:.2} s",

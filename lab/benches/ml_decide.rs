@@ -2,15 +2,13 @@
 //! on the simulated Xeon E5-2697 v4 (target: p99 under 1 ms per tick), with PARTIES beside
 //! it for the ratio. Every `ml` decision here runs the full search for every service.
 //!
-//! Run with `cargo bench -p cohabit-controller --bench ml_decide`.
+//! Run with `cargo bench -p cohabit-lab --bench ml_decide`.
 
 use std::sync::Arc;
 
-use cohabit_controller::control;
-use cohabit_controller::policy::{
-    HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy,
-};
 use cohabit_core::Collector;
+use cohabit_policy::control;
+use cohabit_policy::{HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy};
 use cohabit_sim::{Scenario, SimulatedHost};
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 

@@ -14,9 +14,9 @@ use cohabit_sim::scenario::builtin_names;
 use cohabit_sim::Scenario;
 use serde::Serialize;
 
-use crate::cli::{table, Format, BANNER};
-use crate::metrics::RunSummary;
-use crate::simulate::{self, PolicyKind};
+use crate::metrics::{table, RunSummary};
+use crate::simulate::{self, LabPolicy};
+use crate::{Format, BANNER};
 
 /// The runs of one platform.
 #[derive(Debug, Clone, Serialize)]
@@ -60,7 +60,7 @@ pub fn run(second: &str, seed: Option<u64>) -> Result<Vec<PlatformRuns>> {
     for sc in &scenarios {
         let preset = sc.host.preset.to_string();
         let sc = Arc::new(sc.clone());
-        let runs = simulate::compare(&sc, &PolicyKind::ALL, seed)
+        let runs = summaries(simulate::compare(&sc, &LabPolicy::ALL, seed, None))
             .with_context(|| format!("comparing policies on {}", sc.name))?;
         match own.iter_mut().find(|p| p.platform == preset) {
             Some(p) => p.runs.extend(runs),
@@ -75,7 +75,7 @@ pub fn run(second: &str, seed: Option<u64>) -> Result<Vec<PlatformRuns>> {
         match sc.on_platform(second) {
             Ok(moved) => {
                 let moved = Arc::new(moved);
-                let runs = simulate::compare(&moved, &PolicyKind::ALL, seed)
+                let runs = summaries(simulate::compare(&moved, &LabPolicy::ALL, seed, None))
                     .with_context(|| format!("comparing policies on {} on {second}", sc.name))?;
                 other.runs.extend(runs);
             }
@@ -84,6 +84,12 @@ pub fn run(second: &str, seed: Option<u64>) -> Result<Vec<PlatformRuns>> {
     }
     own.push(other);
     Ok(own)
+}
+
+fn summaries(
+    runs: Result<Vec<simulate::SimRun>, simulate::RunError>,
+) -> Result<Vec<RunSummary>, simulate::RunError> {
+    Ok(runs?.into_iter().map(|r| r.summary).collect())
 }
 
 /// `ml`'s targets, per platform and scenario: QoS in at least 99 % of intervals and no

@@ -1,5 +1,4 @@
 //! What operators look at: decision plots and a self-contained HTML report.
 
-pub mod data;
 pub mod html;
 pub mod plot;

@@ -1,0 +1,106 @@
+//! The policies a host can run, by name, and the one place they are built.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cohabit_models::Model;
+
+use crate::{HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
+
+/// The policies that can drive a host (real or simulated). The lab's oracle is not one of
+/// them: it needs the simulator's ground truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PolicyKind {
+    /// Fair share, never changed.
+    Static,
+    /// The PARTIES feedback controller.
+    Parties,
+    /// Model-predictive allocation.
+    Ml,
+}
+
+/// Why a policy could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// `ml` was asked for without a model.
+    #[error("policy ml needs a model")]
+    NoModel,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order comparisons print them.
+    pub const ALL: [PolicyKind; 3] = [PolicyKind::Static, PolicyKind::Parties, PolicyKind::Ml];
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Static => "static",
+            PolicyKind::Parties => "parties",
+            PolicyKind::Ml => "ml",
+        }
+    }
+
+    /// Builds the policy for `ctx` with default settings; `ml` needs `model`.
+    pub fn build(
+        self,
+        ctx: HostContext,
+        model: Option<Arc<Model>>,
+    ) -> Result<Box<dyn Policy>, BuildError> {
+        Ok(match self {
+            PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
+            PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
+            PolicyKind::Ml => Box::new(MlPolicy::new(
+                ctx,
+                model.ok_or(BuildError::NoModel)?,
+                MlConfig::default(),
+            )),
+        })
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown policy {s:?}; choose from {}", names.join(", "))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_choices() {
+        for k in PolicyKind::ALL {
+            assert_eq!(k.name().parse::<PolicyKind>().unwrap(), k);
+        }
+        let e = "oracle".parse::<PolicyKind>().unwrap_err();
+        assert!(
+            e.contains("oracle") && e.contains("static, parties, ml"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ml_without_a_model_is_refused() {
+        let ctx = crate::tests::ctx(2, true, false, 0);
+        assert_eq!(
+            PolicyKind::Ml.build(ctx, None).err(),
+            Some(BuildError::NoModel)
+        );
+    }
+}

@@ -21,6 +21,32 @@ pub struct HostCapacity {
     /// GPUs that can be shared through NVIDIA MPS.
     #[serde(default)]
     pub gpus: Vec<GpuCapacity>,
+    /// Classes of service (resctrl CLOSIDs) the host offers, the default (root) group
+    /// included: the smallest `info/<resource>/num_closids` of the resources in use. Plans
+    /// may use at most `closids - 1` groups besides the default one.
+    #[serde(default = "default_closids")]
+    pub closids: u32,
+    /// Smallest memory-bandwidth (MBA) percentage the host accepts (`info/MB/min_bandwidth`).
+    #[serde(default = "default_mba_min_pct")]
+    pub mba_min_pct: u8,
+    /// Step between MBA percentages (`info/MB/bandwidth_gran`); requests round to it.
+    #[serde(default = "default_mba_gran_pct")]
+    pub mba_gran_pct: u8,
+}
+
+/// CLOSIDs of logs and scenarios written before the field existed (L3 CAT on most Xeons).
+pub const DEFAULT_CLOSIDS: u32 = 16;
+
+fn default_closids() -> u32 {
+    DEFAULT_CLOSIDS
+}
+
+fn default_mba_min_pct() -> u8 {
+    10
+}
+
+fn default_mba_gran_pct() -> u8 {
+    10
 }
 
 /// One GPU shared through MPS.
@@ -34,6 +60,11 @@ pub struct GpuCapacity {
 }
 
 impl HostCapacity {
+    /// Resctrl groups a plan may use besides the default one.
+    pub fn groups_available(&self) -> u32 {
+        self.closids.saturating_sub(1)
+    }
+
     /// Total LLC size in bytes.
     pub fn llc_bytes(&self) -> u64 {
         self.llc_way_bytes * u64::from(self.llc_ways)
@@ -71,6 +102,27 @@ impl HostCapacity {
                 format!("must be a positive number, got {}", self.mem_bw_bytes_per_s),
             ));
         }
+        if self.closids < 2 {
+            return Err(CoreError::invalid(
+                "host.closids",
+                format!(
+                    "must be at least 2 (the default group and one more), got {}",
+                    self.closids
+                ),
+            ));
+        }
+        if self.mba_min_pct == 0 || self.mba_min_pct > 100 {
+            return Err(CoreError::invalid(
+                "host.mba_min_pct",
+                format!("must be between 1 and 100, got {}", self.mba_min_pct),
+            ));
+        }
+        if self.mba_gran_pct == 0 || self.mba_gran_pct > 100 {
+            return Err(CoreError::invalid(
+                "host.mba_gran_pct",
+                format!("must be between 1 and 100, got {}", self.mba_gran_pct),
+            ));
+        }
         for (i, gpu) in self.gpus.iter().enumerate() {
             if gpu.sms == 0 {
                 return Err(CoreError::invalid(
@@ -96,6 +148,9 @@ mod tests {
             llc_way_bytes: 1 << 20,
             mem_bw_bytes_per_s: 20e9,
             gpus: vec![],
+            closids: 16,
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
         }
     }
 

@@ -18,10 +18,13 @@ mod service;
 
 pub use alloc::{Allocation, Resource, WayRange, MBA_MAX_PCT};
 pub use error::CoreError;
-pub use host::{GpuCapacity, HostCapacity};
+pub use host::{GpuCapacity, HostCapacity, DEFAULT_CLOSIDS};
 pub use num::whole;
 pub use plan::{Change, Plan, BEST_EFFORT_GROUP};
-pub use record::{DecisionRecord, GroundTruth, Prediction, DECISION_SCHEMA_VERSION};
+pub use record::{
+    ApplyOutcome, DecisionPath, DecisionRecord, GroundTruth, Prediction, Reason,
+    DECISION_SCHEMA_VERSION,
+};
 pub use sample::{Observation, Sample, ServiceObservation};
 pub use service::{ServiceClass, ServiceSpec};
 

@@ -144,6 +144,9 @@ mod tests {
             llc_way_bytes: 1 << 20,
             mem_bw_bytes_per_s: 1e10,
             gpus: vec![],
+            closids: 16,
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
         }
     }
 

@@ -4,9 +4,124 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Change, Observation, Plan};
 
-/// Version of the [`DecisionRecord`] layout. Changes are additive only: new fields carry
-/// `#[serde(default)]`, so every older log still parses.
-pub const DECISION_SCHEMA_VERSION: u32 = 1;
+/// Version of the [`DecisionRecord`] layout. Changes are additive where they can be: new
+/// fields carry `#[serde(default)]`. Version 2 typed the reasons ([`Reason`]) and moved the
+/// outcome of applying a plan out of them ([`ApplyOutcome`]); version-1 records still load
+/// (see [`DecisionRecord::upgrade`]).
+pub const DECISION_SCHEMA_VERSION: u32 = 2;
+
+/// Which way of deciding produced a group's allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionPath {
+    /// A learned model chose it.
+    Model,
+    /// The model could not be trusted; a feedback step was taken instead.
+    Fallback,
+    /// A feedback controller's step (PARTIES).
+    Feedback,
+    /// The simulator-only oracle's search.
+    Oracle,
+    /// A fixed share: the static policy, or an initial plan before any measurement.
+    Static,
+}
+
+impl DecisionPath {
+    /// Every path, in legend order.
+    pub const ALL: [DecisionPath; 5] = [
+        DecisionPath::Model,
+        DecisionPath::Fallback,
+        DecisionPath::Feedback,
+        DecisionPath::Oracle,
+        DecisionPath::Static,
+    ];
+
+    /// Short name, as written in logs and metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecisionPath::Model => "model",
+            DecisionPath::Fallback => "fallback",
+            DecisionPath::Feedback => "feedback",
+            DecisionPath::Oracle => "oracle",
+            DecisionPath::Static => "static",
+        }
+    }
+}
+
+impl std::fmt::Display for DecisionPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a group got its allocation: the path that decided it, and words for people.
+/// Programs branch on `path`; `text` is never parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reason {
+    /// How the allocation was decided.
+    pub path: DecisionPath,
+    /// What an operator reads.
+    pub text: String,
+}
+
+impl Reason {
+    /// A reason on `path`.
+    pub fn new(path: DecisionPath, text: impl Into<String>) -> Self {
+        Self {
+            path,
+            text: text.into(),
+        }
+    }
+
+    /// A version-1 reason: free text whose leading word named the path.
+    fn from_v1(text: &str) -> Self {
+        let lower = text.trim_start().to_ascii_lowercase();
+        let path = DecisionPath::ALL
+            .into_iter()
+            .find(|p| lower.starts_with(p.name()))
+            .unwrap_or(DecisionPath::Static);
+        let rest = text
+            .trim_start()
+            .get(path.name().len()..)
+            .filter(|_| lower.starts_with(path.name()))
+            .map_or(text, |r| r.trim_start_matches([':', ' ']));
+        Self::new(path, rest)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Typed { path: DecisionPath, text: String },
+            V1(String),
+        }
+        Ok(match Wire::deserialize(d)? {
+            Wire::Typed { path, text } => Reason { path, text },
+            Wire::V1(text) => Reason::from_v1(&text),
+        })
+    }
+}
+
+/// What became of a plan that differed from the one in force, when it was not written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ApplyOutcome {
+    /// `--dry-run`: nothing was written.
+    DryRun,
+    /// The host refused it; the plan in force stayed.
+    Refused {
+        /// What refused it.
+        error: String,
+    },
+}
 
 /// What a model predicted for one service under the chosen plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,7 +162,10 @@ pub struct DecisionRecord {
     pub changes: Vec<Change>,
     /// Per group, why the policy decided what it did.
     #[serde(default)]
-    pub reasons: BTreeMap<String, String>,
+    pub reasons: BTreeMap<String, Reason>,
+    /// Set when the plan differed from the one in force but was not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply: Option<ApplyOutcome>,
     /// Wall-clock time the policy took, in microseconds.
     pub decision_us: f64,
     /// Model predictions per service, where the policy used a model.
@@ -56,6 +174,24 @@ pub struct DecisionRecord {
     /// Simulator only: the ground truth of the interval the observation describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truth: Option<GroundTruth>,
+}
+
+impl DecisionRecord {
+    /// Brings a record read from an older log to the current layout: a version-1 record
+    /// kept the apply outcome as a reason under the key `apply`.
+    pub fn upgrade(&mut self) {
+        if self.schema_version < 2 {
+            if let Some(r) = self.reasons.remove("apply") {
+                let text = format!("{}: {}", r.path, r.text);
+                self.apply = Some(match text.find("not applied:") {
+                    Some(i) => ApplyOutcome::Refused {
+                        error: text[i + "not applied:".len()..].trim().to_string(),
+                    },
+                    None => ApplyOutcome::DryRun,
+                });
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -89,6 +225,7 @@ mod tests {
             },
             changes: vec![],
             reasons: Default::default(),
+            apply: None,
             decision_us: 1.0,
             predictions: Default::default(),
             truth: None,
@@ -99,5 +236,46 @@ mod tests {
         obj.remove("reasons");
         let back: DecisionRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back, rec);
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::*;
+
+    #[test]
+    fn typed_reasons_round_trip_and_version_1_text_is_classified_by_its_leading_word() {
+        let r = Reason::new(DecisionPath::Fallback, "model unsure (sigma 0.40)");
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            json,
+            r#"{"path":"fallback","text":"model unsure (sigma 0.40)"}"#
+        );
+        assert_eq!(serde_json::from_str::<Reason>(&json).unwrap(), r);
+        let old: Reason = serde_json::from_str(r#""model: hold (p99/target 0.8)""#).unwrap();
+        assert_eq!(
+            old,
+            Reason::new(DecisionPath::Model, "hold (p99/target 0.8)")
+        );
+        let old: Reason = serde_json::from_str(r#""initial fair share""#).unwrap();
+        assert_eq!(old, Reason::new(DecisionPath::Static, "initial fair share"));
+    }
+
+    #[test]
+    fn a_version_1_apply_reason_becomes_the_apply_outcome() {
+        let line = r#"{"schema_version":1,"policy":"parties","simulated":false,
+            "observation":{"t_ms":0,"services":[],"current":{"services":{},"best_effort":
+            {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}}},
+            "plan":{"services":{},"best_effort":{"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
+            "changes":[],"reasons":{"apply":"not applied: resctrl: out of CLOSIDs"},"decision_us":1.0}"#;
+        let mut r: DecisionRecord = serde_json::from_str(line).unwrap();
+        r.upgrade();
+        assert!(r.reasons.is_empty());
+        assert_eq!(
+            r.apply,
+            Some(ApplyOutcome::Refused {
+                error: "resctrl: out of CLOSIDs".into()
+            })
+        );
     }
 }

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use cohabit_core::{Observation, Plan, WayRange, MBA_MAX_PCT};
+use cohabit_core::{DecisionPath, Observation, Plan, Reason, WayRange, MBA_MAX_PCT};
 use cohabit_sim::world::{self, Tenant};
 use cohabit_sim::TruthModel;
 
@@ -384,9 +384,12 @@ impl OraclePolicy {
 /// Relative load drift under which a verified plan is kept without a new search.
 const REUSE_TOLERANCE: f64 = 0.02;
 
-fn reasons_for(plan: &Plan, why: &str) -> BTreeMap<String, String> {
+fn reasons_for(plan: &Plan, why: &str) -> BTreeMap<String, Reason> {
     plan.groups()
-        .map(|(g, _)| (g.to_string(), why.to_string()))
+        .map(|(g, _)| {
+            let text = why.strip_prefix("oracle: ").unwrap_or(why);
+            (g.to_string(), Reason::new(DecisionPath::Oracle, text))
+        })
         .collect()
 }
 

@@ -191,6 +191,9 @@ mod tests {
             llc_way_bytes: 2_359_296,
             mem_bw_bytes_per_s: 76.8e9,
             gpus: vec![],
+            closids: 16,
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
         }
     }
 

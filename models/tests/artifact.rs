@@ -112,6 +112,9 @@ fn only_the_candidate_features_depend_on_the_candidate() {
         llc_way_bytes: 1 << 21,
         mem_bw_bytes_per_s: 7e10,
         gpus: vec![],
+        closids: 16,
+        mba_min_pct: 10,
+        mba_gran_pct: 10,
     };
     let sample = Sample {
         ipc: Some(1.1),

@@ -1,12 +1,12 @@
 //! The control loop: collect, decide, apply the difference, record.
 //!
 //! The loop is the same for the simulator and a real host: it only sees the
-//! [`Collector`] and [`Actuator`] traits. A rejected plan is logged in the record's reasons
-//! and the host keeps its last good state; the loop goes on.
+//! [`Collector`] and [`Actuator`] traits. A rejected plan is recorded as the record's
+//! [`ApplyOutcome`] and the host keeps its last good state; the loop goes on.
 
 use std::time::Instant;
 
-use cohabit_core::{Actuator, Collector, DecisionRecord, DECISION_SCHEMA_VERSION};
+use cohabit_core::{Actuator, ApplyOutcome, Collector, DecisionRecord, DECISION_SCHEMA_VERSION};
 
 use crate::Policy;
 
@@ -27,8 +27,8 @@ pub enum LoopError {
 }
 
 /// One control interval: collect, decide, apply the difference, and return the record.
-/// A plan the host rejects is noted in the record's reasons (key `apply`) and the host
-/// keeps its last good state.
+/// A plan the host rejects is noted in the record's `apply` outcome and the host keeps its
+/// last good state.
 pub fn step<H: ControlledHost>(
     host: &mut H,
     policy: &mut dyn Policy,
@@ -41,19 +41,19 @@ pub fn step<H: ControlledHost>(
     let decision = policy.decide(&observation, observation.t_ms);
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
     let mut changes = observation.current.diff(&decision.plan);
-    let mut reasons = decision.reasons;
     let mut plan = decision.plan;
-    if dry_run {
-        if !changes.is_empty() {
-            reasons.insert("apply".into(), "dry run: nothing written".into());
-        }
-    } else if !changes.is_empty() {
-        if let Err(e) = host.apply(&plan, &changes) {
-            tracing::warn!(policy = policy.name(), error = %e, "plan not applied; keeping the last good state");
-            reasons.insert("apply".into(), format!("not applied: {e}"));
-            plan = observation.current.clone();
-            changes.clear();
-        }
+    let mut apply = None;
+    if changes.is_empty() {
+        // Nothing to write.
+    } else if dry_run {
+        apply = Some(ApplyOutcome::DryRun);
+    } else if let Err(e) = host.apply(&plan, &changes) {
+        tracing::warn!(policy = policy.name(), error = %e, "plan not applied; keeping the last good state");
+        apply = Some(ApplyOutcome::Refused {
+            error: e.to_string(),
+        });
+        plan = observation.current.clone();
+        changes.clear();
     }
     Ok(DecisionRecord {
         schema_version: DECISION_SCHEMA_VERSION,
@@ -63,7 +63,8 @@ pub fn step<H: ControlledHost>(
         observation,
         plan,
         changes,
-        reasons,
+        reasons: decision.reasons,
+        apply,
         decision_us,
         predictions: decision.predictions,
     })
@@ -179,8 +180,8 @@ mod tests {
             assert_eq!(r.plan, initial);
             assert!(r.changes.is_empty());
             assert!(!r.simulated && r.truth.is_none());
-            let rejected = r.reasons.get("apply").is_some_and(|m| m.contains("cores"));
-            assert_eq!(rejected, k % 2 == 1, "tick {k}: {:?}", r.reasons);
+            let rejected = matches!(&r.apply, Some(ApplyOutcome::Refused { error }) if error.contains("cores"));
+            assert_eq!(rejected, k % 2 == 1, "tick {k}: {:?}", r.apply);
         }
     }
 }

@@ -15,7 +15,8 @@
 use std::collections::BTreeMap;
 
 use cohabit_core::{
-    Allocation, HostCapacity, Observation, Plan, Prediction, ServiceSpec, WayRange, MBA_MAX_PCT,
+    Allocation, HostCapacity, Observation, Plan, Prediction, Reason, ServiceSpec, WayRange,
+    MBA_MAX_PCT,
 };
 
 pub mod control;
@@ -34,15 +35,15 @@ pub use static_share::StaticPolicy;
 pub struct Decision {
     /// The allocation of the whole host from now on.
     pub plan: Plan,
-    /// Per group, a short reason an operator can read.
-    pub reasons: BTreeMap<String, String>,
+    /// Per group, how it was decided and why, in words an operator can read.
+    pub reasons: BTreeMap<String, Reason>,
     /// Model predictions, for policies that use a model.
     pub predictions: BTreeMap<String, Prediction>,
 }
 
 impl Decision {
     /// A decision without predictions.
-    pub fn new(plan: Plan, reasons: BTreeMap<String, String>) -> Self {
+    pub fn new(plan: Plan, reasons: BTreeMap<String, Reason>) -> Self {
         Self {
             plan,
             reasons,
@@ -268,6 +269,9 @@ pub(crate) mod tests {
                     };
                     usize::from(gpus > 0 || be_gpu)
                 ],
+                closids: 16,
+                mba_min_pct: 10,
+                mba_gran_pct: 10,
             },
             specs,
         }

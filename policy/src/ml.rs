@@ -66,7 +66,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cohabit_core::{Allocation, Observation, Prediction, Sample, WayRange, MBA_MAX_PCT};
+use cohabit_core::{
+    Allocation, DecisionPath, Observation, Prediction, Reason, Sample, WayRange, MBA_MAX_PCT,
+};
 use cohabit_models::{features, log_qos_ratio, Model, Neighbours, FEATURE_NAMES, N_FEATURES};
 use ndarray::{Array2, ArrayView1};
 
@@ -102,8 +104,6 @@ pub struct MlConfig {
     pub gpu_hysteresis_pct: u8,
     /// How long a GPU surplus must last before the share shrinks.
     pub gpu_shrink_after_ms: u64,
-    /// Resctrl groups (CLOSIDs) the host has for cohabit, the pool included.
-    pub closids: u32,
     /// Worth of the whole LLC relative to all cores, for the packer's cost (best-effort
     /// jobs usually gain more from cores than from ways).
     pub way_cost: f64,
@@ -125,7 +125,6 @@ impl Default for MlConfig {
             gpu_exponent_prior: 0.5,
             gpu_hysteresis_pct: 15,
             gpu_shrink_after_ms: 120_000,
-            closids: 16,
             way_cost: 0.1,
         }
     }
@@ -1241,7 +1240,10 @@ impl Policy for MlPolicy {
             .map(|(g, _)| {
                 (
                     g.to_string(),
-                    "model: fair share until the first measurement".to_string(),
+                    Reason::new(
+                        DecisionPath::Static,
+                        "fair share until the first measurement",
+                    ),
                 )
             })
             .collect();
@@ -1255,7 +1257,9 @@ impl Policy for MlPolicy {
             .latency_critical()
             .map(|s| (s.name.clone(), s.gpu.is_some()))
             .collect();
-        let isolated = usize::try_from(self.cfg.closids.saturating_sub(1)).unwrap_or(usize::MAX);
+        // The pool has a group of its own; every other group may isolate one service.
+        let isolated = usize::try_from(self.ctx.host.groups_available().saturating_sub(1))
+            .unwrap_or(usize::MAX);
         let mut plans: Vec<Plan1> = names
             .iter()
             .enumerate()
@@ -1298,7 +1302,7 @@ impl Policy for MlPolicy {
             if degraded {
                 why.push_str("; needs exceed the host: growth limited to what is free");
             }
-            reasons.insert(p.name.clone(), why);
+            reasons.insert(p.name.clone(), typed(why));
         }
         let mut plan = layout(&self.ctx, &shares, MBA_MAX_PCT);
         // Services beyond the CLOSIDs share the pool's ways (and so its resctrl group).
@@ -1368,10 +1372,24 @@ impl Policy for MlPolicy {
         }
         reasons.insert(
             cohabit_core::BEST_EFFORT_GROUP.to_string(),
-            "model: what the latency-critical services leave".to_string(),
+            Reason::new(
+                DecisionPath::Model,
+                "what the latency-critical services leave",
+            ),
         );
         let mut d = Decision::new(plan, reasons);
         d.predictions = predictions;
         d
+    }
+}
+
+/// The typed reason of a service's plan, whose text starts with the path that decided it.
+fn typed(why: String) -> Reason {
+    match why.strip_prefix("fallback: ") {
+        Some(rest) => Reason::new(DecisionPath::Fallback, rest),
+        None => Reason::new(
+            DecisionPath::Model,
+            why.strip_prefix("model: ").unwrap_or(&why),
+        ),
     }
 }

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use cohabit_core::{Observation, Resource, MBA_MAX_PCT};
+use cohabit_core::{DecisionPath, Observation, Reason, Resource, MBA_MAX_PCT};
 
 use super::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
 
@@ -238,7 +238,7 @@ impl PartiesPolicy {
         None
     }
 
-    fn act(&mut self, obs: &Observation, now_ms: u64, reasons: &mut BTreeMap<String, String>) {
+    fn act(&mut self, obs: &Observation, now_ms: u64, reasons: &mut BTreeMap<String, Reason>) {
         let slacks: BTreeMap<String, f64> = self
             .ctx
             .latency_critical()
@@ -261,7 +261,11 @@ impl PartiesPolicy {
                         }
                         reasons.insert(
                             last.service.clone(),
-                            format!("feedback: revert harmful {} cut (slack {now:.2}); no cuts for {} s", last.resource, self.cfg.bar_ms / 1000),
+                            feedback(format!(
+                                "revert harmful {} cut (slack {now:.2}); no cuts for {} s",
+                                last.resource,
+                                self.cfg.bar_ms / 1000
+                            )),
                         );
                         self.last_act_ms = Some(now_ms);
                         return;
@@ -278,11 +282,11 @@ impl PartiesPolicy {
             if let Some((r, from)) = self.upsize(&worst, &slacks, now_ms) {
                 reasons.insert(
                     worst.clone(),
-                    format!(
-                        "feedback: +{} {r} from {from} (slack {worst_slack:.2} < {})",
+                    feedback(format!(
+                        "+{} {r} from {from} (slack {worst_slack:.2} < {})",
                         Self::unit(r),
                         self.cfg.upsize_below
-                    ),
+                    )),
                 );
                 self.last = Some(Action {
                     service: worst,
@@ -294,7 +298,9 @@ impl PartiesPolicy {
             } else {
                 reasons.insert(
                     worst,
-                    format!("feedback: wants more (slack {worst_slack:.2}) but nothing can be had"),
+                    feedback(format!(
+                        "wants more (slack {worst_slack:.2}) but nothing can be had"
+                    )),
                 );
             }
             return;
@@ -320,10 +326,10 @@ impl PartiesPolicy {
                     self.adjust(&name, r, -i64::from(unit));
                     reasons.insert(
                         name.clone(),
-                        format!(
-                            "feedback: -{unit} {r} to best effort (slack {s:.2} > {})",
+                        feedback(format!(
+                            "-{unit} {r} to best effort (slack {s:.2} > {})",
                             self.cfg.downsize_above
-                        ),
+                        )),
                     );
                     self.last = Some(Action {
                         service: name,
@@ -349,7 +355,12 @@ impl Policy for PartiesPolicy {
         let plan = layout(&self.ctx, &self.shares, MBA_MAX_PCT);
         let reasons = plan
             .groups()
-            .map(|(g, _)| (g.to_string(), "initial fair share".to_string()))
+            .map(|(g, _)| {
+                (
+                    g.to_string(),
+                    Reason::new(DecisionPath::Static, "initial fair share"),
+                )
+            })
             .collect();
         Decision::new(plan, reasons)
     }
@@ -370,13 +381,18 @@ impl Policy for PartiesPolicy {
                 }
             }
             reasons.entry(spec.name.clone()).or_insert_with(|| match s {
-                Some(v) => format!("feedback: hold (slack {v:.2})"),
-                None => "feedback: hold (no latency reading)".to_string(),
+                Some(v) => feedback(format!("hold (slack {v:.2})")),
+                None => feedback("hold (no latency reading)"),
             });
         }
         let plan = layout(&self.ctx, &self.shares, MBA_MAX_PCT);
         Decision::new(plan, reasons)
     }
+}
+
+/// A reason on the feedback path.
+fn feedback(text: impl Into<String>) -> Reason {
+    Reason::new(DecisionPath::Feedback, text)
 }
 
 #[cfg(test)]
@@ -418,7 +434,11 @@ mod tests {
         );
         assert_eq!(d.plan.services["lc1"], start.services["lc1"]);
         assert_eq!(d.plan.best_effort.cores, start.best_effort.cores - 1);
-        assert!(d.reasons["lc0"].contains("+1 cores"), "{:?}", d.reasons);
+        assert!(
+            d.reasons["lc0"].text.contains("+1 cores"),
+            "{:?}",
+            d.reasons
+        );
     }
 
     #[test]
@@ -451,7 +471,7 @@ mod tests {
         // The cut hurt: revert it.
         let d3 = p.decide(&obs(&d2.plan, &c, &[("lc0", 0.99)]), 3000);
         assert_eq!(d3.plan.services["lc0"].cores, start.services["lc0"].cores);
-        assert!(d3.reasons["lc0"].contains("revert"));
+        assert!(d3.reasons["lc0"].text.contains("revert"));
         // Lots of slack again, but cuts stay barred until 33 s.
         let mut plan = d3.plan.clone();
         for t in (4..33).map(|s| s * 1000) {
@@ -469,7 +489,7 @@ mod tests {
         let start = p.initial().plan;
         let d = p.decide(&obs(&start, &c, &[]), 1000);
         assert_eq!(d.plan, start);
-        assert!(d.reasons["lc0"].contains("no latency reading"));
+        assert!(d.reasons["lc0"].text.contains("no latency reading"));
     }
 
     #[test]
@@ -487,6 +507,6 @@ mod tests {
             d.plan.services["lc1"].cores,
             start.services["lc1"].cores - 1
         );
-        assert!(d.reasons["lc0"].contains("from lc1"));
+        assert!(d.reasons["lc0"].text.contains("from lc1"));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use cohabit_core::{Observation, MBA_MAX_PCT};
+use cohabit_core::{DecisionPath, Observation, Reason, MBA_MAX_PCT};
 
 use super::{fair_shares, layout, Decision, HostContext, Policy};
 
@@ -23,7 +23,12 @@ impl StaticPolicy {
         let plan = layout(&self.ctx, &fair_shares(&self.ctx), MBA_MAX_PCT);
         let reasons = plan
             .groups()
-            .map(|(g, _)| (g.to_string(), "static fair share".to_string()))
+            .map(|(g, _)| {
+                (
+                    g.to_string(),
+                    Reason::new(DecisionPath::Static, "fair share"),
+                )
+            })
             .collect::<BTreeMap<_, _>>();
         Decision::new(plan, reasons)
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cohabit_core::{DecisionRecord, WayRange};
+use cohabit_core::{DecisionPath, DecisionRecord, WayRange};
 use cohabit_lab::metrics;
 use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_models::Model;
@@ -88,7 +88,7 @@ fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
             for s in sc.specs().iter().filter(|s| s.is_latency_critical()) {
                 let why = &r.reasons[&s.name];
                 assert!(
-                    why.starts_with("model") || why.starts_with("fallback"),
+                    matches!(why.path, DecisionPath::Model | DecisionPath::Fallback),
                     "{name}: {why}"
                 );
             }
@@ -106,7 +106,7 @@ fn services_are_placed_from_the_model_at_the_first_measurement() {
     let placed: Vec<&String> = first
         .reasons
         .iter()
-        .filter(|(_, why)| why.starts_with("model: placed"))
+        .filter(|(_, why)| why.path == DecisionPath::Model && why.text.starts_with("placed"))
         .map(|(n, _)| n)
         .collect();
     assert!(placed.len() >= 2, "{:?}", first.reasons);
@@ -178,7 +178,7 @@ fn a_wrong_model_is_caught_and_the_fallback_restores_qos_within_bounded_interval
     let fallbacks = records
         .iter()
         .flat_map(|r| r.reasons.values())
-        .filter(|why| why.starts_with("fallback"))
+        .filter(|why| why.path == DecisionPath::Fallback)
         .count();
     assert!(fallbacks > 0, "the wrong model was never distrusted");
     // QoS holds for good within a bounded number of intervals after the start and after

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use cohabit_core::{DecisionRecord, Resource};
+use cohabit_core::{ApplyOutcome, DecisionPath, DecisionRecord, Resource};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One declared metric.
@@ -108,7 +108,7 @@ impl Exporter {
             if rec
                 .reasons
                 .get(&s.spec.name)
-                .is_some_and(|r| r.starts_with("fallback"))
+                .is_some_and(|r| r.path == DecisionPath::Fallback)
             {
                 self.add("cohabit_fallbacks_total", l, 1.0);
             }
@@ -126,10 +126,7 @@ impl Exporter {
             let l = labels(&[("group", &c.group), ("resource", &c.resource.to_string())]);
             self.add("cohabit_actuations_total", l, 1.0);
         }
-        if rec.reasons.contains_key("apply")
-            && rec.changes.is_empty()
-            && rec.reasons["apply"].starts_with("not applied")
-        {
+        if matches!(rec.apply, Some(ApplyOutcome::Refused { .. })) {
             self.error(ErrorKind::Apply);
         }
     }
@@ -259,7 +256,12 @@ mod tests {
                 from: "1".into(),
                 to: "2".into(),
             }],
-            reasons: [("kv".to_string(), "fallback: model unsure".to_string())].into(),
+            reasons: [(
+                "kv".to_string(),
+                cohabit_core::Reason::new(DecisionPath::Fallback, "model unsure"),
+            )]
+            .into(),
+            apply: None,
             decision_us: 10.0,
             predictions: [(
                 "kv".to_string(),

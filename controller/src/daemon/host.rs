@@ -233,6 +233,9 @@ impl RealHost {
             llc_way_bytes: llc_bytes(&cfg.paths.sys) / u64::from(ways),
             mem_bw_bytes_per_s: cfg.mem_bw_gbps.unwrap_or(100.0) * 1e9,
             gpus: gpu_caps,
+            closids: 16,
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
         };
         let mut services = Vec::new();
         for s in &cfg.services {
@@ -810,6 +813,7 @@ mod tests {
     use cohabit_collectors::resctrl::fake::FakeResctrl;
 
     use super::*;
+    use cohabit_core::ApplyOutcome;
     use cohabit_policy::control;
     use cohabit_policy::{HostContext, Policy, StaticPolicy};
 
@@ -884,8 +888,10 @@ mod tests {
         };
         let mut narrow = Narrow(StaticPolicy::new(ctx));
         let rec = control::step(&mut host, &mut narrow, false).unwrap();
-        let why = &rec.reasons["apply"];
-        assert!(why.contains("Need at least 3 bits"), "{why}");
+        let Some(ApplyOutcome::Refused { error }) = &rec.apply else {
+            panic!("the narrow plan was applied: {:?}", rec.apply);
+        };
+        assert!(error.contains("Need at least 3 bits"), "{error}");
         assert_eq!(rec.plan, plan, "the last good plan stays in force");
         assert!(
             std::fs::read_to_string(fake.root().join("cohabit-kv/schemata"))
@@ -894,7 +900,7 @@ mod tests {
         );
         // The loop goes on.
         let again = control::step(&mut host, &mut narrow, false).unwrap();
-        assert!(again.reasons["apply"].contains("not applied"));
+        assert!(matches!(again.apply, Some(ApplyOutcome::Refused { .. })));
         host.restore();
         assert!(!fake.root().join("cohabit-kv").exists());
     }

@@ -59,7 +59,7 @@ fn decision_table(run: &Run) -> String {
         .iter()
         .filter(|r| {
             !r.changes.is_empty()
-                || r.reasons.contains_key("apply")
+                || r.apply.is_some()
                 || targets
                     .iter()
                     .any(|(n, t)| data::judged_p99_ms(r, n).is_some_and(|p| p > *t))
@@ -96,10 +96,17 @@ fn decision_table(run: &Run) -> String {
         let mut why: Vec<String> = r
             .reasons
             .iter()
-            .filter(|(_, v)| !v.contains("hold"))
+            .filter(|(_, v)| !v.text.starts_with("hold"))
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
         why.dedup();
+        match &r.apply {
+            Some(cohabit_core::ApplyOutcome::Refused { error }) => {
+                why.push(format!("not applied: {error}"));
+            }
+            Some(cohabit_core::ApplyOutcome::DryRun) => why.push("dry run".into()),
+            None => {}
+        }
         let _ = writeln!(
             s,
             "<td>{}</td><td>{}</td><td>{:.1}</td></tr>",

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 use anyhow::{anyhow, Result};
-use cohabit_core::{Resource, BEST_EFFORT_GROUP};
+use cohabit_core::{DecisionPath, Resource, BEST_EFFORT_GROUP};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::rundir::{judged_p99_ms, targets, ReasonKind, Run};
+use crate::rundir::{judged_p99_ms, targets, Run};
 
 /// Image format of the plots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +234,17 @@ fn resources_in(run: &Run) -> Vec<Resource> {
     out
 }
 
+/// Legend label of the actuation markers of one decision path.
+fn path_label(p: DecisionPath) -> &'static str {
+    match p {
+        DecisionPath::Model => "model",
+        DecisionPath::Fallback => "fallback",
+        DecisionPath::Feedback => "feedback step",
+        DecisionPath::Oracle => "oracle",
+        DecisionPath::Static => "fixed share",
+    }
+}
+
 fn axis_name(r: Resource) -> &'static str {
     match r {
         Resource::Cores => "cores",
@@ -300,30 +311,30 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
                 });
         }
-        let mut marks: BTreeMap<ReasonKind, Vec<(f64, f64)>> = BTreeMap::new();
+        let mut marks: BTreeMap<DecisionPath, Vec<(f64, f64)>> = BTreeMap::new();
         for r in &run.records {
             for c in r.changes.iter().filter(|c| c.resource == *res) {
                 let Some(a) = r.plan.get(&c.group) else {
                     continue;
                 };
                 // The pool changes because a service moved: take that service's reason.
-                let why = r
+                let path = r
                     .reasons
                     .get(&c.group)
                     .or_else(|| r.changes.iter().find_map(|o| r.reasons.get(&o.group)))
-                    .map_or("", String::as_str);
+                    .map_or(DecisionPath::Static, |why| why.path);
                 marks
-                    .entry(ReasonKind::of(why))
+                    .entry(path)
                     .or_default()
                     .push((t_s(r), f64::from(a.amount(*res))));
             }
         }
         let shapes = [
-            (ReasonKind::Model, color(2)),
-            (ReasonKind::Fallback, color(3)),
-            (ReasonKind::Feedback, color(4)),
-            (ReasonKind::Oracle, color(5)),
-            (ReasonKind::Other, color(7)),
+            (DecisionPath::Model, color(2)),
+            (DecisionPath::Fallback, color(3)),
+            (DecisionPath::Feedback, color(4)),
+            (DecisionPath::Oracle, color(5)),
+            (DecisionPath::Static, color(7)),
         ];
         for (kind, c) in shapes {
             let Some(pts) = marks.get(&kind) else {
@@ -332,7 +343,7 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
             chart
                 .draw_series(pts.iter().map(|&p| TriangleMarker::new(p, 5, c.filled())))
                 .map_err(e)?
-                .label(format!("actuation: {}", kind.label()))
+                .label(format!("actuation: {}", path_label(kind)))
                 .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 5, c.filled()));
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight)?;

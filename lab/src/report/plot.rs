@@ -100,6 +100,22 @@ where
         .map_err(e)
 }
 
+/// Tick label of a value axis: at most three significant digits, without the float noise
+/// of computed tick positions (`0.30000000000000004` prints as `0.3`).
+fn tick_label(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0..=9 after clamp
+    let decimals = (2.0 - v.abs().log10().floor()).clamp(0.0, 9.0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 fn t_s(r: &cohabit_core::DecisionRecord) -> f64 {
     r.observation.t_ms as f64 / 1000.0
 }
@@ -158,6 +174,7 @@ fn qos<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> DrawResu
             .configure_mesh()
             .x_desc("time (s)")
             .y_desc("p99 / target (log)")
+            .y_label_formatter(&|v| tick_label(*v))
             .label_style((FONT, 14))
             .axis_desc_style((FONT, 15))
             .draw()
@@ -462,6 +479,7 @@ fn cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[Run]) -> DrawR
     chart
         .configure_mesh()
         .x_desc("p99 / target (log; right of 1 is a violation)")
+        .x_label_formatter(&|v| tick_label(*v))
         .y_desc("fraction of service-intervals")
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
@@ -522,4 +540,104 @@ pub fn plot_comparison(runs: &[Run], out: &Path, fmt: PlotFormat) -> Result<Vec<
     let c = out.join(format!("cdf.{}", fmt.ext()));
     render!(&c, fmt, (WIDTH, 600), cdf, runs);
     Ok(vec![m, c])
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_core::{
+        Allocation, DecisionRecord, Observation, Plan, Sample, ServiceClass, ServiceObservation,
+        ServiceSpec, WayRange, DECISION_SCHEMA_VERSION,
+    };
+
+    use super::*;
+
+    /// A run of one service whose p99 / target stays between 0.1 and 0.9: one decade.
+    fn one_decade_run() -> Run {
+        let a = Allocation {
+            cores: 2,
+            llc_ways: WayRange::new(0, 2),
+            mba_pct: 100,
+            gpu_mps_pct: None,
+        };
+        let plan = Plan {
+            services: [("kv".to_string(), a)].into(),
+            best_effort: a,
+        };
+        let records = (0..40u32)
+            .map(|k| DecisionRecord {
+                schema_version: DECISION_SCHEMA_VERSION,
+                policy: "static".into(),
+                simulated: false,
+                observation: Observation {
+                    t_ms: u64::from(k) * 1000,
+                    services: vec![ServiceObservation {
+                        spec: ServiceSpec {
+                            name: "kv".into(),
+                            class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
+                            gpu: None,
+                        },
+                        sample: Sample {
+                            p99_ms: Some(0.1 + 0.8 * f64::from(k % 10) / 9.0),
+                            ..Sample::default()
+                        },
+                        gpu_mps_effective_pct: None,
+                    }],
+                    current: plan.clone(),
+                },
+                plan: plan.clone(),
+                changes: vec![],
+                reasons: Default::default(),
+                apply: None,
+                decision_us: 1.0,
+                predictions: Default::default(),
+                truth: None,
+            })
+            .collect();
+        Run {
+            scenario: "t".into(),
+            policy: "static".into(),
+            records,
+            summary: None,
+        }
+    }
+
+    /// Every `<text>` element's content in an SVG document.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| {
+                let body = &t[t.find('>')? + 1..];
+                Some(body[..body.find("</text>")?].trim().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tick_labels_have_at_most_three_significant_digits() {
+        assert_eq!(tick_label(0.300_000_000_000_000_04), "0.3");
+        assert_eq!(tick_label(1.5), "1.5");
+        assert_eq!(tick_label(20.0), "20");
+        assert_eq!(tick_label(0.001), "0.001");
+        assert_eq!(tick_label(0.123_456), "0.123");
+        assert_eq!(tick_label(0.0), "0");
+    }
+
+    #[test]
+    fn a_one_decade_qos_panel_prints_short_tick_labels() {
+        register_font();
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (WIDTH, 300)).into_drawing_area();
+            root.fill(&WHITE).unwrap();
+            qos(&root, &one_decade_run()).unwrap();
+            root.present().unwrap();
+        }
+        let labels = texts(&svg);
+        let numbers: Vec<&String> = labels.iter().filter(|t| t.parse::<f64>().is_ok()).collect();
+        assert!(numbers.len() >= 4, "no tick labels found in {labels:?}");
+        for n in numbers {
+            assert!(n.len() <= 5, "long tick label {n:?} in {labels:?}");
+        }
+        assert!(labels.iter().any(|t| t == "0.3"), "{labels:?}");
+    }
 }

@@ -82,6 +82,10 @@ pub struct ModelMetadata {
     /// Digest of the training data (e.g. `sha256:…`).
     #[serde(default)]
     pub training_data_digest: String,
+    /// `sha256:<hex>` of the weights file, checked on load where present, so metadata is
+    /// never paired with weights of another training run of the same shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_digest: Option<String>,
     /// Evaluation metrics recorded at training time.
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
@@ -98,6 +102,76 @@ pub struct ModelMetadata {
 
 fn one() -> f32 {
     1.0
+}
+
+/// Most ensemble members an artifact may declare.
+pub const MAX_MEMBERS: usize = 64;
+/// Widest hidden layer an artifact may declare.
+pub const MAX_WIDTH: usize = 4096;
+/// Most hidden layers an artifact may declare.
+pub const MAX_LAYERS: usize = 8;
+/// Largest metadata file read.
+pub const MAX_METADATA_BYTES: u64 = 16 << 20;
+/// Largest weights file read.
+pub const MAX_WEIGHTS_BYTES: u64 = 512 << 20;
+
+/// `sha256:<hex>` of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(bytes);
+    let mut s = String::with_capacity(7 + 64);
+    s.push_str("sha256:");
+    for b in hash {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Reads a regular file of at most `limit` bytes (a root daemon must not be pointed at
+/// `/dev/zero` or a FIFO).
+fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, ModelError> {
+    use std::io::Read as _;
+    let io = |e| ModelError::Io {
+        what: "reading",
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(ModelError::Io {
+            what: "reading",
+            path: path.to_path_buf(),
+            source: std::io::Error::other("not a regular file"),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(ModelError::Io {
+            what: "reading",
+            path: path.to_path_buf(),
+            source: std::io::Error::other(format!("larger than {limit} bytes")),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename,
+/// so a reader sees the old file or the new one, never a part.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+    use std::io::Write as _;
+    let io = |e| ModelError::Io {
+        what: "writing",
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    tmp.write_all(bytes).map_err(io)?;
+    tmp.as_file().sync_all().map_err(io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
 }
 
 /// A loaded model: metadata and the ensemble.
@@ -126,22 +200,21 @@ fn f32s(view: &TensorView<'_>) -> Vec<f32> {
 
 impl Model {
     /// Loads `NAME.json` and the weights it names.
+    ///
+    /// Both files must be regular files of bounded size; the weights file must sit beside
+    /// the metadata (a bare file name), and match `weights_digest` where the metadata has one.
     pub fn load(meta_path: &Path) -> Result<Model, ModelError> {
-        let text = std::fs::read_to_string(meta_path).map_err(|e| ModelError::Io {
-            what: "reading",
+        let bytes = read_bounded(meta_path, MAX_METADATA_BYTES)?;
+        let text = String::from_utf8(bytes).map_err(|_| ModelError::Metadata {
             path: meta_path.to_path_buf(),
-            source: e,
+            message: "not UTF-8 text".into(),
         })?;
         let meta = Self::parse_metadata(&text, meta_path)?;
         let weights_path = meta_path
             .parent()
             .unwrap_or(Path::new("."))
             .join(&meta.weights);
-        let bytes = std::fs::read(&weights_path).map_err(|e| ModelError::Io {
-            what: "reading",
-            path: weights_path.clone(),
-            source: e,
-        })?;
+        let bytes = read_bounded(&weights_path, MAX_WEIGHTS_BYTES)?;
         Self::from_parts(meta, &bytes, &weights_path)
     }
 
@@ -213,8 +286,26 @@ impl Model {
                 meta.change_sigma_scale
             )));
         }
-        if meta.members == 0 {
-            return Err(meta_err("an ensemble needs at least one member".into()));
+        if meta.members == 0 || meta.members > MAX_MEMBERS {
+            return Err(meta_err(format!(
+                "members must be between 1 and {MAX_MEMBERS}, got {}",
+                meta.members
+            )));
+        }
+        if meta.hidden.len() > MAX_LAYERS || meta.hidden.iter().any(|w| *w == 0 || *w > MAX_WIDTH) {
+            return Err(meta_err(format!(
+                "hidden must be at most {MAX_LAYERS} layers of 1 to {MAX_WIDTH} units, got {:?}",
+                meta.hidden
+            )));
+        }
+        let bare = Path::new(&meta.weights)
+            .file_name()
+            .is_some_and(|n| n == std::ffi::OsStr::new(&meta.weights));
+        if !bare || meta.weights.starts_with('.') {
+            return Err(meta_err(format!(
+                "weights must be a file name beside the metadata, got {:?}",
+                meta.weights
+            )));
         }
         Ok(meta)
     }
@@ -228,6 +319,14 @@ impl Model {
             path: weights_path.to_path_buf(),
             message,
         };
+        if let Some(want) = &meta.weights_digest {
+            let got = digest(bytes);
+            if &got != want {
+                return Err(w_err(format!(
+                    "digest {got} differs from the metadata's {want} (weights of another training run?)"
+                )));
+            }
+        }
         let st = SafeTensors::deserialize(bytes)
             .map_err(|e| w_err(format!("not a safetensors file: {e}")))?;
         let widths: Vec<usize> = std::iter::once(N_FEATURES)
@@ -277,7 +376,9 @@ impl Model {
         Ok(Model { meta, ensemble })
     }
 
-    /// Writes `NAME.json` and `NAME.safetensors` into `dir`.
+    /// Writes `NAME.json` and `NAME.safetensors` into `dir`, each replaced atomically,
+    /// weights first and metadata (with the weights' digest) last, so a reader that loads
+    /// during a retrain gets the old model or the new one, never a mix.
     pub fn save(&self, dir: &Path, name: &str) -> Result<PathBuf, ModelError> {
         let weights_file = format!("{name}.safetensors");
         let weights_path = dir.join(&weights_file);
@@ -305,23 +406,16 @@ impl Model {
             path: weights_path.clone(),
             message: e.to_string(),
         })?;
-        std::fs::write(&weights_path, bytes).map_err(|e| ModelError::Io {
-            what: "writing",
-            path: weights_path.clone(),
-            source: e,
-        })?;
+        write_atomic(&weights_path, &bytes)?;
         let mut meta = self.meta.clone();
         meta.weights = weights_file;
+        meta.weights_digest = Some(digest(&bytes));
         let meta_path = dir.join(format!("{name}.json"));
         let text = serde_json::to_string_pretty(&meta).map_err(|e| ModelError::Metadata {
             path: meta_path.clone(),
             message: e.to_string(),
         })?;
-        std::fs::write(&meta_path, text + "\n").map_err(|e| ModelError::Io {
-            what: "writing",
-            path: meta_path.clone(),
-            source: e,
-        })?;
+        write_atomic(&meta_path, (text + "\n").as_bytes())?;
         Ok(meta_path)
     }
 
@@ -411,6 +505,7 @@ impl Model {
                 members,
                 hidden: hidden.to_vec(),
                 training_data_digest: String::new(),
+                weights_digest: None,
                 metrics: BTreeMap::new(),
                 sigma_scale: 1.0,
                 change_sigma_scale: None,

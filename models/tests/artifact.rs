@@ -169,3 +169,58 @@ fn scoring_shared_rows_equals_scoring_them_in_full() {
     let (d, s) = m.score_change(x.row(0), x.slice(ndarray::s![0..1, ..]));
     assert!(d[0].abs() < 1e-5 && s[0].abs() < 1e-3, "{} {}", d[0], s[0]);
 }
+
+#[test]
+fn an_absurd_ensemble_size_is_refused_before_anything_is_allocated() {
+    let (_d, path) = saved();
+    edit_meta(&path, |v| {
+        v["members"] = serde_json::json!(1_000_000_000_000_000u64)
+    });
+    assert!(load_err(&path).contains("members must be between 1 and 64"));
+    let (_d, path) = saved();
+    edit_meta(&path, |v| v["hidden"] = serde_json::json!([1_000_000]));
+    assert!(load_err(&path).contains("hidden must be"));
+}
+
+#[test]
+fn weights_outside_the_artifact_directory_or_not_regular_files_are_refused() {
+    for bad in [
+        "/dev/zero",
+        "../m.safetensors",
+        "sub/m.safetensors",
+        ".hidden",
+    ] {
+        let (_d, path) = saved();
+        edit_meta(&path, |v| v["weights"] = serde_json::json!(bad));
+        let e = load_err(&path);
+        assert!(e.contains("weights must be a file name"), "{bad}: {e}");
+    }
+    // A name that is a directory (or a FIFO, a device) is not read.
+    let (d, path) = saved();
+    std::fs::create_dir(d.path().join("dir.safetensors")).unwrap();
+    edit_meta(&path, |v| {
+        v["weights"] = serde_json::json!("dir.safetensors")
+    });
+    assert!(load_err(&path).contains("not a regular file"));
+}
+
+#[test]
+fn weights_of_another_training_run_are_refused_by_their_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Model::synthetic(2, &[8], 3).save(dir.path(), "m").unwrap();
+    let meta = std::fs::read_to_string(&path).unwrap();
+    assert!(meta.contains("\"weights_digest\": \"sha256:"), "{meta}");
+    // Same shapes, other values: a retrain wrote new weights beside the old metadata.
+    Model::synthetic(2, &[8], 4).save(dir.path(), "m").unwrap();
+    std::fs::write(&path, meta).unwrap();
+    assert!(load_err(&path).contains("differs from the metadata"));
+}
+
+#[test]
+fn a_non_finite_weight_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Model::synthetic(1, &[4], 3);
+    m.ensemble.members[0].layers[0].weight[[0, 0]] = f32::NAN;
+    let path = m.save(dir.path(), "m").unwrap();
+    assert!(load_err(&path).contains("non-finite"));
+}

@@ -254,6 +254,7 @@ pub fn fit(
             members: cfg.members,
             hidden: cfg.hidden.clone(),
             training_data_digest: String::new(),
+            weights_digest: None,
             metrics: BTreeMap::new(),
             sigma_scale: 1.0,
             change_sigma_scale: None,

@@ -78,8 +78,54 @@ impl Plan {
         out
     }
 
+    /// The resctrl groups the plan needs, each with its members (services, then the pool,
+    /// in [`Self::groups`] order), ordered by way range and MBA.
+    ///
+    /// Rule (the daemon's, `controller/src/daemon/host.rs`): every group of the plan, the
+    /// best-effort pool included, is placed in a resctrl group of its own unless another
+    /// has the same LLC way range and MBA percentage; groups with equal (way range, MBA)
+    /// share one group, and so one CLOSID. Cores and GPU shares do not matter (they are
+    /// not resctrl resources). The pool never uses the default (root) group: the root keeps
+    /// every task cohabit does not manage, so a plan may use `host.groups_available()`
+    /// groups, `closids - 1`.
+    pub fn resctrl_classes(&self) -> Vec<Vec<&str>> {
+        let mut by_class: BTreeMap<(u32, u32, u8), Vec<&str>> = BTreeMap::new();
+        for (group, a) in self.groups() {
+            by_class
+                .entry((a.llc_ways.first, a.llc_ways.count, a.mba_pct))
+                .or_default()
+                .push(group);
+        }
+        by_class.into_values().collect()
+    }
+
+    /// How many resctrl groups (CLOSIDs besides the default one) the plan needs; see
+    /// [`Self::resctrl_classes`] for the rule.
+    pub fn resctrl_groups(&self) -> usize {
+        self.resctrl_classes().len()
+    }
+
+    /// Checks that the plan needs no more resctrl groups than the host's CLOSIDs allow
+    /// (`closids - 1`; the kernel refuses the next group with `ENOSPC`).
+    pub fn validate_closids(&self, host: &HostCapacity) -> Result<(), CoreError> {
+        let needed = self.resctrl_groups();
+        let available = host.groups_available();
+        if needed > available as usize {
+            return Err(CoreError::invalid(
+                "plan.resctrl_groups",
+                format!(
+                    "needs {needed} resctrl groups (one per distinct way range and MBA) but \
+                     the host has {} CLOSIDs: {available} besides the default group",
+                    host.closids
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks that the plan fits the host: every allocation valid, one allocation per
-    /// latency-critical service, cores not oversubscribed, GPU shares on real GPUs.
+    /// latency-critical service, cores not oversubscribed, GPU shares on real GPUs, no more
+    /// resctrl groups than the host's CLOSIDs allow.
     pub fn validate(&self, host: &HostCapacity, specs: &[ServiceSpec]) -> Result<(), CoreError> {
         for spec in specs.iter().filter(|s| s.is_latency_critical()) {
             let alloc = self.services.get(&spec.name).ok_or_else(|| {
@@ -121,7 +167,7 @@ impl Plan {
                 format!("{used} cores allocated but the host has {}", host.cores),
             ));
         }
-        Ok(())
+        self.validate_closids(host)
     }
 
     /// Cores left for best effort when the latency-critical services have theirs.
@@ -205,6 +251,63 @@ mod tests {
         let mut ok = p;
         ok.best_effort.cores = 0;
         ok.validate(&host(), &specs).unwrap();
+    }
+
+    #[test]
+    fn equal_way_ranges_and_mba_share_a_resctrl_group_and_the_pool_counts() {
+        let mut p = Plan {
+            services: [
+                ("a".to_string(), alloc(1, 0, 2)),
+                ("b".to_string(), alloc(1, 2, 2)),
+                ("c".to_string(), alloc(1, 4, 4)),
+            ]
+            .into(),
+            best_effort: alloc(1, 4, 4),
+        };
+        assert_eq!(
+            p.resctrl_classes(),
+            vec![vec!["a"], vec!["b"], vec!["c", BEST_EFFORT_GROUP]]
+        );
+        assert_eq!(p.resctrl_groups(), 3);
+        // Same ways, other MBA: a group of its own. Cores and GPU shares do not matter.
+        p.services.get_mut("c").unwrap().mba_pct = 50;
+        assert_eq!(p.resctrl_groups(), 4);
+        p.services.get_mut("c").unwrap().mba_pct = 100;
+        p.services.get_mut("c").unwrap().cores = 3;
+        assert_eq!(p.resctrl_groups(), 3);
+        // Overlapping but unequal ranges are distinct groups.
+        p.services.get_mut("b").unwrap().llc_ways = WayRange::new(0, 3);
+        assert_eq!(p.resctrl_groups(), 3);
+        p.services.get_mut("b").unwrap().llc_ways = WayRange::new(0, 2);
+        assert_eq!(p.resctrl_groups(), 2);
+    }
+
+    #[test]
+    fn validate_rejects_more_groups_than_the_closids_allow_and_names_the_budget() {
+        let specs = [lc("a"), lc("b"), lc("c")];
+        let p = Plan {
+            services: [
+                ("a".to_string(), alloc(1, 0, 2)),
+                ("b".to_string(), alloc(1, 2, 2)),
+                ("c".to_string(), alloc(1, 4, 2)),
+            ]
+            .into(),
+            best_effort: alloc(1, 6, 2),
+        };
+        let mut h = host();
+        h.closids = 5;
+        p.validate(&h, &specs).unwrap();
+        h.closids = 4;
+        let e = p.validate(&h, &specs).unwrap_err().to_string();
+        assert!(
+            e.contains("plan.resctrl_groups") && e.contains("needs 4") && e.contains("4 CLOSIDs"),
+            "{e}"
+        );
+        assert!(e.contains("3 besides the default"), "{e}");
+        // Sharing the pool's ways and MBA brings it back within the budget.
+        let mut shared = p;
+        shared.services.get_mut("c").unwrap().llc_ways = WayRange::new(6, 2);
+        shared.validate(&h, &specs).unwrap();
     }
 
     #[test]

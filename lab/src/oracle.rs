@@ -12,11 +12,19 @@
 //! and a full evaluation verifies the result. If verification fails (the frozen latency was
 //! optimistic) the search repeats with the new latency and a tighter margin.
 //!
+//! CLOSID budget: only the first `HostContext::isolated_services` services (configuration
+//! order) get a way range of their own, the same rule as `policy::layout`; the others share
+//! the pool's ways and resctrl group. The search gives them no ways and sizes their cores
+//! for the LLC they were measured to hold in the pool (first under the reference plan, then
+//! under each rejected candidate, never more than before), so every plan stays within the
+//! host's CLOSIDs. Within a binding budget the search is a heuristic, not a bound (issue 14).
+//!
 //! GPU shares are chosen once, for the peak load of the whole run, because a share change
 //! restarts the client: the oracle never pays a restart. Its best-effort GPU throughput is
 //! therefore not an upper bound for policies that do pay restarts.
 //!
-//! Properties: meets every target whenever some isolated allocation does; the search costs
+//! Properties: meets every target whenever some isolated allocation does (when the CLOSIDs
+//! allow every service its own range); every plan fits the CLOSIDs; the search costs
 //! O(n·W·log C) closed-form evaluations plus a few full ones, and is skipped (one full
 //! evaluation instead) while the loads stay within 2 % of those of the last search and its
 //! plan still meets every target.
@@ -193,48 +201,56 @@ impl OraclePolicy {
         let (eval, _) = self.truth.evaluate(&quiet, loads, &gpu_eff, &zeros);
         let mut latency = eval.mem_latency_ns;
         let mut interference: Vec<f64> = eval.outcomes.iter().map(|o| o.gpu_interference).collect();
+        // Services beyond the CLOSID budget share the pool's ways: the LLC each holds there.
+        let isolated = self.ctx.isolated_services();
+        let mut pool_cache: Vec<f64> = if lc.len() > isolated {
+            let (eval, _) = self.truth.evaluate(reference, loads, &gpu_eff, &zeros);
+            lc.iter().map(|&i| eval.outcomes[i].llc_bytes).collect()
+        } else {
+            vec![]
+        };
         let mut margin = 0.97;
         let mut best: Option<(usize, Found)> = None;
         for round in 0..6 {
             let tenants = self.truth.tenants(reference, loads, &gpu_eff, &zeros);
-            // need[k][w-1]: fewest cores for LC service k with w isolated ways.
-            let need: Vec<Vec<Option<u32>>> = lc
+            // need[k]: (ways, fewest cores) options of LC service k: for each count of
+            // isolated ways, or no ways of its own when it shares the pool's.
+            let need: Vec<Vec<(u32, Option<u32>)>> = lc
                 .iter()
-                .map(|&i| {
+                .enumerate()
+                .map(|(k, &i)| {
                     let target =
                         sc.services[i].spec.p99_target_ms().unwrap_or(f64::INFINITY) * margin;
-                    let meets = |cores: u32, w: u32| {
+                    let meets = |cores: u32, w: u32, cache: f64| {
                         let t = Tenant {
                             cores: f64::from(cores),
-                            ways: WayRange::new(0, w),
+                            ways: WayRange::new(0, w.max(1)),
                             mba_pct: 100.0,
                             ..tenants[i].clone()
                         };
-                        let o = world::isolated(
-                            host,
-                            &t,
-                            f64::from(w) * way_bytes,
-                            latency,
-                            interference[i],
-                        );
+                        let o = world::isolated(host, &t, cache, latency, interference[i]);
                         o.p99_ms.is_some_and(|p| p <= target)
                     };
+                    let fewest = |w: u32, cache: f64| {
+                        if !meets(c_total, w, cache) {
+                            return None;
+                        }
+                        let (mut lo, mut hi) = (1, c_total);
+                        while lo < hi {
+                            let mid = (lo + hi) / 2;
+                            if meets(mid, w, cache) {
+                                hi = mid;
+                            } else {
+                                lo = mid + 1;
+                            }
+                        }
+                        Some(lo)
+                    };
+                    if k >= isolated {
+                        return vec![(0, fewest(0, pool_cache[k]))];
+                    }
                     (1..=w_lc_max)
-                        .map(|w| {
-                            if !meets(c_total, w) {
-                                return None;
-                            }
-                            let (mut lo, mut hi) = (1, c_total);
-                            while lo < hi {
-                                let mid = (lo + hi) / 2;
-                                if meets(mid, w) {
-                                    hi = mid;
-                                } else {
-                                    lo = mid + 1;
-                                }
-                            }
-                            Some(lo)
-                        })
+                        .map(|w| (w, fewest(w, f64::from(w) * way_bytes)))
                         .collect()
                 })
                 .collect();
@@ -257,24 +273,26 @@ impl OraclePolicy {
                         .sum()
                 })
                 .collect();
-            // dp[u] = (fewest cores, way counts) with u ways for the services so far.
+            // dp[u] = (fewest cores, (ways, cores) per service so far) with u isolated ways.
             let w_cap = w_lc_max as usize;
-            let mut dp: Vec<Option<(u32, Vec<u32>)>> = vec![None; w_cap + 1];
+            let mut dp: Vec<Packing> = vec![None; w_cap + 1];
             dp[0] = Some((0, vec![]));
             for needs in &need {
-                let mut next: Vec<Option<(u32, Vec<u32>)>> = vec![None; w_cap + 1];
+                let mut next: Vec<Packing> = vec![None; w_cap + 1];
                 for (u, entry) in dp.iter().enumerate() {
-                    let Some((cores, ways)) = entry else { continue };
-                    for (wi, c) in needs.iter().enumerate() {
+                    let Some((cores, chosen)) = entry else {
+                        continue;
+                    };
+                    for &(w, c) in needs {
                         let Some(c) = c else { continue };
-                        let u2 = u + wi + 1;
+                        let u2 = u + w as usize;
                         if u2 > w_cap || cores + c > c_total {
                             continue;
                         }
                         if next[u2].as_ref().is_none_or(|(bc, _)| cores + c < *bc) {
-                            let mut w2 = ways.clone();
-                            w2.push(u32::try_from(wi + 1).unwrap_or(1));
-                            next[u2] = Some((cores + c, w2));
+                            let mut c2 = chosen.clone();
+                            c2.push((w, c));
+                            next[u2] = Some((cores + c, c2));
                         }
                     }
                 }
@@ -285,7 +303,7 @@ impl OraclePolicy {
                 f64::from(c_total - cores) * be_per_core[pool_ways]
                     + if has_be_cpu { 0.0 } else { u as f64 * 1e-6 }
             };
-            let Some((u, (cores, ways))) = dp
+            let Some((u, (cores, chosen))) = dp
                 .iter()
                 .enumerate()
                 .filter_map(|(u, e)| e.as_ref().map(|e| (u, e)))
@@ -295,16 +313,14 @@ impl OraclePolicy {
             };
             let shares: BTreeMap<String, Share> = lc
                 .iter()
-                .zip(ways)
-                .enumerate()
-                .map(|(k, (&i, w))| {
+                .zip(chosen)
+                .map(|(&i, &(w, c))| {
                     let s = &sc.services[i];
-                    let c = need[k][(*w - 1) as usize].unwrap_or(1);
                     (
                         s.spec.name.clone(),
                         Share {
                             cores: c,
-                            ways: *w,
+                            ways: w,
                             mba_pct: MBA_MAX_PCT,
                             gpu_pct: s.spec.gpu.map(|_| 100),
                         },
@@ -330,6 +346,9 @@ impl OraclePolicy {
             }
             if misses == 0 {
                 break;
+            }
+            for (cache, &i) in pool_cache.iter_mut().zip(&lc) {
+                *cache = cache.min(check.outcomes[i].llc_bytes);
             }
             latency = latency.max(check.mem_latency_ns) * 1.02;
             interference = interference
@@ -381,6 +400,10 @@ impl OraclePolicy {
     }
 }
 
+/// An entry of the search's dynamic programme: the fewest cores, and the (ways, cores) of
+/// each service so far; `None` when no packing reaches it.
+type Packing = Option<(u32, Vec<(u32, u32)>)>;
+
 /// Relative load drift under which a verified plan is kept without a new search.
 const REUSE_TOLERANCE: f64 = 0.02;
 
@@ -430,7 +453,7 @@ mod tests {
 
     #[test]
     fn its_plan_meets_every_target_and_beats_static_on_best_effort() {
-        for name in ["demo", "parties-mix", "load-spike"] {
+        for name in ["demo", "parties-mix", "load-spike", "few-closids"] {
             let (mut o, sc) = oracle(name);
             let plan = o.initial().plan;
             plan.validate(sc.capacity(), &sc.specs()).unwrap();

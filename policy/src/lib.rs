@@ -77,6 +77,21 @@ impl HostContext {
         self.specs.iter().filter(|s| s.is_latency_critical())
     }
 
+    /// How many latency-critical services may have a resctrl group (a way range and MBA)
+    /// of their own: every group the host's CLOSIDs allow, less the best-effort pool's.
+    pub fn isolated_services(&self) -> usize {
+        usize::try_from(self.host.groups_available().saturating_sub(1)).unwrap_or(usize::MAX)
+    }
+
+    /// True if the latency-critical service `name` is beyond the CLOSID budget (after the
+    /// first [`Self::isolated_services`] in configuration order) and so shares the pool's
+    /// way range and MBA, and its resctrl group.
+    pub fn shares_pool_group(&self, name: &str) -> bool {
+        self.latency_critical()
+            .position(|s| s.name == name)
+            .is_some_and(|i| i >= self.isolated_services())
+    }
+
     /// True if some best-effort job runs on the CPU (and so needs at least one LLC way).
     pub fn has_cpu_best_effort(&self) -> bool {
         self.specs
@@ -97,7 +112,8 @@ impl HostContext {
 pub struct Share {
     /// Cores.
     pub cores: u32,
-    /// Number of LLC ways (laid out as a contiguous range of its own).
+    /// Number of LLC ways (laid out as a contiguous range of its own; ignored for a service
+    /// beyond the CLOSID budget, which takes the pool's range, see [`layout`]).
     pub ways: u32,
     /// MBA percent.
     pub mba_pct: u8,
@@ -113,21 +129,36 @@ pub struct Share {
 /// to a latency-critical service. Its GPU share is what the latency-critical services on the
 /// busiest GPU leave (at least 1 %). Shares that do not fit are the caller's bug: the plan
 /// would fail validation.
+///
+/// CLOSID budget: only the first [`HostContext::isolated_services`] services get a way
+/// range of their own; the ones after them (the last in configuration order) take the
+/// pool's way range and MBA, and so share its resctrl group, whatever their `ways` and
+/// `mba_pct` say (their cores and GPU shares are theirs). The plan then needs at most
+/// `host.groups_available()` groups. When the budget does not bind, nothing changes.
 pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u8) -> Plan {
     let mut services = BTreeMap::new();
+    let mut in_pool = Vec::new();
     let mut next_way = 0;
     let mut cores = 0;
     let mut gpu_used = vec![0u32; ctx.host.gpus.len().max(1)];
-    for spec in ctx.latency_critical() {
+    let isolated = ctx.isolated_services();
+    for (i, spec) in ctx.latency_critical().enumerate() {
         let Some(s) = shares.get(&spec.name) else {
             continue;
         };
-        let ways = s
-            .ways
-            .max(1)
-            .min(ctx.host.llc_ways.saturating_sub(next_way).max(1));
-        let first = next_way.min(ctx.host.llc_ways - ways);
-        next_way = first + ways;
+        let (first, ways) = if i < isolated {
+            let ways = s
+                .ways
+                .max(1)
+                .min(ctx.host.llc_ways.saturating_sub(next_way).max(1));
+            let first = next_way.min(ctx.host.llc_ways - ways);
+            next_way = first + ways;
+            (first, ways)
+        } else {
+            // Set to the pool's range below.
+            in_pool.push(spec.name.clone());
+            (0, 1)
+        };
         cores += s.cores;
         if let (Some(g), Some(p)) = (spec.gpu, s.gpu_pct) {
             if let Some(u) = gpu_used.get_mut(g as usize) {
@@ -154,6 +185,12 @@ pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u
     let be_gpu = ctx
         .has_gpu_best_effort()
         .then(|| u8::try_from(100u32.saturating_sub(busiest).max(1)).unwrap_or(100));
+    for name in in_pool {
+        if let Some(a) = services.get_mut(&name) {
+            a.llc_ways = be_ways;
+            a.mba_pct = be_mba_pct;
+        }
+    }
     Plan {
         services,
         best_effort: Allocation {
@@ -185,6 +222,8 @@ pub fn shares_of(plan: &Plan) -> BTreeMap<String, Share> {
 
 /// Equal shares for every group: each latency-critical service and, if there are
 /// best-effort jobs, the pool. Remainders go to the latency-critical services in order.
+/// The ways of services beyond the CLOSID budget go to the pool's range, which they share
+/// (see [`layout`]).
 pub fn fair_shares(ctx: &HostContext) -> BTreeMap<String, Share> {
     let lc: Vec<&ServiceSpec> = ctx.latency_critical().collect();
     let n_lc = u32::try_from(lc.len()).unwrap_or(u32::MAX).max(1);
@@ -332,6 +371,89 @@ pub(crate) mod tests {
         assert_eq!(plan.best_effort.llc_ways, WayRange::new(19, 1));
         assert_eq!(plan.best_effort.cores, 16);
         assert_eq!(shares_of(&plan), shares);
+    }
+
+    /// `ctx` on a host with `closids` CLOSIDs.
+    fn ctx_with_closids(n_lc: usize, closids: u32) -> HostContext {
+        let mut c = ctx(n_lc, true, false, 0);
+        c.host.closids = closids;
+        c
+    }
+
+    #[test]
+    fn beyond_the_closid_budget_the_last_services_share_the_pool_group() {
+        // 4 CLOSIDs: the root, the pool, and two services of their own.
+        let c = ctx_with_closids(5, 4);
+        assert_eq!(c.isolated_services(), 2);
+        assert!(!c.shares_pool_group("lc1") && c.shares_pool_group("lc2"));
+        let plan = layout(&c, &fair_shares(&c), 100);
+        plan.validate(&c.host, &c.specs).unwrap();
+        assert_eq!(plan.resctrl_groups(), 3);
+        let pool = plan.best_effort;
+        // Fair shares: 17 ways for the services (4, 4, 3, 3, 3), 3 for the pool.
+        assert_eq!(plan.services["lc0"].llc_ways, WayRange::new(0, 4));
+        assert_eq!(plan.services["lc1"].llc_ways, WayRange::new(4, 4));
+        // The ways fair shares gave the last three are the pool's now, and theirs too.
+        assert_eq!(pool.llc_ways, WayRange::new(8, 12));
+        for name in ["lc2", "lc3", "lc4"] {
+            let a = plan.services[name];
+            assert_eq!(
+                (a.llc_ways, a.mba_pct),
+                (pool.llc_ways, pool.mba_pct),
+                "{name}"
+            );
+            assert!(a.cores >= 1, "{name} keeps its cores");
+        }
+        assert_eq!(plan.lc_cores() + pool.cores, c.host.cores);
+    }
+
+    #[test]
+    fn services_sharing_the_pool_group_take_its_mba_too() {
+        let c = ctx_with_closids(3, 3);
+        let plan = layout(&c, &fair_shares(&c), 40);
+        assert_eq!(plan.services["lc0"].mba_pct, 100);
+        for name in ["lc1", "lc2"] {
+            assert_eq!(plan.services[name].mba_pct, 40, "{name}");
+            assert_eq!(plan.services[name].llc_ways, plan.best_effort.llc_ways);
+        }
+        assert_eq!(plan.resctrl_groups(), 2);
+        plan.validate(&c.host, &c.specs).unwrap();
+    }
+
+    #[test]
+    fn with_two_closids_every_service_shares_the_pool_group() {
+        let c = ctx_with_closids(3, 2);
+        let plan = layout(&c, &fair_shares(&c), 100);
+        assert_eq!(plan.best_effort.llc_ways, WayRange::new(0, 20));
+        assert_eq!(plan.resctrl_groups(), 1);
+        plan.validate(&c.host, &c.specs).unwrap();
+    }
+
+    #[test]
+    fn the_layout_does_not_change_while_the_budget_does_not_bind() {
+        for n in 1..=7 {
+            let roomy = ctx_with_closids(n, 64);
+            let expected = layout(&roomy, &fair_shares(&roomy), 100);
+            // n services, the pool and the root: exactly enough.
+            let u = u32::try_from(n).unwrap();
+            for closids in [16, u + 2] {
+                let c = ctx_with_closids(n, closids);
+                assert_eq!(
+                    layout(&c, &fair_shares(&c), 100),
+                    expected,
+                    "{n} services, {closids} CLOSIDs"
+                );
+            }
+            // One CLOSID fewer: the last service moves into the pool's group.
+            let tight = ctx_with_closids(n, u + 1);
+            let plan = layout(&tight, &fair_shares(&tight), 100);
+            assert_ne!(plan, expected, "{n} services");
+            assert_eq!(
+                plan.services[&format!("lc{}", n - 1)].llc_ways,
+                plan.best_effort.llc_ways
+            );
+            plan.validate(&tight.host, &tight.specs).unwrap();
+        }
     }
 
     #[test]

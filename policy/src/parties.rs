@@ -15,6 +15,9 @@
 //!   ("wrong direction"); after a downsize that pushed the slack under 0.05, revert it and
 //!   bar cuts to that service for 30 s.
 //!
+//! CLOSID budget: a service beyond it shares the pool's ways ([`layout`]), so it is sized by
+//! cores (and GPU share) only, and its nominal ways neither count as used nor can be taken.
+//!
 //! Properties: one unit moves per interval, so convergence after a load change takes as
 //! many intervals as units are missing. It knows nothing of MPS restarts; a GPU share
 //! change shows its effect only after the client restarts.
@@ -105,7 +108,10 @@ impl PartiesPolicy {
             .specs
             .iter()
             .any(|s| s.name == name && s.gpu.is_some());
-        let mut r = vec![Resource::Cores, Resource::LlcWays];
+        let mut r = vec![Resource::Cores];
+        if !self.ctx.shares_pool_group(name) {
+            r.push(Resource::LlcWays);
+        }
         if gpu {
             r.push(Resource::GpuShare);
         }
@@ -170,8 +176,20 @@ impl PartiesPolicy {
                 .cores
                 .saturating_sub(self.shares.values().map(|s| s.cores).sum()),
             Resource::LlcWays => {
-                let used: u32 = self.shares.values().map(|s| s.ways).sum();
-                let keep = u32::from(self.ctx.has_cpu_best_effort());
+                let used: u32 = self
+                    .shares
+                    .iter()
+                    .filter(|(n, _)| !self.ctx.shares_pool_group(n))
+                    .map(|(_, s)| s.ways)
+                    .sum();
+                // The pool keeps a way for its jobs and the services that share it.
+                let keep = u32::from(
+                    self.ctx.has_cpu_best_effort()
+                        || self
+                            .ctx
+                            .latency_critical()
+                            .any(|s| self.ctx.shares_pool_group(&s.name)),
+                );
                 host.llc_ways.saturating_sub(used + keep)
             }
             Resource::GpuShare => {
@@ -221,6 +239,7 @@ impl PartiesPolicy {
                         .is_none_or(|st| st.barred_until_ms <= now_ms)
                 })
                 .filter(|(v, _)| r != Resource::GpuShare || self.gpu_of(v) == self.gpu_of(name))
+                .filter(|(v, _)| r != Resource::LlcWays || !self.ctx.shares_pool_group(v))
                 .filter(|(v, _)| {
                     self.shares
                         .get(*v)
@@ -397,7 +416,7 @@ fn feedback(text: impl Into<String>) -> Reason {
 
 #[cfg(test)]
 mod tests {
-    use cohabit_core::{Sample, ServiceObservation};
+    use cohabit_core::{Sample, ServiceObservation, WayRange};
 
     use super::*;
     use crate::tests::ctx;
@@ -490,6 +509,37 @@ mod tests {
         let d = p.decide(&obs(&start, &c, &[]), 1000);
         assert_eq!(d.plan, start);
         assert!(d.reasons["lc0"].text.contains("no latency reading"));
+    }
+
+    #[test]
+    fn beyond_the_closid_budget_a_service_is_sized_by_cores_and_its_ways_are_not_taken() {
+        // 3 CLOSIDs: the root, the pool and lc0; lc1 and lc2 share the pool's group.
+        let mut c = ctx(3, true, false, 0);
+        c.host.closids = 3;
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        assert_eq!(start.resctrl_groups(), 2);
+        assert_eq!(p.resources("lc2"), vec![Resource::Cores]);
+        // An upsize that did not help rotates back to cores, never to ways.
+        let d1 = p.decide(&obs(&start, &c, &[("lc2", 1.5)]), 1000);
+        let d2 = p.decide(&obs(&d1.plan, &c, &[("lc2", 1.6)]), 2000);
+        assert!(d2.reasons["lc2"].text.contains("cores"), "{:?}", d2.reasons);
+        // lc0 wants ways and none are spare: the most relaxed service (lc1) has only the
+        // pool's ways, which are not its to give, so lc0 gets a core instead.
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        p.state.get_mut("lc0").unwrap().resource_idx = 1;
+        p.shares.get_mut("lc0").unwrap().ways = 19;
+        let before = p.initial().plan;
+        let d = p.decide(&obs(&before, &c, &[("lc0", 1.3), ("lc1", 0.2)]), 1000);
+        assert_eq!(d.plan.services["lc0"].llc_ways, WayRange::new(0, 19));
+        assert_eq!(
+            d.plan.services["lc0"].cores,
+            before.services["lc0"].cores + 1
+        );
+        assert_eq!(d.plan.services["lc1"], before.services["lc1"]);
+        for plan in [&d1.plan, &d2.plan, &d.plan] {
+            plan.validate(&c.host, &c.specs).unwrap();
+        }
     }
 
     #[test]

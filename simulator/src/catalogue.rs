@@ -60,14 +60,20 @@ pub enum Platform {
     XeonGold6338,
     /// The E5-2697 v4 with one NVIDIA A100 shared through MPS.
     XeonE5_2697V4A100,
+    /// Intel Xeon E5-2658 v3 (Haswell-EP, 12 cores / 24 threads, 2.2 GHz, 30 MB 20-way LLC,
+    /// 68 GB/s): one of the few Haswell servers with CAT, and only 4 CLOSIDs. It exists to
+    /// show a host where the CLOSIDs, not the ways or cores, limit isolation: the root, the
+    /// pool and two services of their own. No built-in `ml` model (pass `--model`).
+    XeonE5_2658V3,
 }
 
 impl Platform {
     /// Every built-in platform with its preset name.
-    pub const ALL: [(&'static str, Platform); 3] = [
+    pub const ALL: [(&'static str, Platform); 4] = [
         ("xeon-e5-2697v4", Platform::XeonE5_2697V4),
         ("xeon-gold-6338", Platform::XeonGold6338),
         ("xeon-e5-2697v4-a100", Platform::XeonE5_2697V4A100),
+        ("xeon-e5-2658v3", Platform::XeonE5_2658V3),
     ];
 
     /// Looks a platform up by preset name.
@@ -87,6 +93,9 @@ impl Platform {
                 llc_way_bytes: 2_359_296, // 2.25 MiB
                 mem_bw_bytes_per_s: 76.8e9,
                 gpus: vec![],
+                // Broadwell-EP offers 16 L3 CAT classes of service (CPUID leaf 0x10). It has
+                // no MBA (Skylake-SP brought it): the MBA fields keep the usual 10 % minimum
+                // and step, and no policy throttles below 100 %.
                 closids: 16,
                 mba_min_pct: 10,
                 mba_gran_pct: 10,
@@ -107,6 +116,9 @@ impl Platform {
                     llc_way_bytes: 4 << 20,
                     mem_bw_bytes_per_s: 94e9,
                     gpus: vec![],
+                    // 16 L3 CAT CLOSIDs, the common value on Xeon Scalable (not checked on
+                    // this SKU). With MBA in use a host offers the smaller of the L3 and MB
+                    // counts, which can be 8 (DESIGN.md 3). MBA 10 % minimum and step.
                     closids: 16,
                     mba_min_pct: 10,
                     mba_gran_pct: 10,
@@ -125,6 +137,29 @@ impl Platform {
                 }];
                 h
             }
+            Platform::XeonE5_2658V3 => SimHost {
+                preset: "xeon-e5-2658v3",
+                capacity: HostCapacity {
+                    name: "Xeon E5-2658 v3 (simulated)".into(),
+                    cores: 24,
+                    freq_ghz: 2.2,
+                    llc_ways: 20,
+                    llc_way_bytes: 1_572_864,   // 30 MiB / 20 ways
+                    mem_bw_bytes_per_s: 68.3e9, // 4 channels of DDR4-2133
+                    gpus: vec![],
+                    // Linux's `cache_alloc_hsw_probe()` (arch/x86/kernel/cpu/resctrl/core.c):
+                    // Haswell servers with CAT (E5-2658 v3 among them) always have 4 CLOSIDs
+                    // and a 20-bit mask with at least 2 bits set. The simulator does not
+                    // enforce that 2-bit minimum. No MBA on Haswell (see the E5-2697 v4).
+                    closids: 4,
+                    mba_min_pct: 10,
+                    mba_gran_pct: 10,
+                },
+                // Assumed, like the E5-2697 v4's: the same memory system a generation older.
+                mem_latency_ns: 90.0,
+                core_peak_bw_bytes_per_s: 11e9,
+                mem_queue_factor: 0.5,
+            },
         }
     }
 }

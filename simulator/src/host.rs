@@ -196,7 +196,7 @@ impl SimulatedHost {
         plan: &Plan,
         seed: Option<u64>,
     ) -> Result<Self, SimError> {
-        plan.validate(scenario.capacity(), &scenario.specs())?;
+        admit(&scenario, plan)?;
         let rng = ChaCha8Rng::seed_from_u64(seed.unwrap_or(scenario.seed));
         let truth = TruthModel::new(scenario);
         let gpu = truth
@@ -303,7 +303,7 @@ impl Actuator for SimulatedHost {
 
     fn apply(&mut self, plan: &Plan, _changes: &[Change]) -> Result<(), SimError> {
         let sc = &self.truth.scenario;
-        plan.validate(sc.capacity(), &sc.specs())?;
+        admit(sc, plan)?;
         let wanted = self.truth.gpu_shares(plan);
         for ((client, want), s) in self.gpu.iter_mut().zip(wanted).zip(&sc.services) {
             if want != client.published {
@@ -319,6 +319,25 @@ impl Actuator for SimulatedHost {
         self.plan = plan.clone();
         Ok(())
     }
+}
+
+/// What the kernel and the simulator accept: first the resctrl groups, as the kernel would
+/// refuse a `mkdir` beyond the host's CLOSIDs, then the rest of the plan.
+///
+/// Where it differs from the kernel: a real host refuses the first group too many after
+/// the ones before it were created; here the whole plan is refused before anything
+/// changes, as the daemon does when it counts the groups before writing.
+fn admit(sc: &Scenario, plan: &Plan) -> Result<(), SimError> {
+    let cap = sc.capacity();
+    let needed = plan.resctrl_groups();
+    if needed > cap.groups_available() as usize {
+        return Err(SimError::OutOfClosids {
+            needed,
+            closids: cap.closids,
+        });
+    }
+    plan.validate(cap, &sc.specs())?;
+    Ok(())
 }
 
 /// A counter reading with measurement dirt. Every call draws the same number of random
@@ -485,6 +504,44 @@ mod tests {
         host.collect().unwrap();
         let settled = host.last_truth().unwrap().p99_ms["llm-infer"];
         assert!(settled < during, "{settled} vs {during}");
+    }
+
+    #[test]
+    fn a_plan_beyond_the_closids_is_refused_like_mkdir_and_the_old_one_kept() {
+        let mut sc = Scenario::load("demo").unwrap();
+        // Two services and the pool in three groups: 4 CLOSIDs hold them, 3 do not.
+        sc.host.capacity.closids = 4;
+        let sc = Arc::new(sc);
+        let good = plan(&sc, 50);
+        assert_eq!(good.resctrl_groups(), 3);
+        let mut host = SimulatedHost::launch(Arc::clone(&sc), &good, Some(1)).unwrap();
+        let mut merged = good.clone();
+        let pool = merged.best_effort;
+        merged.services.get_mut("xapian").unwrap().llc_ways = pool.llc_ways;
+        host.apply(&merged, &good.diff(&merged)).unwrap();
+        let mut tight = (*sc).clone();
+        tight.host.capacity.closids = 3;
+        let tight = Arc::new(tight);
+        let err = SimulatedHost::launch(Arc::clone(&tight), &good, Some(1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ENOSPC") && err.contains("needs 3 groups") && err.contains("3 CLOSIDs"),
+            "{err}"
+        );
+        let mut host = SimulatedHost::launch(tight, &merged, Some(1)).unwrap();
+        let err = host.apply(&good, &merged.diff(&good)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SimError::OutOfClosids {
+                    needed: 3,
+                    closids: 3
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(host.collect().unwrap().current, merged);
     }
 
     #[test]

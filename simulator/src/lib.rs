@@ -58,4 +58,18 @@ pub enum SimError {
     /// The plan does not fit the simulated host; nothing was changed.
     #[error("plan rejected: {0}")]
     Rejected(#[from] cohabit_core::CoreError),
+    /// The plan needs more resctrl groups than the host has CLOSIDs: the kernel refuses
+    /// the first group too many (`mkdir` fails with `ENOSPC`, `info/last_cmd_status` says
+    /// out of CLOSIDs). Nothing was changed.
+    #[error(
+        "plan rejected by resctrl: mkdir failed with ENOSPC (out of CLOSIDs): the plan needs \
+         {needed} groups and the host has {closids} CLOSIDs, {available} besides the default group",
+        available = closids.saturating_sub(1)
+    )]
+    OutOfClosids {
+        /// Resctrl groups the plan needs ([`cohabit_core::Plan::resctrl_groups`]).
+        needed: usize,
+        /// CLOSIDs of the host, the default group's included.
+        closids: u32,
+    },
 }

@@ -13,6 +13,7 @@
 //! [host]
 //! preset = "xeon-e5-2697v4"   # see `cohabit scenarios --platforms`; fields below override
 //! # cores = 36, freq_ghz = 2.3, llc_ways = 20, llc_mb = 45, mem_bw_gbps = 76.8, mem_latency_ns = 90
+//! # closids = 16             # resctrl CLOSIDs, the default group's included
 //!
 //! [[service]]                 # latency-critical
 //! name = "memcached"
@@ -145,6 +146,7 @@ struct HostFile {
     llc_mb: Option<f64>,
     mem_bw_gbps: Option<f64>,
     mem_latency_ns: Option<f64>,
+    closids: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,7 +168,7 @@ struct BestEffortFile {
 }
 
 /// The scenarios built into the binary: (name, TOML text).
-const BUILTIN: [(&str, &str); 4] = [
+const BUILTIN: [(&str, &str); 5] = [
     ("demo", include_str!("../scenarios/demo.toml")),
     ("parties-mix", include_str!("../scenarios/parties-mix.toml")),
     (
@@ -174,6 +176,7 @@ const BUILTIN: [(&str, &str); 4] = [
         include_str!("../scenarios/gpu-inference.toml"),
     ),
     ("load-spike", include_str!("../scenarios/load-spike.toml")),
+    ("few-closids", include_str!("../scenarios/few-closids.toml")),
 ];
 
 /// Trace files the built-in scenarios replay: (file name, CSV text).
@@ -476,6 +479,9 @@ fn host_from(f: &HostFile) -> Result<SimHost, String> {
     if let Some(v) = f.mem_latency_ns {
         h.mem_latency_ns = positive("mem_latency_ns", v)?;
     }
+    if let Some(c) = f.closids {
+        h.capacity.closids = count("closids", c)?;
+    }
     Ok(h)
 }
 
@@ -545,6 +551,18 @@ model = "stream"
             .unwrap_err()
             .to_string();
         assert!(err.contains("host.mem_bw_gbps"), "{err}");
+    }
+
+    #[test]
+    fn closids_can_be_overridden_and_too_few_are_named() {
+        let s = parse(&GOOD.replace("[host]", "[host]\nclosids = 4")).unwrap();
+        assert_eq!(s.capacity().closids, 4);
+        assert_eq!(s.host.preset, "xeon-e5-2697v4");
+        assert_eq!(parse(GOOD).unwrap().capacity().closids, 16);
+        let err = parse(&GOOD.replace("[host]", "[host]\nclosids = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("host.closids"), "{err}");
     }
 
     #[test]

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use cohabit_core::DecisionRecord;
+use cohabit_core::{ApplyOutcome, DecisionRecord};
 use cohabit_lab::simulate::{self, LabPolicy};
+use cohabit_policy::{control, HostContext, Policy, StaticPolicy};
 use cohabit_sim::scenario::builtin_names;
-use cohabit_sim::Scenario;
+use cohabit_sim::{Scenario, SimError, SimulatedHost};
 
 fn scenario(name: &str) -> Arc<Scenario> {
     Arc::new(Scenario::load(name).unwrap_or_else(|e| panic!("{name}: {e}")))
@@ -156,4 +157,88 @@ model = "graph"
     assert_eq!(rows[1].intervals, 150);
     assert!(rows[1].qos_met_fraction >= 0.99, "{:?}", rows[1]);
     assert_eq!(rows[1].load_changes, 2);
+}
+
+#[test]
+fn on_a_host_with_4_closids_every_policy_stays_within_the_budget() {
+    let s = scenario("few-closids");
+    let cap = s.capacity();
+    assert_eq!(cap.closids, 4);
+    let lc = s.specs().iter().filter(|p| p.is_latency_critical()).count();
+    assert!(lc >= 5, "the budget must bind: {lc} services");
+    let runs = simulate::compare(&s, &LabPolicy::ALL, None, None).unwrap();
+    assert_eq!(runs.len(), LabPolicy::ALL.len());
+    for run in &runs {
+        let policy = &run.summary.policy;
+        assert_eq!(run.records.len() as u64, s.ticks(), "{policy}");
+        for (k, r) in run.records.iter().enumerate() {
+            assert!(
+                !matches!(r.apply, Some(ApplyOutcome::Refused { .. })),
+                "{policy} tick {k}: {:?}",
+                r.apply
+            );
+            let groups = r.plan.resctrl_groups();
+            assert!(
+                groups <= cap.groups_available() as usize,
+                "{policy} tick {k}: {groups} groups"
+            );
+            // The last services (configuration order) share the pool's ways.
+            for name in ["xapian", "nginx", "mongodb"] {
+                assert_eq!(
+                    r.plan.services[name].llc_ways, r.plan.best_effort.llc_ways,
+                    "{policy} tick {k}: {name}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_simulator_refuses_a_plan_beyond_the_closids_and_the_loop_keeps_the_last_good_one() {
+    let s = scenario("few-closids");
+    let fits = HostContext {
+        host: s.capacity().clone(),
+        specs: s.specs(),
+    };
+    // The same policy, told of 16 CLOSIDs: every service gets a group of its own.
+    let mut unaware = fits.clone();
+    unaware.host.closids = 16;
+    let mut blind = StaticPolicy::new(unaware);
+    let over = blind.initial().plan;
+    assert_eq!(over.resctrl_groups(), 6);
+    let err = SimulatedHost::launch(Arc::clone(&s), &over, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SimError::OutOfClosids {
+                needed: 6,
+                closids: 4
+            }
+        ),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("4 CLOSIDs") && text.contains("3 besides the default"),
+        "{text}"
+    );
+    // Started within the budget, a plan beyond it is refused and recorded; the host keeps
+    // the plan in force.
+    let good = StaticPolicy::new(fits).initial().plan;
+    let mut host = SimulatedHost::launch(Arc::clone(&s), &good, None).unwrap();
+    let mut records = Vec::new();
+    control::run(&mut host, &mut blind, 3, |r| {
+        records.push(r);
+        Ok(())
+    })
+    .unwrap();
+    for r in &records {
+        assert_eq!(r.observation.current, good);
+        assert_eq!(r.plan, good);
+        assert!(
+            matches!(&r.apply, Some(ApplyOutcome::Refused { error }) if error.contains("out of CLOSIDs")),
+            "{:?}",
+            r.apply
+        );
+    }
 }

@@ -22,7 +22,13 @@ fn scenarios_lists_every_builtin_one() {
     let o = cohabit(&["scenarios"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    for name in ["demo", "parties-mix", "gpu-inference", "load-spike"] {
+    for name in [
+        "demo",
+        "parties-mix",
+        "gpu-inference",
+        "load-spike",
+        "few-closids",
+    ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }
     let o = cohabit(&["scenarios", "--models"]);
@@ -33,7 +39,7 @@ fn scenarios_lists_every_builtin_one() {
     );
     let o = cohabit(&["scenarios", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v.as_array().unwrap().len(), 4);
+    assert_eq!(v.as_array().unwrap().len(), 5);
 }
 
 #[test]
@@ -105,8 +111,13 @@ fn simulate_writes_the_decision_log_and_summary() {
     assert!(stdout(&o).contains("SIMULATION"));
     let log = std::fs::read_to_string(out.join("decisions.jsonl")).unwrap();
     let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.len(), 600);
-    let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(lines.len(), 1 + 600, "a header, then a record per tick");
+    let header: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(header["cohabit_decision_log"], 2);
+    assert_eq!(header["policy"], "parties");
+    assert_eq!(header["simulated"], true);
+    assert!(header["host"]["cores"].is_number());
+    let first: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
     assert_eq!(first["simulated"], true);
     assert_eq!(first["policy"], "parties");
     assert!(first["truth"]["p99_ms"]["memcached"].is_number());
@@ -166,8 +177,8 @@ fn bench_prints_every_scenario_and_policy_on_both_platforms_and_the_ml_checks() 
         .iter()
         .map(|p| p["runs"].as_array().unwrap().len())
         .sum();
-    // 4 scenarios on their own platforms + 3 CPU ones on the Gold, 4 policies each.
-    assert_eq!(runs, 7 * 4);
+    // 5 scenarios on their own platforms + 4 CPU ones on the Gold, 4 policies each.
+    assert_eq!(runs, 9 * 4);
     let gold = platforms
         .iter()
         .find(|p| p["platform"] == "xeon-gold-6338")

@@ -44,6 +44,14 @@ pub enum CgroupError {
     /// A CPU list that does not parse.
     #[error("invalid CPU list {0:?}: expected e.g. 0-3,8")]
     BadCpuList(String),
+    /// A CPU bandwidth limit that does not parse.
+    #[error("unexpected CPU limit {text:?} in {path}")]
+    BadCpuMax {
+        /// The file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
 }
 
 /// A set of logical CPUs in cpuset syntax (`0-3,8`).
@@ -97,6 +105,41 @@ impl fmt::Display for CpuList {
     }
 }
 
+/// A CPU bandwidth limit: `quota_us` of CPU time per `period_us` (`None`: unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CpuMax {
+    /// CPU time per period, in microseconds; `None` for no limit.
+    pub quota_us: Option<u64>,
+    /// The period, in microseconds.
+    pub period_us: u64,
+}
+
+impl CpuMax {
+    /// The limit that gives `cores` worth of CPU time over cohabit's period (at least 1 ms
+    /// per period, the kernel's floor); `None`: no limit.
+    pub fn for_cores(cores: Option<f64>) -> Self {
+        Self {
+            quota_us: cores.map(|c| cohabit_core::whole((c * PERIOD_US as f64).max(1000.0))),
+            period_us: PERIOD_US,
+        }
+    }
+
+    /// Parses `QUOTA PERIOD` as v2's `cpu.max` holds it (`max` or v1's `-1` for no limit).
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut it = text.split_whitespace();
+        let quota = it.next()?;
+        let period_us = it.next()?.parse().ok()?;
+        let quota_us = match quota {
+            "max" | "-1" => None,
+            q => Some(q.parse().ok()?),
+        };
+        Some(Self {
+            quota_us,
+            period_us,
+        })
+    }
+}
+
 /// Which cgroup interface the host offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -120,28 +163,18 @@ pub struct Cgroups {
 
 const V1_CONTROLLERS: [&str; 5] = ["cpuset", "cpu", "cpuacct", "memory", "perf_event"];
 
-/// Finds cgroup mounts in mountinfo text: v1 controller → mount, and the cgroup2 mount.
+/// Finds cgroup mounts in mountinfo text (parsed by [`crate::mountinfo`]): v1 controller →
+/// mount (the first mount of a controller wins), and the cgroup2 mount.
 pub fn find_mounts(mountinfo: &str) -> (BTreeMap<String, PathBuf>, Option<PathBuf>) {
     let mut v1 = BTreeMap::new();
     let mut v2 = None;
-    for line in mountinfo.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut post_f = post.split_whitespace();
-        let fstype = post_f.next().unwrap_or("");
-        let _source = post_f.next();
-        let super_opts = post_f.next().unwrap_or("");
-        let Some(mount) = pre.split_whitespace().nth(4) else {
-            continue;
-        };
-        let mount = PathBuf::from(mount.replace("\\040", " "));
-        match fstype {
-            "cgroup2" => v2 = Some(mount),
+    for m in crate::mountinfo::parse(mountinfo) {
+        match m.fs_type.as_str() {
+            "cgroup2" => v2 = Some(m.mount_point),
             "cgroup" => {
-                for c in super_opts.split(',') {
-                    if V1_CONTROLLERS.contains(&c) {
-                        v1.entry(c.to_string()).or_insert_with(|| mount.clone());
+                for c in &m.super_options {
+                    if V1_CONTROLLERS.contains(&c.as_str()) {
+                        v1.entry(c.clone()).or_insert_with(|| m.mount_point.clone());
                     }
                 }
             }
@@ -238,7 +271,9 @@ impl Cgroups {
         for (ctrl, mount) in &self.mounts {
             let dir = mount.join(&probe);
             if std::fs::create_dir(&dir).is_ok() {
-                let _ = std::fs::remove_dir(&dir);
+                if let Err(e) = std::fs::remove_dir(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove the writability probe");
+                }
                 match self.version {
                     Version::V1 => out.push(ctrl.clone()),
                     Version::V2 => out.extend(self.v2_controllers.iter().cloned()),
@@ -262,7 +297,10 @@ impl Cgroups {
             .collect()
     }
 
-    fn dir(&self, controller: &str, group: &str) -> Option<PathBuf> {
+    /// The directory of cohabit's group `group` in the hierarchy that holds `controller`
+    /// (`cpuset`, `cpu`, `perf_event`, …; v2: the unified one), if that hierarchy is used.
+    /// The one place that knows where a group lives: perf counters open this too.
+    pub fn dir(&self, controller: &str, group: &str) -> Option<PathBuf> {
         let key = if self.version == Version::V2 {
             "unified"
         } else {
@@ -297,7 +335,11 @@ impl Cgroups {
                 ] {
                     let path = at.join("cgroup.subtree_control");
                     if path.exists() {
-                        let _ = write(&path, ctl);
+                        // Refused when the controller is not offered above; the CPU
+                        // writes that follow then fail with the path that matters.
+                        if let Err(e) = write(&path, ctl) {
+                            tracing::debug!(error = %e, "controllers not delegated");
+                        }
                     }
                 }
             }
@@ -314,30 +356,71 @@ impl Cgroups {
         Ok(())
     }
 
+    /// The CPUs a group may run on (`None`: no cpuset hierarchy). On v2 an empty list means
+    /// "the parent's".
+    pub fn cpus(&self, group: &str) -> Result<Option<CpuList>, CgroupError> {
+        validate(group)?;
+        let Some(dir) = self.dir("cpuset", group) else {
+            return Ok(None);
+        };
+        let path = dir.join("cpuset.cpus");
+        let text = read(&path)?;
+        text.parse().map(Some)
+    }
+
     /// Limits a group to `cores` worth of CPU time per period (`None`: no limit).
     pub fn set_quota(&self, group: &str, cores: Option<f64>) -> Result<(), CgroupError> {
+        self.set_cpu_max(group, CpuMax::for_cores(cores))
+    }
+
+    /// Writes a group's CPU bandwidth limit (v1: period, then quota; v2: `cpu.max`).
+    pub fn set_cpu_max(&self, group: &str, max: CpuMax) -> Result<(), CgroupError> {
         validate(group)?;
         let Some(dir) = self.dir("cpu", group) else {
             return Ok(());
         };
-        let quota = cores.map(|c| cohabit_core::whole((c * PERIOD_US as f64).max(1000.0)));
+        let period = max.period_us;
         match self.version {
             Version::V1 => {
-                write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;
+                write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
                 write(
                     &dir.join("cpu.cfs_quota_us"),
-                    &quota.map_or_else(|| "-1".into(), |q| q.to_string()),
+                    &max.quota_us.map_or_else(|| "-1".into(), |q| q.to_string()),
                 )?;
             }
             Version::V2 => {
-                let v = quota.map_or_else(
-                    || format!("max {PERIOD_US}"),
-                    |q| format!("{q} {PERIOD_US}"),
-                );
+                let v = max
+                    .quota_us
+                    .map_or_else(|| format!("max {period}"), |q| format!("{q} {period}"));
                 write(&dir.join("cpu.max"), &v)?;
             }
         }
         Ok(())
+    }
+
+    /// A group's CPU bandwidth limit as the kernel holds it (`None`: no cpu hierarchy).
+    pub fn cpu_max(&self, group: &str) -> Result<Option<CpuMax>, CgroupError> {
+        validate(group)?;
+        let Some(dir) = self.dir("cpu", group) else {
+            return Ok(None);
+        };
+        let (text, path) = match self.version {
+            Version::V1 => {
+                let q = dir.join("cpu.cfs_quota_us");
+                let p = dir.join("cpu.cfs_period_us");
+                (format!("{} {}", read(&q)?.trim(), read(&p)?.trim()), q)
+            }
+            Version::V2 => {
+                let p = dir.join("cpu.max");
+                (read(&p)?, p)
+            }
+        };
+        CpuMax::parse(&text)
+            .map(Some)
+            .ok_or_else(|| CgroupError::BadCpuMax {
+                path,
+                text: text.trim().to_string(),
+            })
     }
 
     /// Moves a process (all its threads) into a group in every hierarchy. `Ok(false)` if
@@ -429,7 +512,13 @@ impl Cgroups {
     /// Removes the parent directories if empty.
     pub fn remove_parent(&self) {
         for (_, dir) in self.dirs(None) {
-            let _ = std::fs::remove_dir(&dir);
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove cohabit's cgroup parent");
+                }
+            }
         }
     }
 
@@ -530,6 +619,46 @@ mod tests {
     }
 
     #[test]
+    fn cpu_limits_read_back_as_written_in_both_versions() {
+        assert_eq!(CpuMax::for_cores(Some(1.5)).quota_us, Some(150_000));
+        assert_eq!(
+            CpuMax::for_cores(Some(0.001)).quota_us,
+            Some(1000),
+            "the kernel's floor"
+        );
+        assert_eq!(CpuMax::for_cores(None).quota_us, None);
+        for (text, quota) in [
+            ("max 100000", None),
+            ("-1 100000", None),
+            ("5000 100000\n", Some(5000)),
+        ] {
+            assert_eq!(CpuMax::parse(text).unwrap().quota_us, quota, "{text}");
+        }
+        assert!(CpuMax::parse("5000").is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let g = dir.path().join("cpu").join(PARENT).join("be");
+        std::fs::create_dir_all(&g).unwrap();
+        std::fs::write(g.join("cpu.cfs_quota_us"), "-1\n").unwrap();
+        std::fs::write(g.join("cpu.cfs_period_us"), "100000\n").unwrap();
+        let cg = Cgroups {
+            version: Version::V1,
+            mounts: [("cpu".to_string(), dir.path().join("cpu"))].into(),
+            v2_controllers: vec![],
+        };
+        assert_eq!(cg.cpus("be").unwrap(), None, "no cpuset hierarchy");
+        cg.set_quota("be", Some(2.0)).unwrap();
+        assert_eq!(
+            cg.cpu_max("be").unwrap(),
+            Some(CpuMax {
+                quota_us: Some(200_000),
+                period_us: 100_000
+            })
+        );
+        assert_eq!(cg.dir("perf_event", "be"), None);
+        assert_eq!(cg.dir("cpu", "be"), Some(g));
+    }
+
+    #[test]
     fn names_cannot_escape_the_hierarchy() {
         for bad in ["", "..", "../etc", "a/b", ".x", "sp ace"] {
             assert!(validate(bad).is_err(), "{bad:?}");
@@ -568,6 +697,16 @@ mod tests {
             std::fs::read_to_string(g.join("cpu.max")).unwrap(),
             "max 100000"
         );
+        assert_eq!(cg.cpus("lc").unwrap(), Some(CpuList(vec![2, 3])));
+        assert_eq!(
+            cg.cpu_max("lc").unwrap(),
+            Some(CpuMax {
+                quota_us: None,
+                period_us: 100_000
+            })
+        );
+        cg.set_cpu_max("lc", CpuMax::for_cores(Some(0.05))).unwrap();
+        assert_eq!(cg.cpu_max("lc").unwrap().unwrap().quota_us, Some(5000));
         assert_eq!(cg.cpu_usage_ns("lc"), Some(1_500_000));
         assert_eq!(cg.memory_bytes("lc"), Some(4096));
         assert_eq!(cg.leftovers(), vec!["lc"]);

@@ -4,8 +4,11 @@
 //! - [`resctrl`]: Intel RDT allocation (CAT, MBA) and monitoring (CMT, MBM);
 //! - [`cgroup`]: cgroup v1 and v2 cpusets, CPU quota, task placement and statistics;
 //! - [`perf`]: hardware counters per cgroup;
-//! - [`procfs`]: processes and their statistics;
+//! - [`procfs`]: processes and their statistics, the clock tick rate;
+//! - [`sysfs`]: online CPUs, their top frequency, the LLC size;
+//! - [`mountinfo`]: the one mountinfo parser (cgroup and resctrl mounts);
 //! - [`latency`]: per-service latency from a Prometheus histogram or a push socket;
+//! - [`probe`]: per-service latency measured by cohabit itself (memcached, redis, HTTP);
 //! - [`mps`]: NVIDIA MPS through `nvidia-cuda-mps-control`;
 //! - [`nvml`]: GPU telemetry through NVML, loaded at run time.
 //!
@@ -17,11 +20,14 @@ use std::path::{Path, PathBuf};
 pub mod cgroup;
 pub mod kfs;
 pub mod latency;
+pub mod mountinfo;
 pub mod mps;
 pub mod nvml;
 pub mod perf;
+pub mod probe;
 pub mod procfs;
 pub mod resctrl;
+pub mod sysfs;
 
 /// Where the host's kernel interfaces live.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

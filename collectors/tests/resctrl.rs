@@ -352,3 +352,74 @@ fn no_resctrl_mount_is_absence_not_an_error() {
     let r = Resctrl::discover(&paths, Arc::new(cohabit_collectors::kfs::RealFs)).unwrap();
     assert!(r.is_none());
 }
+
+#[test]
+fn closids_are_the_smallest_over_l3_and_mb_and_mba_steps_come_from_info() {
+    // The fake gives MB at most 8 CLOSIDs, as many Xeons do.
+    let fake = FakeResctrl::builder()
+        .num_closids(16)
+        .mba(Some((20, 5)))
+        .build()
+        .unwrap();
+    let info = open(&fake).info().clone();
+    assert_eq!(info.l3.as_ref().unwrap().num_closids, 16);
+    assert_eq!(info.num_closids(), 8, "MB binds");
+    assert_eq!(
+        (info.mba_min_pct(), info.mba_gran_pct()),
+        (Some(20), Some(5))
+    );
+    assert!(info.allocates());
+    let no_mba = FakeResctrl::builder()
+        .num_closids(16)
+        .mba(None)
+        .build()
+        .unwrap();
+    let info = open(&no_mba).info().clone();
+    assert_eq!(info.num_closids(), 16, "only L3 is in use");
+    assert_eq!((info.mba_min_pct(), info.mba_gran_pct()), (None, None));
+}
+
+#[test]
+fn an_applied_schemata_can_be_undone() {
+    let fake = FakeResctrl::builder().domains(&[0, 1]).build().unwrap();
+    let r = open(&fake);
+    let g = format!("{GROUP_PREFIX}lc");
+    r.ensure_group(&g).unwrap();
+    r.apply(&g, &r.schemata_for(&alloc(0, 4, 50))).unwrap();
+    let before = r.schemata(Some(&g)).unwrap();
+    let applied = r
+        .apply_undoable(&g, &r.schemata_for(&alloc(4, 4, 50)))
+        .unwrap();
+    assert_eq!(applied.written.to_string(), "L3:0=f0;1=f0\n");
+    assert_eq!(
+        applied.previous.to_string(),
+        "L3:0=f;1=f\n",
+        "only what changed"
+    );
+    r.apply(&g, &applied.previous).unwrap();
+    assert_eq!(r.schemata(Some(&g)).unwrap(), before);
+    let again = r
+        .apply_undoable(&g, &r.schemata_for(&alloc(0, 4, 50)))
+        .unwrap();
+    assert!(again.written.is_empty() && again.previous.is_empty());
+}
+
+#[test]
+fn an_amd_host_gets_absolute_mb_units() {
+    let fake = FakeResctrl::builder().build().unwrap();
+    let cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n\nprocessor\t: 1\nvendor_id\t: AuthenticAMD\n";
+    std::fs::write(fake.base().join("proc/cpuinfo"), cpuinfo).unwrap();
+    assert_eq!(
+        open(&fake).info().mba.as_ref().unwrap().units,
+        MbaUnits::AmdEighthsGbps
+    );
+    std::fs::write(
+        fake.base().join("proc/cpuinfo"),
+        cpuinfo.replace("AuthenticAMD", "GenuineIntel"),
+    )
+    .unwrap();
+    assert!(matches!(
+        open(&fake).info().mba.as_ref().unwrap().units,
+        MbaUnits::Percent { .. }
+    ));
+}

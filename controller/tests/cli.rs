@@ -185,7 +185,7 @@ fn bench_prints_every_scenario_and_policy_on_both_platforms_and_the_ml_checks() 
         .unwrap();
     assert!(gold["skipped"][0].as_str().unwrap().contains("needs a GPU"));
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 7 * 5);
+    assert_eq!(checks.len(), 9 * 5);
     assert!(checks.iter().all(|c| c["met"].is_boolean()));
 }
 

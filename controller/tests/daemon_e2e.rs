@@ -220,10 +220,11 @@ match = {{ pid_file = "{d}/be.pid" }}
 
     // The decision log holds the same records as the simulator's, from the real host.
     let text = std::fs::read_to_string(&log).unwrap();
-    let records: Vec<cohabit_core::DecisionRecord> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let mut reader = cohabit_core::DecisionLogReader::new(text.as_bytes());
+    let records: Vec<cohabit_core::DecisionRecord> =
+        reader.by_ref().collect::<Result<_, _>>().unwrap();
+    let header = reader.header().expect("the log starts with a header");
+    assert!(header.policy == "parties" && !header.simulated);
     assert!(records.iter().all(|r| !r.simulated && r.truth.is_none()));
     let kv: Vec<f64> = records
         .iter()

@@ -97,11 +97,11 @@ gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exi
     );
 
     // The log shows published against effective: llm's share took effect, train's is pending.
-    let records: Vec<cohabit_core::DecisionRecord> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let records: Vec<cohabit_core::DecisionRecord> =
+        cohabit_core::DecisionLogReader::new(text.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
     assert_eq!(records.len(), 4);
     for r in &records {
         let eff = |n: &str| {

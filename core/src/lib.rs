@@ -3,13 +3,16 @@
 //! Everything the simulator, the real-host daemon, the policies and training agree
 //! on: what a host offers ([`HostCapacity`]), what runs on it ([`ServiceSpec`]), how a share
 //! of it is described ([`Allocation`], [`Plan`]), what is measured ([`Sample`],
-//! [`Observation`]) and what is written down each tick ([`DecisionRecord`]).
+//! [`Observation`]), what is written down each tick ([`DecisionRecord`]) and how those
+//! records are stored ([`log`]: the decision log's one reader and writer).
 //!
-//! This crate does no I/O and reads no clock: time is always passed in explicitly.
+//! This crate opens no files and reads no clock: the log codec works over any
+//! `std::io::Write` / `BufRead` it is given, and time is always passed in explicitly.
 
 mod alloc;
 mod error;
 mod host;
+pub mod log;
 pub mod num;
 mod plan;
 mod record;
@@ -19,6 +22,9 @@ mod service;
 pub use alloc::{Allocation, Resource, WayRange, MBA_MAX_PCT};
 pub use error::CoreError;
 pub use host::{GpuCapacity, HostCapacity, DEFAULT_CLOSIDS};
+pub use log::{
+    DecisionLogReader, DecisionLogWriter, LogError, LogHeader, LogSegment, DECISION_LOG_VERSION,
+};
 pub use num::whole;
 pub use plan::{Change, Plan, BEST_EFFORT_GROUP};
 pub use record::{

@@ -177,6 +177,30 @@ pub struct DecisionRecord {
 }
 
 impl DecisionRecord {
+    /// The p99 this record is judged by for `service`: the simulator's ground truth where
+    /// the record has it, else the measurement. `None` when neither is known.
+    pub fn judged_p99_ms(&self, service: &str) -> Option<f64> {
+        self.truth
+            .as_ref()
+            .and_then(|t| t.p99_ms.get(service).copied())
+            .or_else(|| {
+                self.observation
+                    .services
+                    .iter()
+                    .find(|s| s.spec.name == service)
+                    .and_then(|s| s.sample.p99_ms)
+            })
+    }
+
+    /// The p99 target of every latency-critical service observed in this record, by name.
+    pub fn targets(&self) -> BTreeMap<String, f64> {
+        self.observation
+            .services
+            .iter()
+            .filter_map(|s| Some((s.spec.name.clone(), s.spec.p99_target_ms()?)))
+            .collect()
+    }
+
     /// Brings a record read from an older log to the current layout: a version-1 record
     /// kept the apply outcome as a reason under the key `apply`.
     pub fn upgrade(&mut self) {

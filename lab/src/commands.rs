@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use cohabit_core::LogHeader;
 use cohabit_sim::catalogue::{self, Platform};
 use cohabit_sim::scenario::builtin_names;
 use cohabit_sim::Scenario;
@@ -160,7 +161,8 @@ pub fn simulate_cmd(
 ) -> Result<()> {
     let scenario = sim.scenario(name)?;
     let model = sim.model()?;
-    let mut writer = SingleRunWriter::create(dir)?;
+    let header = LogHeader::new(policy.name(), true, scenario.capacity().clone());
+    let mut writer = SingleRunWriter::create(dir, &header)?;
     let run = simulate::run_policy(&scenario, policy, seed, model.as_ref(), |r| {
         writer.record(r)
     })
@@ -227,7 +229,8 @@ pub fn compare_cmd(
             .with_context(|| format!("comparing policies on {n}"))?;
         if let Some(dir) = dir {
             for r in &runs {
-                rundir::write_comparison_run(dir, &r.summary, &r.records)?;
+                let header = LogHeader::new(&*r.summary.policy, true, scenario.capacity().clone());
+                rundir::write_comparison_run(dir, &r.summary, &header, &r.records)?;
             }
         }
         if format == Format::Table && names.len() == 1 {

@@ -4,11 +4,10 @@
 //! single run.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use cohabit_core::DecisionRecord;
+use cohabit_core::{DecisionLogReader, DecisionLogWriter, DecisionRecord, LogHeader};
 
 use crate::metrics::RunSummary;
 
@@ -23,6 +22,16 @@ pub struct Run {
     pub records: Vec<DecisionRecord>,
     /// Its summary, if one was written.
     pub summary: Option<RunSummary>,
+}
+
+impl Run {
+    /// The p99 target of every latency-critical service, as the first record saw them.
+    pub fn targets(&self) -> BTreeMap<String, f64> {
+        self.records
+            .first()
+            .map(DecisionRecord::targets)
+            .unwrap_or_default()
+    }
 }
 
 /// What a run directory holds.
@@ -43,31 +52,28 @@ pub const SUMMARY: &str = "summary.json";
 #[derive(Debug)]
 pub struct SingleRunWriter {
     dir: PathBuf,
-    log: std::io::BufWriter<std::fs::File>,
-    records: usize,
+    log: DecisionLogWriter<std::io::BufWriter<std::fs::File>>,
 }
 
 impl SingleRunWriter {
-    /// Creates `dir` (if missing) and an empty decision log in it.
-    pub fn create(dir: &Path) -> Result<Self> {
+    /// Creates `dir` (if missing) and a decision log in it that starts with `header`.
+    pub fn create(dir: &Path, header: &LogHeader) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating output directory {}", dir.display()))?;
         let path = dir.join(LOG);
         let file =
             std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let log = DecisionLogWriter::new(std::io::BufWriter::new(file), header)
+            .with_context(|| format!("writing {}", path.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            log: std::io::BufWriter::new(file),
-            records: 0,
+            log,
         })
     }
 
     /// Appends one record.
     pub fn record(&mut self, rec: &DecisionRecord) -> std::io::Result<()> {
-        serde_json::to_writer(&mut self.log, rec)?;
-        self.log.write_all(b"\n")?;
-        self.records += 1;
-        Ok(())
+        self.log.write(rec)
     }
 
     /// Flushes the log, writes `summary.json` beside it and returns the paths written and
@@ -80,24 +86,31 @@ impl SingleRunWriter {
         let path = self.dir.join(SUMMARY);
         std::fs::write(&path, serde_json::to_string_pretty(summary)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
-        Ok((log, path, self.records))
+        Ok((log, path, self.log.records()))
     }
 }
 
-/// Writes one comparison's run into `dir/<scenario>/<policy>/decisions.jsonl`.
+/// Writes one comparison's run into `dir/<scenario>/<policy>/decisions.jsonl`, headed by
+/// `header`.
 pub fn write_comparison_run(
     dir: &Path,
     summary: &RunSummary,
+    header: &LogHeader,
     records: &[DecisionRecord],
 ) -> Result<()> {
     let d = dir.join(&summary.scenario).join(&summary.policy);
     std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    let mut text = String::new();
-    for rec in records {
-        text.push_str(&serde_json::to_string(rec)?);
-        text.push('\n');
-    }
-    std::fs::write(d.join(LOG), text).with_context(|| format!("writing into {}", d.display()))
+    let path = d.join(LOG);
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let write = || -> std::io::Result<()> {
+        let mut log = DecisionLogWriter::new(std::io::BufWriter::new(file), header)?;
+        for rec in records {
+            log.write(rec)?;
+        }
+        log.flush()
+    };
+    write().with_context(|| format!("writing {}", path.display()))
 }
 
 /// Writes a comparison's `summary.json` (every run's summary).
@@ -107,19 +120,13 @@ pub fn write_comparison_summary(dir: &Path, summaries: &[RunSummary]) -> Result<
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Reads a JSON Lines decision log; a bad line is an error naming its number.
+/// Reads a decision log (any version [`cohabit_core::log`] reads); a bad line is an error
+/// naming the file and its line number.
 pub fn read_log(path: &Path) -> Result<Vec<DecisionRecord>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| {
-                format!("{} line {}: not a decision record", path.display(), i + 1)
-            })
-        })
-        .collect()
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    DecisionLogReader::new(std::io::BufReader::new(file))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("reading the decision log {}", path.display()))
 }
 
 fn run_from(
@@ -189,30 +196,81 @@ pub fn load(dir: &Path) -> Result<RunDir> {
     Ok(RunDir::Comparison(runs))
 }
 
-/// The p99 target of every latency-critical service seen in a log.
-pub fn targets(records: &[DecisionRecord]) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for r in records.iter().take(1) {
-        for s in &r.observation.services {
-            if let Some(t) = s.spec.p99_target_ms() {
-                out.insert(s.spec.name.clone(), t);
-            }
-        }
-    }
-    out
-}
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
 
-/// The p99 a record is judged by: the simulator's truth where there is one, else the
-/// measurement.
-pub fn judged_p99_ms(r: &DecisionRecord, service: &str) -> Option<f64> {
-    r.truth
-        .as_ref()
-        .and_then(|t| t.p99_ms.get(service).copied())
-        .or_else(|| {
-            r.observation
-                .services
-                .iter()
-                .find(|s| s.spec.name == service)
-                .and_then(|s| s.sample.p99_ms)
-        })
+    use cohabit_sim::Scenario;
+
+    use super::*;
+    use crate::simulate::{run_policy, LabPolicy};
+
+    fn demo() -> (Arc<Scenario>, crate::simulate::SimRun) {
+        let sc = Arc::new(Scenario::load("demo").unwrap());
+        let run = run_policy(&sc, LabPolicy::Static, None, None, |_| Ok(())).unwrap();
+        (sc, run)
+    }
+
+    #[test]
+    fn a_single_run_and_a_comparison_read_back_what_was_written() {
+        let (sc, run) = demo();
+        let header = LogHeader::new("static", true, sc.capacity().clone());
+        let dir = tempfile::tempdir().unwrap();
+
+        let single = dir.path().join("single");
+        let mut w = SingleRunWriter::create(&single, &header).unwrap();
+        for r in &run.records {
+            w.record(r).unwrap();
+        }
+        let (log, _, n) = w.finish(&run.summary).unwrap();
+        assert_eq!(n, run.records.len());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.starts_with("{\"cohabit_decision_log\":"),
+            "header first"
+        );
+        let RunDir::Single(back) = load(&single).unwrap() else {
+            panic!("a single run")
+        };
+        assert_eq!(back.records, run.records);
+        assert_eq!(back.policy, "static");
+        assert!(!back.targets().is_empty());
+
+        let cmp = dir.path().join("cmp");
+        write_comparison_run(&cmp, &run.summary, &header, &run.records).unwrap();
+        write_comparison_summary(&cmp, std::slice::from_ref(&run.summary)).unwrap();
+        let RunDir::Comparison(runs) = load(&cmp).unwrap() else {
+            panic!("a comparison")
+        };
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].records, run.records);
+    }
+
+    #[test]
+    fn a_run_directory_from_before_the_header_still_loads() {
+        let (_, run) = demo();
+        let dir = tempfile::tempdir().unwrap();
+        let text: String = run
+            .records
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        std::fs::write(dir.path().join(LOG), text).unwrap();
+        let RunDir::Single(back) = load(dir.path()).unwrap() else {
+            panic!("a single run")
+        };
+        assert_eq!(back.records, run.records);
+    }
+
+    #[test]
+    fn a_bad_line_names_the_file_and_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOG);
+        std::fs::write(&path, "\n\nnot json\n").unwrap();
+        let e = format!("{:#}", read_log(&path).unwrap_err());
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("line 3"),
+            "{e}"
+        );
+    }
 }

@@ -6,11 +6,47 @@
 //! then in force, `observation.current`) with record t's plan as the candidate; the target
 //! is the p99 measured in record t+1's observation (the simulator's ground truth where the
 //! log has one), over the service's target.
+//!
+//! The host's capacity scales the features; a log records it in its header. A version-1
+//! log (no header) does not, and needs the host named by the caller (`--platform`).
+//! Pairs never span two headers: a new header means the daemon restarted.
 
-use cohabit_core::{DecisionRecord, HostCapacity};
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use cohabit_core::{DecisionLogReader, DecisionRecord, HostCapacity};
 use cohabit_models::{features, target, Neighbours};
 
 use crate::dataset::{Dataset, Row};
+
+/// Rows from a decision log read from `input`. Each part of the log is featurised with the
+/// host its header records; `fallback` is the host of a version-1 log, which records none,
+/// and is not used for a log that has a header.
+pub fn rows_from_reader(input: impl BufRead, fallback: Option<&HostCapacity>) -> Result<Dataset> {
+    let mut out = Dataset::default();
+    for segment in DecisionLogReader::new(input).segments()? {
+        let host = match (&segment.header, fallback) {
+            (Some(h), _) => &h.host,
+            (None, Some(host)) => host,
+            (None, None) if segment.records.is_empty() => continue,
+            (None, None) => bail!(
+                "from line {}: a version-1 decision log (no header) does not record the host it \
+                 came from, and training needs it; name it with --platform <preset>",
+                segment.first_line
+            ),
+        };
+        out.rows.extend(rows_from_log(&segment.records, host).rows);
+    }
+    Ok(out)
+}
+
+/// Rows from the decision log at `path` (see [`rows_from_reader`]).
+pub fn rows_from_file(path: &Path, fallback: Option<&HostCapacity>) -> Result<Dataset> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    rows_from_reader(std::io::BufReader::new(file), fallback)
+        .with_context(|| format!("reading the decision log {}", path.display()))
+}
 
 /// Rows from one run's records, in order. `host` is the host the log came from.
 pub fn rows_from_log(records: &[DecisionRecord], host: &HostCapacity) -> Dataset {
@@ -32,17 +68,7 @@ pub fn rows_from_log(records: &[DecisionRecord], host: &HostCapacity) -> Dataset
             ) else {
                 continue;
             };
-            let outcome = next
-                .truth
-                .as_ref()
-                .and_then(|tr| tr.p99_ms.get(&s.spec.name).copied())
-                .or_else(|| {
-                    next.observation
-                        .services
-                        .iter()
-                        .find(|x| x.spec.name == s.spec.name)
-                        .and_then(|x| x.sample.p99_ms)
-                });
+            let outcome = next.judged_p99_ms(&s.spec.name);
             let Some(y) = outcome.and_then(|p| target(p, t)) else {
                 continue;
             };

@@ -44,9 +44,10 @@ enum Command {
         /// decisions.jsonl files.
         #[arg(long = "log", required = true)]
         logs: Vec<PathBuf>,
-        /// Platform preset of the host the logs come from (its capacity scales the features).
-        #[arg(long, default_value = "xeon-e5-2697v4")]
-        platform: String,
+        /// Platform preset of the host, for version-1 logs only: they do not record their
+        /// host (newer logs do in their header, which is used instead).
+        #[arg(long)]
+        platform: Option<String>,
         /// Output (JSON Lines).
         #[arg(long)]
         out: PathBuf,
@@ -147,22 +148,14 @@ fn main() -> Result<()> {
             platform: p,
             out,
         } => {
-            let host = platform(&p)?.host().capacity;
+            let fallback = p
+                .map(|p| platform(&p))
+                .transpose()?
+                .map(|p| p.host().capacity);
             let mut all = Dataset::default();
             for path in &logs {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                let records: Vec<cohabit_core::DecisionRecord> = text
-                    .lines()
-                    .enumerate()
-                    .filter(|(_, l)| !l.trim().is_empty())
-                    .map(|(i, l)| {
-                        serde_json::from_str(l)
-                            .with_context(|| format!("{} line {}", path.display(), i + 1))
-                    })
-                    .collect::<Result<_>>()?;
-                all.rows
-                    .extend(cohabit_training::logs::rows_from_log(&records, &host).rows);
+                let rows = cohabit_training::logs::rows_from_file(path, fallback.as_ref())?;
+                all.rows.extend(rows.rows);
             }
             all.write(&out)?;
             println!(

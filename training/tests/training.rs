@@ -136,3 +136,85 @@ fn decision_logs_become_rows() {
         vec!["memcached".to_string(), "xapian".to_string()]
     );
 }
+
+#[test]
+fn a_logs_header_supplies_the_host_even_one_unlike_every_preset() {
+    use std::sync::Arc;
+
+    use cohabit_core::{DecisionLogWriter, LogHeader};
+    use cohabit_training::logs::{rows_from_file, rows_from_log};
+
+    let sc = Arc::new(cohabit_sim::Scenario::load("demo").unwrap());
+    let run =
+        cohabit_lab::simulate::run_policy(&sc, cohabit_lab::LabPolicy::Parties, None, None, |_| {
+            Ok(())
+        })
+        .unwrap();
+    let records = &run.records[..40];
+    // A host no preset describes: more cores and ways, less bandwidth, fewer CLOSIDs.
+    let mut host = sc.capacity().clone();
+    host.name = "custom test host".into();
+    host.cores += 12;
+    host.llc_ways += 5;
+    host.mem_bw_bytes_per_s *= 0.6;
+    host.closids = 7;
+    host.mba_min_pct = 20;
+    host.mba_gran_pct = 5;
+    host.validate().unwrap();
+    assert!(Platform::ALL.iter().all(|(_, p)| p.host().capacity != host));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("decisions.jsonl");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut log =
+        DecisionLogWriter::new(file, &LogHeader::new("parties", true, host.clone())).unwrap();
+    for r in records {
+        log.write(r).unwrap();
+    }
+    drop(log);
+
+    // No preset is needed, and the header's host is the one used.
+    let rows = rows_from_file(&path, None).unwrap();
+    assert_eq!(rows.rows.len(), 2 * 39);
+    assert_eq!(rows, rows_from_log(records, &host));
+    for (name, p) in Platform::ALL {
+        assert_ne!(rows, rows_from_log(records, &p.host().capacity), "{name}");
+        // A preset given for old logs does not override a header.
+        assert_eq!(
+            rows_from_file(&path, Some(&p.host().capacity)).unwrap(),
+            rows
+        );
+    }
+    // The rows train.
+    let all: Vec<_> = rows.rows.iter().collect();
+    let ridge = fit::Ridge::fit(&all).unwrap();
+    assert!(ridge.predict(&all).iter().all(|y| y.is_finite()));
+}
+
+#[test]
+fn a_version_1_log_needs_the_platform_named() {
+    use std::sync::Arc;
+
+    use cohabit_training::logs::rows_from_file;
+
+    let sc = Arc::new(cohabit_sim::Scenario::load("demo").unwrap());
+    let run =
+        cohabit_lab::simulate::run_policy(&sc, cohabit_lab::LabPolicy::Static, None, None, |_| {
+            Ok(())
+        })
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.jsonl");
+    let text: String = run.records[..10]
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    let e = format!("{:#}", rows_from_file(&path, None).unwrap_err());
+    assert!(
+        e.contains("old.jsonl") && e.contains("version-1") && e.contains("--platform"),
+        "{e}"
+    );
+    let rows = rows_from_file(&path, Some(sc.capacity())).unwrap();
+    assert_eq!(rows.rows.len(), 2 * 9);
+}

@@ -2,8 +2,8 @@
 //! (MBA) and monitoring (CMT, MBM). This module owns the interface, read and write side.
 //!
 //! Kernel doc: `Documentation/arch/x86/resctrl.rst`. Facts this module relies on:
-//! - the mount is found in `/proc/self/mountinfo` (type `resctrl`); `mba_MBps` and `cdp`
-//!   show in its options;
+//! - the mount is found in `/proc/self/mountinfo` (type `resctrl`, parsed by
+//!   [`crate::mountinfo`]); `mba_MBps` and `cdp` show in its options;
 //! - `info/<res>/` describes each resource: `cbm_mask` (all ways), `min_cbm_bits`,
 //!   `shareable_bits`, `num_closids`; `info/MB/` has `min_bandwidth`, `bandwidth_gran`,
 //!   `delay_linear`; `info/L3_MON/` has `num_rmids` and `mon_features`;
@@ -107,6 +107,11 @@ pub struct MbaInfo {
     pub num_closids: u32,
     /// Whether the throttle is linear in the delay value.
     pub delay_linear: bool,
+    /// `info/MB/min_bandwidth`: the smallest value (percent on Intel, whatever the mount
+    /// option; 0 on AMD).
+    pub min_bandwidth: u32,
+    /// `info/MB/bandwidth_gran`: the step between values.
+    pub bandwidth_gran: u32,
 }
 
 /// Monitoring (`info/L3_MON`).
@@ -136,12 +141,74 @@ pub struct ResctrlInfo {
 }
 
 impl ResctrlInfo {
-    /// CLOSIDs usable by control groups (the smallest over the enabled resources).
+    /// CLOSIDs usable by control groups, the root's included: the smallest over the
+    /// allocation resources cohabit writes (L3, and MB when MBA is present, since every
+    /// group's schemata then carries an `MB` line). 0 when neither is present.
     pub fn num_closids(&self) -> u32 {
         let l3 = self.l3.as_ref().map(|c| c.num_closids);
         let mb = self.mba.as_ref().map(|m| m.num_closids);
         l3.into_iter().chain(mb).min().unwrap_or(0)
     }
+
+    /// Whether the host can allocate anything (L3 ways or memory bandwidth); monitoring
+    /// alone does not count.
+    pub fn allocates(&self) -> bool {
+        self.l3.is_some() || self.mba.is_some()
+    }
+
+    /// The smallest MBA percentage (`info/MB/min_bandwidth`, at least 1), if MBA is present.
+    pub fn mba_min_pct(&self) -> Option<u8> {
+        self.mba.as_ref().map(|m| pct(m.min_bandwidth))
+    }
+
+    /// The MBA step in percent (`info/MB/bandwidth_gran`, at least 1), if MBA is present.
+    pub fn mba_gran_pct(&self) -> Option<u8> {
+        self.mba.as_ref().map(|m| pct(m.bandwidth_gran))
+    }
+
+    /// The schemata lines an allocation asks for: its way range as a contiguous mask on
+    /// every cache domain (both halves with CDP) and its MBA value on every MB domain.
+    pub fn schemata_for(&self, alloc: &Allocation) -> Schemata {
+        let mut s = Schemata::default();
+        if let Some(l3) = &self.l3 {
+            let mask = contiguous_mask(
+                alloc.llc_ways.first,
+                alloc.llc_ways.count,
+                l3.min_cbm_bits,
+                l3.cbm_mask,
+            );
+            let resources: &[&str] = if l3.cdp {
+                &["L3CODE", "L3DATA"]
+            } else {
+                &["L3"]
+            };
+            for res in resources {
+                for d in &self.l3_domains {
+                    s.set(res, *d, mask);
+                }
+            }
+        }
+        if let Some(mb) = &self.mba {
+            for d in &self.mb_domains {
+                s.set("MB", *d, mb.units.value(alloc.mba_pct));
+            }
+        }
+        s
+    }
+}
+
+/// A percentage file value clamped to 1..=100.
+fn pct(v: u32) -> u8 {
+    u8::try_from(v.clamp(1, 100)).unwrap_or(100)
+}
+
+/// What [`Resctrl::apply_undoable`] wrote, and how to take it back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Applied {
+    /// The lines and domains written (empty: the group already held the values).
+    pub written: Schemata,
+    /// What those lines and domains held before; applying it restores the group.
+    pub previous: Schemata,
 }
 
 /// One counter set of a group at one instant.
@@ -164,26 +231,16 @@ pub struct Resctrl {
     info: ResctrlInfo,
 }
 
-/// Finds the resctrl mount point in mountinfo text; returns it and its options.
+/// Finds the resctrl mount point in mountinfo text (parsed by [`crate::mountinfo`]);
+/// returns it and its options (per-mount and per-superblock).
 pub fn find_mount(mountinfo: &str) -> Option<(PathBuf, Vec<String>)> {
-    mountinfo.lines().find_map(|line| {
-        let (pre, post) = line.split_once(" - ")?;
-        let mut post_f = post.split_whitespace();
-        if post_f.next()? != "resctrl" {
-            return None;
-        }
-        let _source = post_f.next();
-        let super_opts = post_f.next().unwrap_or("");
-        let pre_f: Vec<&str> = pre.split_whitespace().collect();
-        let mount_point = pre_f.get(4)?.replace("\\040", " ");
-        let opts = pre_f.get(5).copied().unwrap_or("");
-        let all = opts
-            .split(',')
-            .chain(super_opts.split(','))
-            .map(str::to_string)
-            .collect();
-        Some((PathBuf::from(mount_point), all))
-    })
+    crate::mountinfo::parse(mountinfo)
+        .into_iter()
+        .find(|m| m.fs_type == "resctrl")
+        .map(|m| {
+            let opts = m.mount_options.into_iter().chain(m.super_options).collect();
+            (m.mount_point, opts)
+        })
 }
 
 impl Resctrl {
@@ -217,8 +274,10 @@ impl Resctrl {
         if fs.subdirs(&root.join("info")).is_err() {
             return Ok(None);
         }
-        let vendor_amd = std::fs::read_to_string(paths.proc.join("cpuinfo"))
-            .is_ok_and(|c| c.contains("AuthenticAMD"));
+        // AMD's MB values are absolute; the vendor says which units apply.
+        let vendor_amd =
+            <procfs::CpuInfo as procfs::FromRead>::from_file(paths.proc.join("cpuinfo"))
+                .is_ok_and(|c| c.get_field(0, "vendor_id") == Some("AuthenticAMD"));
         let info = read_info(fs.as_ref(), &root, &opts, vendor_amd)?;
         Ok(Some(Self { fs, info }))
     }
@@ -302,34 +361,9 @@ impl Resctrl {
         }
     }
 
-    /// The schemata lines an allocation asks for: its way range as a contiguous mask on
-    /// every cache domain (both halves with CDP) and its MBA value on every MB domain.
+    /// The schemata lines an allocation asks for ([`ResctrlInfo::schemata_for`]).
     pub fn schemata_for(&self, alloc: &Allocation) -> Schemata {
-        let mut s = Schemata::default();
-        if let Some(l3) = &self.info.l3 {
-            let mask = contiguous_mask(
-                alloc.llc_ways.first,
-                alloc.llc_ways.count,
-                l3.min_cbm_bits,
-                l3.cbm_mask,
-            );
-            let resources: &[&str] = if l3.cdp {
-                &["L3CODE", "L3DATA"]
-            } else {
-                &["L3"]
-            };
-            for res in resources {
-                for d in &self.info.l3_domains {
-                    s.set(res, *d, mask);
-                }
-            }
-        }
-        if let Some(mb) = &self.info.mba {
-            for d in &self.info.mb_domains {
-                s.set("MB", *d, mb.units.value(alloc.mba_pct));
-            }
-        }
-        s
+        self.info.schemata_for(alloc)
     }
 
     /// The schemata of a group (`None` for the root group).
@@ -349,6 +383,12 @@ impl Resctrl {
     /// Makes group `name` hold `desired`, writing only the lines and domains that differ,
     /// under the mount's lock. Returns what was written (empty if nothing changed).
     pub fn apply(&self, name: &str, desired: &Schemata) -> Result<Schemata, ResctrlError> {
+        self.apply_undoable(name, desired).map(|a| a.written)
+    }
+
+    /// [`Self::apply`], also returning what the changed lines held before (read under the
+    /// same lock), so a caller can restore the group if a later step fails.
+    pub fn apply_undoable(&self, name: &str, desired: &Schemata) -> Result<Applied, ResctrlError> {
         let dir = self.group_dir(name)?;
         let root = &self.info.root;
         let _lock = self
@@ -358,8 +398,9 @@ impl Resctrl {
         let current = self.schemata(Some(name))?;
         let changes = desired.changes_from(&current);
         if changes.is_empty() {
-            return Ok(changes);
+            return Ok(Applied::default());
         }
+        let previous = current.values_at(&changes);
         let text = changes.to_string();
         let path = dir.join("schemata");
         if let Err(e) = self.fs.write(&path, &text) {
@@ -375,7 +416,10 @@ impl Resctrl {
                 status,
             });
         }
-        Ok(changes)
+        Ok(Applied {
+            written: changes,
+            previous,
+        })
     }
 
     /// Task ids in a group (`None`: the root group).
@@ -611,6 +655,8 @@ fn read_info(
                 units,
                 num_closids: u32::try_from(n).unwrap_or(0),
                 delay_linear: read(mb_dir.join("delay_linear"))?.as_deref() == Some("1"),
+                min_bandwidth: min,
+                bandwidth_gran: gran,
             })
         }
         None => None,

@@ -135,6 +135,22 @@ impl Schemata {
     }
 }
 
+impl Schemata {
+    /// The values `self` holds for the resources and domains listed in `keys` (those it
+    /// has): what to write back to undo writing `keys`.
+    pub fn values_at(&self, keys: &Schemata) -> Schemata {
+        let mut out = Schemata::default();
+        for (res, domains) in &keys.resources {
+            for d in domains.keys() {
+                if let Some(v) = self.get(res, *d) {
+                    out.set(res, *d, v);
+                }
+            }
+        }
+        out
+    }
+}
+
 impl fmt::Display for Schemata {
     /// One line per resource, domains in order, masks in lower-case hex without `0x`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

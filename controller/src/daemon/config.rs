@@ -8,6 +8,7 @@
 //! log = "/var/log/cohabit/decisions.jsonl"
 //! collect_timeout_ms = 500
 //! metrics_addr = "127.0.0.1:9464"    # Prometheus metrics; "" disables
+//! metrics_public = false             # must be true for a non-loopback metrics_addr
 //!
 //! [host]
 //! cpus = "0-35"                      # CPUs cohabit manages; default: all online
@@ -20,6 +21,8 @@
 //! latency = { push = "127.0.0.1:9400" }    # or { unix = "/run/cohabit/memcached.sock" }
 //!                                          # or { prometheus = "http://127.0.0.1:9150/metrics",
 //!                                          #      metric = "request_duration_seconds" }
+//!                                          # or { probe = "memcached://127.0.0.1:11211",
+//!                                          #      rate_hz = 100, timeout_ms = 1000 }
 //!
 //! [[best_effort]]
 //! name = "batch"
@@ -31,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use cohabit_collectors::cgroup::CpuList;
 use cohabit_collectors::latency::PushAddr;
+use cohabit_collectors::probe::{ProbeSettings, ProbeUrl};
 use cohabit_collectors::HostPaths;
 use serde::Deserialize;
 
@@ -59,6 +63,8 @@ struct File {
     collect_timeout_ms: i64,
     #[serde(default = "default_metrics")]
     metrics_addr: String,
+    #[serde(default)]
+    metrics_public: bool,
     #[serde(default)]
     host: HostFile,
     #[serde(default)]
@@ -163,7 +169,15 @@ struct LatencyFile {
     metric: Option<String>,
     #[serde(default = "one")]
     unit_seconds: f64,
+    probe: Option<String>,
+    rate_hz: Option<i64>,
+    timeout_ms: Option<i64>,
 }
+
+/// Probe requests per second when `rate_hz` is not given.
+pub const DEFAULT_PROBE_RATE_HZ: u32 = 100;
+/// Probe time-out when `timeout_ms` is not given.
+pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 1000;
 
 fn one() -> f64 {
     1.0
@@ -195,6 +209,16 @@ pub enum LatencySource {
         metric: String,
         /// Its unit in seconds.
         unit_seconds: f64,
+    },
+    /// Requests timed by cohabit itself on a dedicated thread
+    /// ([`cohabit_collectors::probe`]).
+    Probe {
+        /// The service's address and protocol; the only place the probe contacts.
+        url: ProbeUrl,
+        /// Requests per second, 1 to 10000.
+        rate_hz: u32,
+        /// Per-request time-out; a request not answered by then is a violation.
+        timeout_ms: u64,
     },
 }
 
@@ -316,6 +340,11 @@ impl DaemonConfig {
                 err(format!("metrics_addr {:?} is not an address like 127.0.0.1:9464 ({e}); use \"\" to disable", f.metrics_addr))
             })?)
         };
+        if let Some(addr) = metrics_addr.filter(|a| !a.ip().is_loopback() && !f.metrics_public) {
+            return Err(err(format!(
+                "metrics_addr {addr} is not a loopback address; the endpoint has no authentication and shows service names, targets and allocations, so set metrics_public = true to serve it there"
+            )));
+        }
         let cpus = f
             .host
             .cpus
@@ -487,8 +516,12 @@ fn gpu(g: &GpuFile) -> Result<GpuConfig, String> {
 }
 
 fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
-    match (&l.push, &l.unix, &l.prometheus) {
-        (Some(addr), None, None) => {
+    if l.probe.is_none() && (l.rate_hz.is_some() || l.timeout_ms.is_some()) {
+        return Err("latency.rate_hz and latency.timeout_ms go with probe".into());
+    }
+    match (&l.push, &l.unix, &l.prometheus, &l.probe) {
+        (None, None, None, Some(url)) => probe(url, l),
+        (Some(addr), None, None, None) => {
             let a: std::net::SocketAddr = addr.parse().map_err(|e| {
                 format!("latency.push {addr:?} is not an address like 127.0.0.1:9400 ({e})")
             })?;
@@ -497,8 +530,8 @@ fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
             }
             Ok(LatencySource::Push(PushAddr::Udp(a)))
         }
-        (None, Some(p), None) => Ok(LatencySource::Push(PushAddr::Unix(p.clone()))),
-        (None, None, Some(url)) => {
+        (None, Some(p), None, None) => Ok(LatencySource::Push(PushAddr::Unix(p.clone()))),
+        (None, None, Some(url), None) => {
             if !url.starts_with("http://") {
                 return Err(format!("latency.prometheus {url:?} must be an http:// URL"));
             }
@@ -518,8 +551,47 @@ fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
                 unit_seconds: l.unit_seconds,
             })
         }
-        _ => Err("latency needs exactly one of push, unix, prometheus".into()),
+        _ => Err("latency needs exactly one of push, unix, prometheus, probe".into()),
     }
+}
+
+fn probe(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
+    if l.metric.is_some() {
+        return Err("latency.metric goes with prometheus, not probe".into());
+    }
+    let parsed: ProbeUrl = url.parse().map_err(|e| format!("latency.probe: {e}"))?;
+    let rate_hz = match l.rate_hz {
+        None => DEFAULT_PROBE_RATE_HZ,
+        Some(r) => u32::try_from(r)
+            .ok()
+            .filter(|r| (1..=cohabit_collectors::probe::MAX_RATE_HZ).contains(r))
+            .ok_or_else(|| {
+                format!(
+                    "latency.rate_hz must be from 1 to {}, got {r}",
+                    cohabit_collectors::probe::MAX_RATE_HZ
+                )
+            })?,
+    };
+    let timeout_ms = match l.timeout_ms {
+        None => DEFAULT_PROBE_TIMEOUT_MS,
+        Some(t) if t > 0 && t <= 600_000 => t.unsigned_abs(),
+        Some(t) => {
+            return Err(format!(
+                "latency.timeout_ms must be from 1 to 600000, got {t}"
+            ))
+        }
+    };
+    ProbeSettings {
+        rate_hz,
+        timeout: std::time::Duration::from_millis(timeout_ms),
+    }
+    .validate(url)
+    .map_err(|e| format!("latency: {e}"))?;
+    Ok(LatencySource::Probe {
+        url: parsed,
+        rate_hz,
+        timeout_ms,
+    })
 }
 
 #[cfg(test)]
@@ -534,6 +606,10 @@ mod tests {
         assert_eq!(c.policy, PolicyKind::Parties);
         assert!(c.services.iter().any(|s| s.p99_target_ms.is_some()));
         assert!(c.services.iter().any(|s| s.p99_target_ms.is_none()));
+        assert!(c
+            .services
+            .iter()
+            .any(|s| matches!(s.latency, Some(LatencySource::Probe { .. }))));
     }
 
     fn err(text: &str) -> String {
@@ -589,5 +665,100 @@ mod tests {
             "loopback by default"
         );
         assert!(err("").contains("at least one [[service]]"));
+    }
+
+    #[test]
+    fn a_probe_source_is_parsed_with_defaults_and_validated() {
+        let probe = |l: &str| MIN.replace("{ push = \"127.0.0.1:9400\" }", l);
+        let c = DaemonConfig::parse(
+            &probe("{ probe = \"memcached://127.0.0.1:11211\" }"),
+            "t.toml",
+        )
+        .unwrap();
+        let Some(LatencySource::Probe {
+            url,
+            rate_hz,
+            timeout_ms,
+        }) = &c.services[0].latency
+        else {
+            panic!("{:?}", c.services[0].latency)
+        };
+        assert_eq!(url.addr, "127.0.0.1:11211".parse().unwrap());
+        assert_eq!(
+            (*rate_hz, *timeout_ms),
+            (DEFAULT_PROBE_RATE_HZ, DEFAULT_PROBE_TIMEOUT_MS)
+        );
+        let c = DaemonConfig::parse(
+            &probe("{ probe = \"http://127.0.0.1:8080/health\", rate_hz = 10000, timeout_ms = 5 }"),
+            "t.toml",
+        )
+        .unwrap();
+        assert!(matches!(
+            &c.services[0].latency,
+            Some(LatencySource::Probe { rate_hz: 10000, timeout_ms: 5, url }) if url.path == "/health"
+        ));
+        for (l, why) in [
+            (
+                "{ probe = \"redis://127.0.0.1\", rate_hz = 0 }",
+                "rate_hz must be from 1 to 10000, got 0",
+            ),
+            (
+                "{ probe = \"redis://127.0.0.1\", rate_hz = 10001 }",
+                "rate_hz",
+            ),
+            (
+                "{ probe = \"redis://127.0.0.1\", timeout_ms = 0 }",
+                "timeout_ms",
+            ),
+            (
+                "{ probe = \"redis://127.0.0.1\", timeout_ms = -3 }",
+                "timeout_ms",
+            ),
+            (
+                "{ probe = \"redis://cache.internal\" }",
+                "redis://cache.internal",
+            ),
+            ("{ probe = \"https://127.0.0.1/\" }", "TLS"),
+            (
+                "{ probe = \"redis://127.0.0.1\", metric = \"x\" }",
+                "metric goes with prometheus",
+            ),
+            (
+                "{ push = \"127.0.0.1:9400\", rate_hz = 5 }",
+                "go with probe",
+            ),
+            (
+                "{ push = \"127.0.0.1:9400\", probe = \"redis://127.0.0.1\" }",
+                "exactly one",
+            ),
+            (
+                "{ probe = \"redis://127.0.0.1\", rate = 5 }",
+                "unknown field",
+            ),
+        ] {
+            let e = err(&probe(l));
+            assert!(e.contains(why), "{l}: {e}");
+            assert!(
+                e.contains("service kv") || e.contains("unknown field"),
+                "{l}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_metrics_address_off_loopback_needs_metrics_public() {
+        for addr in ["0.0.0.0:9464", "10.0.0.1:9464", "[::]:9464"] {
+            let text = format!("metrics_addr = \"{addr}\"\n{MIN}");
+            let e = err(&text);
+            assert!(
+                e.contains("metrics_addr") && e.contains("metrics_public = true"),
+                "{e}"
+            );
+            let public =
+                DaemonConfig::parse(&format!("metrics_public = true\n{text}"), "t.toml").unwrap();
+            assert_eq!(public.metrics_addr, Some(addr.parse().unwrap()));
+        }
+        let v6 = DaemonConfig::parse(&format!("metrics_addr = \"[::1]:9464\"\n{MIN}"), "t.toml");
+        assert!(v6.is_ok(), "::1 is loopback");
     }
 }

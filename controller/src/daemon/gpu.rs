@@ -134,6 +134,38 @@ impl GpuActuator {
         Ok(())
     }
 
+    /// Takes back a [`Self::publish`]: publishes `previous` again, or, when nothing had been
+    /// published, puts the environment file back as it was and drops the pending restart.
+    pub fn revert(
+        &mut self,
+        service: &str,
+        previous: Option<u8>,
+        pinned_limit: Option<&str>,
+    ) -> Result<(), String> {
+        if let Some(pct) = previous {
+            return self.publish(service, pct, pinned_limit);
+        }
+        let Some(c) = self.clients.get_mut(service) else {
+            return Ok(());
+        };
+        let path = &c.cfg.env_file;
+        match c.original.take() {
+            Some(Some(text)) => {
+                std::fs::write(path, text)
+                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            }
+            Some(None) => match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("removing {}: {e}", path.display())),
+            },
+            None => {}
+        }
+        c.published = None;
+        c.pending = false;
+        Ok(())
+    }
+
     /// Restarts clients whose published share is not yet effective, if their minimum
     /// interval since the last restart has passed. Before a restart, an MPS server that
     /// serves only that service (its clients all among `pids[service]`) gets the share as its
@@ -185,14 +217,14 @@ impl GpuActuator {
     /// they next restart).
     pub fn restore(&mut self) {
         for c in self.clients.values_mut() {
-            match c.original.take() {
-                Some(Some(text)) => {
-                    let _ = std::fs::write(&c.cfg.env_file, text);
-                }
-                Some(None) => {
-                    let _ = std::fs::remove_file(&c.cfg.env_file);
-                }
-                None => {}
+            let path = &c.cfg.env_file;
+            let done = match c.original.take() {
+                Some(Some(text)) => std::fs::write(path, text),
+                Some(None) => std::fs::remove_file(path),
+                None => Ok(()),
+            };
+            if let Err(e) = done {
+                tracing::warn!(file = %path.display(), error = %e, "could not restore a GPU client's environment file");
             }
         }
     }

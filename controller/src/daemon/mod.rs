@@ -11,11 +11,14 @@ pub mod gpu;
 pub mod host;
 pub mod probe;
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use cohabit_core::{log::last_header, Collector as _, DecisionLogWriter, LogHeader};
 use tokio::time::MissedTickBehavior;
 
 use self::config::DaemonConfig;
@@ -27,8 +30,64 @@ use cohabit_policy::{HostContext, Policy, PolicyKind};
 struct Loop {
     host: RealHost,
     policy: Box<dyn Policy>,
-    log: Option<std::io::BufWriter<std::fs::File>>,
+    log: Option<DecisionLogWriter<File>>,
     dry_run: bool,
+}
+
+/// Continues the decision log at `path`, already opened for appending as `file`, with
+/// records described by `header`:
+///
+/// - a new (empty) log starts with `header`;
+/// - a log whose last header is `header` (the daemon restarted on the same host with the
+///   same policy) is continued without a second one;
+/// - any other log (another host, policy or version, or a version-1 log without a header)
+///   gets `header` appended: the reader takes a header to describe the records after it,
+///   so one file holds the runs one after the other, each with its own host.
+///
+/// A last line cut short (the daemon killed mid-write) is ended first, so that it stays
+/// one bad line instead of swallowing the next record. A log this build cannot read (a
+/// newer version, a broken header) is an error: move it aside to start a new one.
+fn continue_log(file: File, path: &Path, header: &LogHeader) -> Result<DecisionLogWriter<File>> {
+    let mut existing = File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let len = existing
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    if len == 0 {
+        return DecisionLogWriter::new(file, header)
+            .with_context(|| format!("writing the decision log {}", path.display()));
+    }
+    let mut last_byte = [0u8];
+    existing
+        .seek(SeekFrom::End(-1))
+        .and_then(|_| existing.read_exact(&mut last_byte))
+        .and_then(|()| existing.rewind())
+        .with_context(|| format!("reading {}", path.display()))?;
+    let last = last_header(BufReader::new(existing)).with_context(|| {
+        format!(
+            "cannot continue the decision log {}; move it aside to start a new one",
+            path.display()
+        )
+    })?;
+    let new_header = last.as_ref() != Some(header);
+    let mut log = DecisionLogWriter::continuing(file);
+    let mut write = || -> std::io::Result<()> {
+        if last_byte[0] != b'\n' {
+            log.get_mut().write_all(b"\n")?;
+        }
+        if new_header {
+            log.write_header(header)?;
+        }
+        Ok(())
+    };
+    write().with_context(|| format!("writing the decision log {}", path.display()))?;
+    if new_header {
+        tracing::info!(
+            log = %path.display(),
+            "the decision log was written by another policy, host or version; continuing it under a new header"
+        );
+    }
+    Ok(log)
 }
 
 /// Runs the daemon until `shutdown` resolves (or SIGTERM/SIGINT when `None`), then
@@ -47,7 +106,7 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
                 .append(true)
                 .open(path)
                 .with_context(|| format!("opening decision log {}", path.display()))?;
-            Some(std::io::BufWriter::new(f))
+            Some((path.clone(), f))
         }
         None => None,
     };
@@ -67,6 +126,13 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         specs: host.specs(),
     };
     let mut policy: Box<dyn Policy> = policy_kind.build(ctx, model)?;
+    let log = match log {
+        Some((path, file)) => {
+            let header = LogHeader::new(policy.name(), host.simulated(), host.capacity().clone());
+            Some(continue_log(file, &path, &header)?)
+        }
+        None => None,
+    };
     let initial = policy.initial();
     if let Err(e) = host.launch(&initial.plan) {
         host.restore();
@@ -127,10 +193,7 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
                 control::step(host, policy.as_mut(), *dry_run).map_err(|e| e.to_string())?;
             let mut logged = Ok(());
             if let Some(log) = log {
-                logged = serde_json::to_writer(&mut *log, &record)
-                    .map_err(std::io::Error::from)
-                    .and_then(|()| log.write_all(b"\n"))
-                    .and_then(|()| log.flush());
+                logged = log.write(&record).and_then(|()| log.flush());
             }
             if let Ok(mut ex) = ex.lock() {
                 ex.observe(&record, started.elapsed().as_secs_f64());
@@ -185,6 +248,94 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn host(cores: u32) -> cohabit_core::HostCapacity {
+        cohabit_core::HostCapacity {
+            name: "test".into(),
+            cores,
+            freq_ghz: 2.0,
+            llc_ways: 11,
+            llc_way_bytes: 1 << 20,
+            mem_bw_bytes_per_s: 20e9,
+            gpus: vec![],
+            closids: 16,
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
+        }
+    }
+
+    /// Opens `path` as the daemon does and continues it under `header`.
+    fn start(path: &Path, header: &LogHeader) {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        continue_log(file, path, header).unwrap();
+    }
+
+    fn headers(path: &Path) -> Vec<(usize, LogHeader)> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("{\"cohabit_decision_log\""))
+            .map(|(i, l)| (i + 1, serde_json::from_str(l).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_restart_on_the_same_host_continues_the_log_and_another_host_adds_a_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let parties = LogHeader::new("parties", false, host(8));
+        start(&path, &parties);
+        assert_eq!(headers(&path), vec![(1, parties.clone())]);
+        start(&path, &parties);
+        assert_eq!(headers(&path).len(), 1, "no second header for the same run");
+        let bigger = LogHeader::new("parties", false, host(16));
+        start(&path, &bigger);
+        let ml = LogHeader::new("ml", false, host(16));
+        start(&path, &ml);
+        assert_eq!(
+            headers(&path),
+            vec![(1, parties), (2, bigger), (3, ml.clone())]
+        );
+        // The reader takes the latest.
+        let last = last_header(BufReader::new(File::open(&path).unwrap())).unwrap();
+        assert_eq!(last, Some(ml));
+    }
+
+    #[test]
+    fn a_version_1_log_or_a_cut_line_gets_a_header_on_a_line_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        std::fs::write(&path, "{\"schema_version\":1,\"policy\":\"par").unwrap();
+        let header = LogHeader::new("parties", false, host(8));
+        start(&path, &header);
+        assert_eq!(headers(&path), vec![(2, header)]);
+    }
+
+    #[test]
+    fn a_log_from_a_newer_version_is_not_continued() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        std::fs::write(&path, "{\"cohabit_decision_log\":99}\n").unwrap();
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let e = continue_log(file, &path, &LogHeader::new("parties", false, host(8))).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("move it aside") && msg.contains("version 99"),
+            "{msg}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"cohabit_decision_log\":99}\n"
+        );
+    }
 
     #[test]
     fn ml_with_a_model_that_does_not_load_stops_before_touching_the_host() {

@@ -8,6 +8,7 @@ use cohabit_collectors::kfs::RealFs;
 use cohabit_collectors::perf::{self, PerfSupport};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{Resctrl, ResctrlInfo};
+use cohabit_collectors::sysfs::Sysfs;
 use cohabit_collectors::HostPaths;
 use serde::Serialize;
 
@@ -73,7 +74,8 @@ pub fn probe(paths: &HostPaths) -> ProbeReport {
             .map(|p| !p.is_empty())
             .unwrap_or(false);
     ProbeReport {
-        cpus: super::host::online_cpus(&paths.sys).len(),
+        // Unknown online CPUs count as CPU 0 alone, as the daemon assumes.
+        cpus: Sysfs::new(&paths.sys).online_cpus().map_or(1, |c| c.len()),
         resctrl,
         resctrl_absent,
         cgroup_version: cg.as_ref().map(|c| c.version),

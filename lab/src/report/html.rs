@@ -53,7 +53,7 @@ fn summary_table(rows: &[&RunSummary]) -> String {
 }
 
 fn decision_table(run: &Run) -> String {
-    let targets = data::targets(&run.records);
+    let targets = run.targets();
     let interesting: Vec<&cohabit_core::DecisionRecord> = run
         .records
         .iter()
@@ -62,7 +62,7 @@ fn decision_table(run: &Run) -> String {
                 || r.apply.is_some()
                 || targets
                     .iter()
-                    .any(|(n, t)| data::judged_p99_ms(r, n).is_some_and(|p| p > *t))
+                    .any(|(n, t)| r.judged_p99_ms(n).is_some_and(|p| p > *t))
         })
         .collect();
     let mut s = format!(
@@ -78,7 +78,7 @@ fn decision_table(run: &Run) -> String {
     for r in interesting.iter().take(MAX_ROWS) {
         let _ = write!(s, "<tr><td>{:.1}</td>", r.observation.t_ms as f64 / 1000.0);
         for (n, t) in &targets {
-            match data::judged_p99_ms(r, n) {
+            match r.judged_p99_ms(n) {
                 Some(p) if p > *t => {
                     let _ = write!(s, "<td class=\"bad\">{:.2}</td>", p / t);
                 }

@@ -11,7 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::rundir::{judged_p99_ms, targets, Run};
+use crate::rundir::Run;
 
 /// Image format of the plots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +123,7 @@ fn t_s(r: &cohabit_core::DecisionRecord) -> f64 {
 /// Per latency-critical service: p99 / target over time (measured, true where simulated,
 /// predicted where a model predicted), the target line, and violations shaded.
 fn qos<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> DrawResult {
-    let targets = targets(&run.records);
+    let targets = run.targets();
     let panels = root.split_evenly((targets.len().max(1), 1));
     let t_max = run.records.last().map_or(1.0, t_s).max(1.0);
     for ((name, target), area) in targets.iter().zip(panels.iter()) {
@@ -453,10 +453,10 @@ fn cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[Run]) -> DrawR
     for p in &policies {
         let mut v: Vec<f64> = Vec::new();
         for run in runs.iter().filter(|r| &r.policy == p) {
-            let t = targets(&run.records);
+            let t = run.targets();
             for r in &run.records {
                 for (name, target) in &t {
-                    if let Some(x) = judged_p99_ms(r, name) {
+                    if let Some(x) = r.judged_p99_ms(name) {
                         v.push((x / target).max(1e-3));
                     }
                 }
@@ -522,7 +522,7 @@ fn dedup(it: impl Iterator<Item = String>) -> Vec<String> {
 /// Draws the plots of one run into `out`; returns the files written.
 pub fn plot_run(run: &Run, out: &Path, fmt: PlotFormat) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out)?;
-    let n = targets(&run.records).len().max(1);
+    let n = run.targets().len().max(1);
     let qos_path = out.join(format!("qos.{}", fmt.ext()));
     let qos_size = (WIDTH, 300 * u32::try_from(n).unwrap_or(1).min(12));
     render!(&qos_path, fmt, qos_size, qos, run);

@@ -1,0 +1,1026 @@
+//! Built-in latency probes: cohabit times requests to a service itself, for services that
+//! export no latency histogram.
+//!
+//! Problem: most services (memcached, redis, a plain nginx) report no latency distribution,
+//! and a policy needs a p99 per tick.
+//!
+//! Approach: one dedicated thread per service sends small requests on a fixed schedule
+//! (`rate_hz`) over one keep-alive TCP connection and records each latency in an HDR
+//! histogram; each tick the daemon drains the window ([`Probe::take`]) into a p99 and a
+//! request rate, as it does for pushed latencies ([`crate::latency::PushListener`]).
+//!
+//! Algorithm: request `k` is due at `start + k / rate_hz`. Its latency is measured from that
+//! due time, not from when it was actually sent, so a slow response that delays the next
+//! requests is charged to them as well (no coordinated omission); a late thread sends the
+//! requests it owes at once. A request not answered by `due + timeout` is a violation
+//! recorded as the time-out value, and the connection is replaced (a late answer would be
+//! taken for the next one). A request already past its deadline when its turn comes, and a
+//! connection that cannot be made, are violations too.
+//!
+//! Properties: only the host and port named by the [`ProbeUrl`] are contacted (IP
+//! literals or `localhost`; names are never resolved); the thread's own CPU time is
+//! measured and reported per window; dropping a [`Probe`] stops its thread. Protocols:
+//! memcached text (`set` of the probe key once per connection, then `get`), redis RESP
+//! (`PING`) and HTTP/1.1 `GET` on plain TCP (no TLS).
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// Largest latency recorded: one hour in microseconds.
+const MAX_US: u64 = 3_600_000_000;
+/// Largest response read (a probe reads small answers; a bigger one is an error).
+const MAX_RESPONSE: usize = 1 << 20;
+/// The memcached key the probe sets and reads.
+pub const MEMCACHED_KEY: &str = "cohabit-probe";
+/// Highest request rate a probe accepts.
+pub const MAX_RATE_HZ: u32 = 10_000;
+
+/// Why a probe could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The URL is not one a probe accepts.
+    #[error("probe URL {url:?}: {reason}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The rate or time-out is out of range.
+    #[error("probe {url}: {reason}")]
+    Settings {
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The service did not answer the first request.
+    #[error("probe {url} does not answer: {detail}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The probe thread could not be started.
+    #[error("starting the probe thread for {url}: {source}")]
+    Thread {
+        /// The URL.
+        url: String,
+        /// OS error.
+        source: io::Error,
+    },
+}
+
+/// The protocol a probe speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// memcached text protocol.
+    Memcached,
+    /// redis RESP.
+    Redis,
+    /// HTTP/1.1 on plain TCP.
+    Http,
+}
+
+impl Scheme {
+    fn name(self) -> &'static str {
+        match self {
+            Scheme::Memcached => "memcached",
+            Scheme::Redis => "redis",
+            Scheme::Http => "http",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Memcached => 11211,
+            Scheme::Redis => 6379,
+            Scheme::Http => 80,
+        }
+    }
+}
+
+/// A probe target: `memcached://HOST:PORT`, `redis://HOST:PORT` or `http://HOST:PORT/PATH`.
+///
+/// HOST is an IPv4 literal, a bracketed IPv6 literal or `localhost` (127.0.0.1); names are
+/// not resolved, so nothing but the named address is ever contacted. The port defaults to
+/// the protocol's (11211, 6379, 80). No user info, no fragment; a query only for http.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeUrl {
+    /// Protocol.
+    pub scheme: Scheme,
+    /// The host as written (`127.0.0.1`, `[::1]`, `localhost`), for the `Host` header.
+    pub host: String,
+    /// The address contacted.
+    pub addr: SocketAddr,
+    /// Request target for http (`/` by default, query included); empty otherwise.
+    pub path: String,
+}
+
+impl fmt::Display for ProbeUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}://{}:{}{}",
+            self.scheme.name(),
+            self.host,
+            self.addr.port(),
+            self.path
+        )
+    }
+}
+
+impl FromStr for ProbeUrl {
+    type Err = ProbeError;
+
+    fn from_str(url: &str) -> Result<Self, ProbeError> {
+        let bad = |reason: &str| ProbeError::Url {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(bad("contains white space or control characters"));
+        }
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("needs a scheme: memcached://, redis:// or http://"))?;
+        let scheme = match scheme {
+            "memcached" => Scheme::Memcached,
+            "redis" => Scheme::Redis,
+            "http" => Scheme::Http,
+            "https" | "rediss" => return Err(bad("TLS is not supported; use plain TCP")),
+            _ => return Err(bad("the scheme must be memcached, redis or http")),
+        };
+        if rest.contains('#') {
+            return Err(bad("a fragment (#...) has no meaning here"));
+        }
+        let split = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, target) = rest.split_at(split);
+        if authority.contains('@') {
+            return Err(bad("user information (user@host) is not supported"));
+        }
+        let (host, port) = split_host_port(authority).map_err(|r| bad(&r))?;
+        let ip: IpAddr = if host == "localhost" {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            v6.parse().map_err(|_| bad("not an IPv6 address"))?
+        } else {
+            host.parse().map_err(|_| {
+                bad("the host must be an IP address or localhost (names are not resolved)")
+            })?
+        };
+        let port = port.unwrap_or_else(|| scheme.default_port());
+        let path = match scheme {
+            Scheme::Http if target.is_empty() => "/".to_string(),
+            Scheme::Http if target.starts_with('?') => format!("/{target}"),
+            Scheme::Http => target.to_string(),
+            _ if target.is_empty() || target == "/" => String::new(),
+            _ => return Err(bad("memcached and redis probes take no path or query")),
+        };
+        Ok(Self {
+            scheme,
+            host: host.to_string(),
+            addr: SocketAddr::new(ip, port),
+            path,
+        })
+    }
+}
+
+/// `host[:port]` → host and the port if given.
+fn split_host_port(authority: &str) -> Result<(&str, Option<u16>), String> {
+    if authority.is_empty() {
+        return Err("needs a host".into());
+    }
+    let (host, port) = if authority.starts_with('[') {
+        let end = authority
+            .find(']')
+            .ok_or("an IPv6 address needs its closing ]")?;
+        let (h, rest) = authority.split_at(end + 1);
+        match rest {
+            "" => (h, None),
+            r => (
+                h,
+                Some(
+                    r.strip_prefix(':')
+                        .ok_or("expected :PORT after the IPv6 address")?,
+                ),
+            ),
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    let port = port
+        .map(|p| match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+            _ => Err(format!("port {p:?} must be a number from 1 to 65535")),
+        })
+        .transpose()?;
+    if host.is_empty() {
+        return Err("needs a host".into());
+    }
+    Ok((host, port))
+}
+
+/// How a response ended, as parsed from the bytes read so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parse {
+    /// More bytes are needed.
+    Incomplete,
+    /// A whole response of this many bytes that answers the request.
+    Ok(usize),
+    /// A whole response of this many bytes that reports an error (`SERVER_ERROR`, `-ERR`,
+    /// an HTTP 5xx).
+    Failed(usize),
+    /// Not this protocol: the connection cannot be trusted any more.
+    Garbled,
+}
+
+fn line_end(buf: &[u8], from: usize) -> Option<usize> {
+    buf.get(from..)?
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map(|p| from + p)
+}
+
+/// A memcached text-protocol reply to `get` (`VALUE … END`, or `END` on a miss) or to `set`
+/// (`STORED`).
+pub fn parse_memcached(buf: &[u8]) -> Parse {
+    let mut at = 0;
+    loop {
+        let Some(end) = line_end(buf, at) else {
+            return Parse::Incomplete;
+        };
+        let line = &buf[at..end];
+        let next = end + 2;
+        if line == b"END" || line == b"STORED" {
+            return Parse::Ok(next);
+        }
+        if line.starts_with(b"SERVER_ERROR")
+            || line.starts_with(b"CLIENT_ERROR")
+            || line == b"ERROR"
+            || line == b"NOT_STORED"
+        {
+            return Parse::Failed(next);
+        }
+        let Some(rest) = line.strip_prefix(b"VALUE ") else {
+            return Parse::Garbled;
+        };
+        let bytes = std::str::from_utf8(rest)
+            .ok()
+            .and_then(|r| r.split_whitespace().nth(2))
+            .and_then(|n| n.parse::<usize>().ok());
+        let Some(bytes) = bytes else {
+            return Parse::Garbled;
+        };
+        let data_end = next + bytes;
+        if buf.len() < data_end + 2 {
+            return Parse::Incomplete;
+        }
+        if &buf[data_end..data_end + 2] != b"\r\n" {
+            return Parse::Garbled;
+        }
+        at = data_end + 2;
+    }
+}
+
+/// A redis reply to `PING`: a simple string (`+PONG`) or an error (`-ERR …`).
+pub fn parse_redis(buf: &[u8]) -> Parse {
+    let Some(end) = line_end(buf, 0) else {
+        return Parse::Incomplete;
+    };
+    match buf.first() {
+        Some(b'+') => Parse::Ok(end + 2),
+        Some(b'-') => Parse::Failed(end + 2),
+        _ => Parse::Garbled,
+    }
+}
+
+/// An HTTP/1.1 response with a `Content-Length` or chunked body; a 5xx status is a failure.
+/// A response delimited by the connection closing is reported `Incomplete` until then
+/// (see [`http_close_delimited`]).
+pub fn parse_http(buf: &[u8]) -> Parse {
+    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Parse::Incomplete;
+    };
+    let Ok(head) = std::str::from_utf8(&buf[..head_end]) else {
+        return Parse::Garbled;
+    };
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.split(' ');
+    let (Some(version), Some(code)) = (parts.next(), parts.next()) else {
+        return Parse::Garbled;
+    };
+    let Ok(code) = code.parse::<u16>() else {
+        return Parse::Garbled;
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Parse::Garbled;
+    }
+    let mut length = None;
+    let mut chunked = false;
+    for l in lines {
+        let Some((k, v)) = l.split_once(':') else {
+            return Parse::Garbled;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        if k.eq_ignore_ascii_case("content-length") {
+            match v.parse::<usize>() {
+                Ok(n) => length = Some(n),
+                Err(_) => return Parse::Garbled,
+            }
+        } else if k.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = v.to_ascii_lowercase().contains("chunked");
+        }
+    }
+    let body_start = head_end + 4;
+    let no_body = (100..200).contains(&code) || code == 204 || code == 304;
+    let end = if no_body {
+        Some(body_start)
+    } else if chunked {
+        match chunked_end(buf, body_start) {
+            Ok(e) => e,
+            Err(()) => return Parse::Garbled,
+        }
+    } else {
+        match length {
+            Some(n) => (buf.len() >= body_start + n).then_some(body_start + n),
+            None => None,
+        }
+    };
+    match end {
+        None => Parse::Incomplete,
+        Some(e) if code >= 500 => Parse::Failed(e),
+        Some(e) => Parse::Ok(e),
+    }
+}
+
+/// Whether a response's length is only known when the server closes the connection.
+pub fn http_close_delimited(buf: &[u8]) -> bool {
+    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    !head.contains("\r\ncontent-length:") && !head.contains("\r\ntransfer-encoding:")
+}
+
+/// End of a chunked body starting at `at`: `Ok(None)` while incomplete.
+fn chunked_end(buf: &[u8], mut at: usize) -> Result<Option<usize>, ()> {
+    loop {
+        let Some(end) = line_end(buf, at) else {
+            return Ok(None);
+        };
+        let size_text = std::str::from_utf8(&buf[at..end]).map_err(|_| ())?;
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16).map_err(|_| ())?;
+        at = end + 2;
+        if size == 0 {
+            // Trailers, then an empty line.
+            loop {
+                let Some(e) = line_end(buf, at) else {
+                    return Ok(None);
+                };
+                let empty = e == at;
+                at = e + 2;
+                if empty {
+                    return Ok(Some(at));
+                }
+            }
+        }
+        if buf.len() < at + size + 2 {
+            return Ok(None);
+        }
+        at += size + 2;
+    }
+}
+
+/// The bytes of one probe request.
+fn request(url: &ProbeUrl) -> Vec<u8> {
+    match url.scheme {
+        Scheme::Memcached => format!("get {MEMCACHED_KEY}\r\n").into_bytes(),
+        Scheme::Redis => b"*1\r\n$4\r\nPING\r\n".to_vec(),
+        Scheme::Http => format!(
+            "GET {} HTTP/1.1\r\nHost: {}:{}\r\nUser-Agent: cohabit-probe\r\nAccept: */*\r\n\r\n",
+            url.path,
+            url.host,
+            url.addr.port()
+        )
+        .into_bytes(),
+    }
+}
+
+fn parser(scheme: Scheme) -> fn(&[u8]) -> Parse {
+    match scheme {
+        Scheme::Memcached => parse_memcached,
+        Scheme::Redis => parse_redis,
+        Scheme::Http => parse_http,
+    }
+}
+
+/// Why one request did not give a latency.
+#[derive(Debug)]
+enum Miss {
+    /// No answer by the deadline.
+    TimedOut,
+    /// The connection failed or the answer was an error.
+    Failed(String),
+}
+
+/// One keep-alive connection to the target.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn open(url: &ProbeUrl, deadline: Instant) -> Result<Self, Miss> {
+        let left = remaining(deadline)?;
+        let stream = TcpStream::connect_timeout(&url.addr, left).map_err(|e| io_miss(&e))?;
+        let _ = stream.set_nodelay(true);
+        let mut c = Self {
+            stream,
+            buf: Vec::with_capacity(4096),
+        };
+        if url.scheme == Scheme::Memcached {
+            let set = format!("set {MEMCACHED_KEY} 0 0 1\r\nx\r\n");
+            c.exchange(set.as_bytes(), parse_memcached, deadline)?;
+        }
+        Ok(c)
+    }
+
+    /// Sends a request and reads its whole response by `deadline`.
+    fn exchange(
+        &mut self,
+        req: &[u8],
+        parse: fn(&[u8]) -> Parse,
+        deadline: Instant,
+    ) -> Result<(), Miss> {
+        self.stream.write_all(req).map_err(|e| io_miss(&e))?;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match parse(&self.buf) {
+                Parse::Ok(n) => {
+                    self.buf.drain(..n);
+                    return if self.buf.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(Miss::Failed("more bytes than one response".into()))
+                    };
+                }
+                Parse::Failed(n) => {
+                    let text = String::from_utf8_lossy(&self.buf[..n.min(120)]).into_owned();
+                    self.buf.drain(..n);
+                    return Err(Miss::Failed(format!("error reply: {}", text.trim())));
+                }
+                Parse::Garbled => return Err(Miss::Failed("unexpected reply".into())),
+                Parse::Incomplete if self.buf.len() > MAX_RESPONSE => {
+                    return Err(Miss::Failed("reply larger than 1 MiB".into()))
+                }
+                Parse::Incomplete => {}
+            }
+            self.stream
+                .set_read_timeout(Some(remaining(deadline)?))
+                .map_err(|e| io_miss(&e))?;
+            match self.stream.read(&mut chunk) {
+                Ok(0) if http_close_delimited(&self.buf) => {
+                    self.buf.clear();
+                    return Err(Miss::Failed(
+                        "the server closes after each response (no keep-alive)".into(),
+                    ));
+                }
+                Ok(0) => return Err(Miss::Failed("connection closed by the server".into())),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_miss(&e)),
+            }
+        }
+    }
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, Miss> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(Miss::TimedOut)
+    } else {
+        Ok(left)
+    }
+}
+
+fn io_miss(e: &io::Error) -> Miss {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Miss::TimedOut,
+        _ => Miss::Failed(e.to_string()),
+    }
+}
+
+/// One tick of probe results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeWindow {
+    /// p99 in milliseconds over answered and violated requests, if any was due.
+    pub p99_ms: Option<f64>,
+    /// Requests due in the window (answered, timed out or failed).
+    pub count: u64,
+    /// Requests not answered within the time-out (counted at the time-out value).
+    pub timeouts: u64,
+    /// Requests that failed: no connection, an error reply (counted at the time-out value).
+    pub errors: u64,
+    /// The most recent failure, if any.
+    pub last_error: Option<String>,
+    /// CPU time the probe thread used in the window, in seconds.
+    pub cpu_s: f64,
+}
+
+#[derive(Debug)]
+struct Window {
+    hist: Histogram<u64>,
+    timeouts: u64,
+    errors: u64,
+    last_error: Option<String>,
+}
+
+/// A running probe: a thread timing requests to one service.
+#[derive(Debug)]
+pub struct Probe {
+    url: ProbeUrl,
+    window: Arc<Mutex<Window>>,
+    cpu_ns: Arc<AtomicU64>,
+    cpu_taken_ns: u64,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Probe settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSettings {
+    /// Requests per second, 1 to [`MAX_RATE_HZ`].
+    pub rate_hz: u32,
+    /// Per-request time-out; also the first request's.
+    pub timeout: Duration,
+}
+
+impl ProbeSettings {
+    /// Checks the ranges; errors name the URL.
+    pub fn validate(&self, url: &str) -> Result<(), ProbeError> {
+        let bad = |reason: String| ProbeError::Settings {
+            url: url.to_string(),
+            reason,
+        };
+        if !(1..=MAX_RATE_HZ).contains(&self.rate_hz) {
+            return Err(bad(format!(
+                "rate_hz must be from 1 to {MAX_RATE_HZ}, got {}",
+                self.rate_hz
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(bad("the time-out must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Probe {
+    /// Checks that the service answers one request within the time-out, then starts the
+    /// probe thread. Errors name the URL.
+    pub fn start(url: &ProbeUrl, settings: &ProbeSettings) -> Result<Self, ProbeError> {
+        settings.validate(&url.to_string())?;
+        let deadline = Instant::now() + settings.timeout;
+        let mut conn = Conn::open(url, deadline)
+            .and_then(|mut c| {
+                c.exchange(&request(url), parser(url.scheme), deadline)
+                    .map(|()| c)
+            })
+            .map_err(|m| ProbeError::Unreachable {
+                url: url.to_string(),
+                detail: match m {
+                    Miss::TimedOut => {
+                        format!("no answer within {} ms", settings.timeout.as_millis())
+                    }
+                    Miss::Failed(d) => d,
+                },
+            })?;
+        let hist = Histogram::new_with_bounds(1, MAX_US, 3).map_err(|e| ProbeError::Thread {
+            url: url.to_string(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        let window = Arc::new(Mutex::new(Window {
+            hist,
+            timeouts: 0,
+            errors: 0,
+            last_error: None,
+        }));
+        let cpu_ns = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            url: url.clone(),
+            period: Duration::from_secs(1) / settings.rate_hz,
+            timeout: settings.timeout,
+            window: Arc::clone(&window),
+            cpu_ns: Arc::clone(&cpu_ns),
+            stop: Arc::clone(&stop),
+        };
+        conn.buf.clear();
+        let thread = std::thread::Builder::new()
+            .name("cohabit-probe".into())
+            .spawn(move || worker.run(Some(conn)))
+            .map_err(|source| ProbeError::Thread {
+                url: url.to_string(),
+                source,
+            })?;
+        Ok(Self {
+            url: url.clone(),
+            window,
+            cpu_ns,
+            cpu_taken_ns: 0,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The target.
+    pub fn url(&self) -> &ProbeUrl {
+        &self.url
+    }
+
+    /// The requests due since the last call, and the thread's CPU time in that span;
+    /// starts a new window.
+    pub fn take(&mut self) -> ProbeWindow {
+        let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = w.hist.len();
+        let p99_ms = (count > 0).then(|| w.hist.value_at_quantile(0.99) as f64 / 1000.0);
+        let out = ProbeWindow {
+            p99_ms,
+            count,
+            timeouts: w.timeouts,
+            errors: w.errors,
+            last_error: w.last_error.take(),
+            cpu_s: 0.0,
+        };
+        w.hist.reset();
+        w.timeouts = 0;
+        w.errors = 0;
+        drop(w);
+        let cpu = self.cpu_ns.load(Ordering::Relaxed);
+        let used = cpu.saturating_sub(self.cpu_taken_ns);
+        self.cpu_taken_ns = cpu;
+        ProbeWindow {
+            cpu_s: used as f64 / 1e9,
+            ..out
+        }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The probe thread's state.
+struct Worker {
+    url: ProbeUrl,
+    period: Duration,
+    timeout: Duration,
+    window: Arc<Mutex<Window>>,
+    cpu_ns: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Longest the thread sleeps before looking at the stop flag again.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+impl Worker {
+    fn run(self, mut conn: Option<Conn>) {
+        let req = request(&self.url);
+        let parse = parser(self.url.scheme);
+        let start = Instant::now();
+        let period_ns = u64::try_from(self.period.as_nanos()).unwrap_or(u64::MAX);
+        let mut k: u64 = 0;
+        while !self.stop.load(Ordering::Relaxed) {
+            let due = start + Duration::from_nanos(period_ns.saturating_mul(k));
+            let now = Instant::now();
+            if now < due {
+                std::thread::sleep((due - now).min(STOP_POLL));
+                continue;
+            }
+            k += 1;
+            let deadline = due + self.timeout;
+            let result = match conn.take() {
+                Some(c) => Ok(c),
+                None => Conn::open(&self.url, deadline),
+            }
+            .and_then(|mut c| c.exchange(&req, parse, deadline).map(|()| c));
+            match result {
+                Ok(c) => {
+                    conn = Some(c);
+                    self.record(Ok(due.elapsed()));
+                }
+                Err(m) => self.record(Err(m)),
+            }
+            self.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
+        }
+    }
+
+    fn record(&self, outcome: Result<Duration, Miss>) {
+        let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        let latency = match outcome {
+            Ok(d) => d,
+            Err(Miss::TimedOut) => {
+                w.timeouts += 1;
+                self.timeout
+            }
+            Err(Miss::Failed(e)) => {
+                w.errors += 1;
+                w.last_error = Some(e);
+                self.timeout
+            }
+        };
+        let us = u64::try_from(latency.as_micros()).unwrap_or(MAX_US);
+        let _ = w.hist.record(us.clamp(1, MAX_US));
+    }
+}
+
+/// CPU time of the calling thread in nanoseconds (0 if the clock cannot be read).
+#[allow(unsafe_code)]
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec owned by this frame, and
+    // CLOCK_THREAD_CPUTIME_ID is a clock every Linux kernel provides; the call writes only
+    // `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn url(s: &str) -> ProbeUrl {
+        s.parse().unwrap()
+    }
+
+    fn url_err(s: &str) -> String {
+        s.parse::<ProbeUrl>().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn urls_parse_with_default_ports_and_paths() {
+        let m = url("memcached://127.0.0.1:11311");
+        assert_eq!(m.scheme, Scheme::Memcached);
+        assert_eq!(m.addr, "127.0.0.1:11311".parse().unwrap());
+        assert_eq!(m.path, "");
+        assert_eq!(url("memcached://127.0.0.1/").addr.port(), 11211);
+        assert_eq!(
+            url("redis://localhost").addr,
+            "127.0.0.1:6379".parse().unwrap()
+        );
+        let h = url("http://[::1]:8080/healthz?full=1");
+        assert_eq!(h.addr, "[::1]:8080".parse().unwrap());
+        assert_eq!(h.path, "/healthz?full=1");
+        assert_eq!(h.host, "[::1]");
+        assert_eq!(url("http://10.0.0.5").path, "/");
+        assert_eq!(url("http://10.0.0.5?x").path, "/?x");
+        assert_eq!(h.to_string(), "http://[::1]:8080/healthz?full=1");
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong_and_name_the_url() {
+        for (u, why) in [
+            ("127.0.0.1:11211", "needs a scheme"),
+            ("https://127.0.0.1/", "TLS"),
+            ("gopher://127.0.0.1/", "scheme must be"),
+            ("memcached://cache.internal:11211", "names are not resolved"),
+            ("memcached://127.0.0.1:0", "port"),
+            ("memcached://127.0.0.1:99999", "port"),
+            ("memcached://127.0.0.1:+80", "port"),
+            ("memcached://127.0.0.1:11211/db", "no path"),
+            ("redis://127.0.0.1?x=1", "no path"),
+            ("http://user@127.0.0.1/", "user information"),
+            ("http://127.0.0.1/#top", "fragment"),
+            ("http://127.0.0.1/a b", "white space"),
+            ("http://:80/", "needs a host"),
+            ("http://[::1/", "closing ]"),
+            ("http://[::1]x/", ":PORT"),
+            ("http://[zz]/", "IPv6"),
+        ] {
+            let e = url_err(u);
+            assert!(e.contains(why), "{u}: {e}");
+            assert!(e.contains(u), "{u}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_url_prints_back_to_itself(
+            scheme in 0..3usize,
+            ip in proptest::prelude::any::<[u8; 4]>(),
+            port in 1..=65535u16,
+            path in "(/[a-z0-9._~-]{0,8}){0,3}(\\?[a-z0-9=&]{0,8})?",
+        ) {
+            let scheme = ["memcached", "redis", "http"][scheme];
+            let ip = std::net::Ipv4Addr::from(ip);
+            let path = if scheme == "http" { path } else { String::new() };
+            let u: ProbeUrl = format!("{scheme}://{ip}:{port}{path}").parse().unwrap();
+            let again: ProbeUrl = u.to_string().parse().unwrap();
+            proptest::prop_assert_eq!(&again, &u);
+            proptest::prop_assert_eq!(u.addr, SocketAddr::new(ip.into(), port));
+        }
+    }
+
+    #[test]
+    fn memcached_replies_are_framed_exactly() {
+        assert_eq!(parse_memcached(b"END\r\n"), Parse::Ok(5));
+        assert_eq!(parse_memcached(b"STORED\r\n"), Parse::Ok(8));
+        let hit = b"VALUE cohabit-probe 0 1\r\nx\r\nEND\r\n";
+        assert_eq!(parse_memcached(hit), Parse::Ok(hit.len()));
+        for cut in 0..hit.len() {
+            assert_eq!(parse_memcached(&hit[..cut]), Parse::Incomplete, "{cut}");
+        }
+        // A value that itself contains "END\r\n" is skipped by its length.
+        let tricky = b"VALUE k 0 5\r\nEND\r\n\r\nEND\r\n";
+        assert_eq!(parse_memcached(tricky), Parse::Ok(tricky.len()));
+        assert_eq!(
+            parse_memcached(b"SERVER_ERROR out of memory\r\n"),
+            Parse::Failed(28)
+        );
+        assert_eq!(parse_memcached(b"HTTP/1.1 400\r\n"), Parse::Garbled);
+        assert_eq!(parse_memcached(b"VALUE k 0 1\r\nxy\r\n"), Parse::Garbled);
+    }
+
+    #[test]
+    fn redis_replies_are_one_line() {
+        assert_eq!(parse_redis(b"+PONG\r\n"), Parse::Ok(7));
+        assert_eq!(parse_redis(b"+PONG\r"), Parse::Incomplete);
+        assert_eq!(
+            parse_redis(b"-NOAUTH Authentication required.\r\n"),
+            Parse::Failed(34)
+        );
+        assert_eq!(parse_redis(b"$4\r\nPONG\r\n"), Parse::Garbled);
+    }
+
+    #[test]
+    fn http_responses_end_by_length_or_chunks_and_5xx_fails() {
+        let r = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+        assert_eq!(parse_http(r), Parse::Ok(r.len()));
+        assert_eq!(parse_http(&r[..r.len() - 1]), Parse::Incomplete);
+        let c = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n0\r\n\r\n";
+        assert_eq!(parse_http(c), Parse::Ok(c.len()));
+        for cut in 0..c.len() {
+            assert_eq!(parse_http(&c[..cut]), Parse::Incomplete, "{cut}");
+        }
+        let e = b"HTTP/1.1 503 Busy\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(parse_http(e), Parse::Failed(e.len()));
+        let nc = b"HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n";
+        assert_eq!(parse_http(nc), Parse::Ok(nc.len()));
+        let close = b"HTTP/1.0 200 OK\r\nServer: x\r\n\r\nbody";
+        assert_eq!(parse_http(close), Parse::Incomplete);
+        assert!(http_close_delimited(close));
+        assert!(!http_close_delimited(r));
+        assert_eq!(parse_http(b"SSH-2.0-OpenSSH\r\n\r\n"), Parse::Garbled);
+        assert_eq!(
+            parse_http(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
+            Parse::Garbled
+        );
+    }
+
+    #[test]
+    fn settings_are_range_checked() {
+        let ok = ProbeSettings {
+            rate_hz: 100,
+            timeout: Duration::from_millis(50),
+        };
+        ok.validate("memcached://127.0.0.1").unwrap();
+        let e = ProbeSettings {
+            rate_hz: 0,
+            ..ok.clone()
+        }
+        .validate("memcached://127.0.0.1")
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("rate_hz") && e.contains("memcached://127.0.0.1"),
+            "{e}"
+        );
+        assert!(ProbeSettings {
+            rate_hz: MAX_RATE_HZ + 1,
+            ..ok.clone()
+        }
+        .validate("x")
+        .is_err());
+        assert!(ProbeSettings {
+            timeout: Duration::ZERO,
+            ..ok
+        }
+        .validate("x")
+        .is_err());
+    }
+
+    #[test]
+    fn a_port_nobody_listens_on_is_a_clear_start_error() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let u = url(&format!("redis://127.0.0.1:{port}"));
+        let settings = ProbeSettings {
+            rate_hz: 10,
+            timeout: Duration::from_millis(200),
+        };
+        let e = Probe::start(&u, &settings).unwrap_err().to_string();
+        assert!(e.contains(&format!("redis://127.0.0.1:{port}")), "{e}");
+        assert!(e.contains("does not answer"), "{e}");
+    }
+
+    /// A server that answers the first `answered` PINGs, then reads but never answers.
+    fn silent_redis(answered: usize) -> (u16, std::thread::JoinHandle<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = std::thread::spawn(move || {
+            let mut left = answered;
+            l.set_nonblocking(false).unwrap();
+            // Serve connections until the test ends (the listener dies with the process).
+            for s in l.incoming().take(50) {
+                let Ok(mut s) = s else { return };
+                let mut buf = [0u8; 256];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if left > 0 {
+                        left -= 1;
+                        let _ = s.write_all(b"+PONG\r\n");
+                    }
+                }
+            }
+        });
+        (port, h)
+    }
+
+    #[test]
+    fn a_server_that_stops_answering_gives_timeouts_counted_at_the_timeout() {
+        let (port, _server) = silent_redis(1);
+        let u = url(&format!("redis://127.0.0.1:{port}"));
+        let settings = ProbeSettings {
+            rate_hz: 50,
+            timeout: Duration::from_millis(30),
+        };
+        let mut p = Probe::start(&u, &settings).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let w = p.take();
+        assert!(w.count >= 10, "{w:?}");
+        assert!(w.timeouts >= 5, "{w:?}");
+        let p99 = w.p99_ms.unwrap();
+        assert!((29.0..=31.0).contains(&p99), "{w:?}");
+        assert!(w.cpu_s >= 0.0 && w.cpu_s < 0.4, "{w:?}");
+        drop(p);
+    }
+
+    #[test]
+    fn the_schedule_holds_the_rate_and_a_window_starts_empty() {
+        let (port, _server) = silent_redis(usize::MAX);
+        let u = url(&format!("redis://127.0.0.1:{port}"));
+        let settings = ProbeSettings {
+            rate_hz: 200,
+            timeout: Duration::from_millis(500),
+        };
+        let mut p = Probe::start(&u, &settings).unwrap();
+        let _ = p.take();
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_millis(500));
+        let w = p.take();
+        let expected = t.elapsed().as_secs_f64() * 200.0;
+        let got = w.count as f64;
+        assert!(
+            (got - expected).abs() <= expected * 0.25 + 3.0,
+            "{got} vs {expected}"
+        );
+        assert_eq!(w.timeouts + w.errors, 0, "{w:?}");
+        assert!(w.p99_ms.unwrap() < 500.0);
+        assert_eq!(p.url().addr.port(), port);
+    }
+}

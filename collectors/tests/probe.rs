@@ -1,0 +1,192 @@
+//! The latency probes against real memcached, redis and nginx servers started on loopback
+//! on free ports. A test whose server binary is absent prints why and passes (Debian:
+//! `apt-get install memcached redis-server nginx-light`).
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cohabit_collectors::probe::{Probe, ProbeSettings, ProbeUrl};
+
+/// A server in its own process group, all of which is killed when dropped (nginx's
+/// workers outlive a killed master otherwise).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn find(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/bin".into(), "/sbin".into()])
+        .map(|d| d.join(binary))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(program: &Path, args: &[String], port: u16) -> Server {
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
+    let server = Server(child);
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{} did not listen on {port}",
+            program.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+}
+
+/// Probes for about half a second and checks that requests were answered quickly.
+fn probe_answers(url: &str) {
+    let u: ProbeUrl = url.parse().unwrap();
+    let settings = ProbeSettings {
+        rate_hz: 200,
+        timeout: Duration::from_secs(1),
+    };
+    let mut p = Probe::start(&u, &settings).unwrap_or_else(|e| panic!("{e}"));
+    let _ = p.take();
+    std::thread::sleep(Duration::from_millis(500));
+    let w = p.take();
+    assert!(w.count >= 50, "{url}: {w:?}");
+    assert_eq!(w.timeouts + w.errors, 0, "{url}: {w:?}");
+    let p99 = w.p99_ms.unwrap();
+    assert!(p99 > 0.0 && p99 < 1000.0, "{url}: {w:?}");
+    assert!(w.cpu_s > 0.0 && w.cpu_s < 0.5, "{url}: {w:?}");
+}
+
+#[test]
+fn memcached_answers_gets_of_the_probe_key() {
+    let Some(bin) = find("memcached") else {
+        println!("skipped: memcached is not installed (apt-get install memcached)");
+        return;
+    };
+    let port = free_port();
+    let mut args: Vec<String> = [
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-t",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    if is_root() {
+        args.extend(["-u".to_string(), "nobody".to_string()]);
+    }
+    let server = start(&bin, &args, port);
+    probe_answers(&format!("memcached://127.0.0.1:{port}"));
+    drop(server);
+    // The server is gone: the next start fails and names the URL.
+    let u: ProbeUrl = format!("memcached://127.0.0.1:{port}").parse().unwrap();
+    let e = Probe::start(
+        &u,
+        &ProbeSettings {
+            rate_hz: 10,
+            timeout: Duration::from_millis(200),
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(&format!("memcached://127.0.0.1:{port}")), "{e}");
+}
+
+#[test]
+fn redis_answers_pings() {
+    let Some(bin) = find("redis-server") else {
+        println!("skipped: redis-server is not installed (apt-get install redis-server)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let _server = start(&bin, &args, port);
+    probe_answers(&format!("redis://127.0.0.1:{port}"));
+}
+
+#[test]
+fn nginx_answers_gets_on_a_keep_alive_connection() {
+    let Some(bin) = find("nginx") else {
+        println!("skipped: nginx is not installed (apt-get install nginx-light)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("index.html"), "x".repeat(4096)).unwrap();
+    let port = free_port();
+    let user = if is_root() { "user root;\n" } else { "" };
+    let conf = format!(
+        "{user}daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+         server {{ listen 127.0.0.1:{port}; root {d}; location / {{ }} }}\n}}\n",
+        d = d.display()
+    );
+    std::fs::write(d.join("nginx.conf"), conf).unwrap();
+    let args: Vec<String> = [
+        "-p",
+        d.to_str().unwrap(),
+        "-e",
+        d.join("error.log").to_str().unwrap(),
+        "-c",
+        d.join("nginx.conf").to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let _server = start(&bin, &args, port);
+    probe_answers(&format!("http://127.0.0.1:{port}/index.html"));
+    // A missing page is an answer too (a 404 is the service working).
+    probe_answers(&format!("http://localhost:{port}/missing"));
+}

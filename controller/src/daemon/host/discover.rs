@@ -1,0 +1,384 @@
+//! What the host offers, found once at start: [`HostFacts`] (the capacity policies plan for,
+//! CLOSIDs and MBA steps included; the CPUs cohabit hands out; what it may write) and the
+//! handles to the kernel interfaces it will use.
+//!
+//! Every root comes from the configuration's [`cohabit_collectors::HostPaths`]; the files
+//! themselves are read by `collectors` (sysfs, cgroup, resctrl, perf, NVML, procfs). A
+//! resource the host lacks is logged once here and skipped from then on. Where the host
+//! does not say, the daemon assumes the defaults below; [`capacity`] is the one place that
+//! decides.
+
+use std::sync::Arc;
+
+use cohabit_collectors::cgroup::Cgroups;
+use cohabit_collectors::kfs::KernelFs;
+use cohabit_collectors::mps::MpsControl;
+use cohabit_collectors::nvml::Gpus;
+use cohabit_collectors::perf::{self, PerfSupport};
+use cohabit_collectors::resctrl::{Resctrl, ResctrlInfo};
+use cohabit_collectors::sysfs::Sysfs;
+use cohabit_core::{GpuCapacity, HostCapacity};
+
+use super::HostError;
+use crate::daemon::config::DaemonConfig;
+
+/// Frequency assumed when sysfs has no `cpuinfo_max_freq` (common in VMs).
+pub const DEFAULT_FREQ_GHZ: f64 = 2.0;
+/// LLC size assumed when sysfs has no L3 entry.
+pub const DEFAULT_LLC_BYTES: u64 = 32 << 20;
+/// Memory bandwidth assumed when the configuration has no `mem_bw_gbps`.
+pub const DEFAULT_MEM_BW_GBPS: f64 = 100.0;
+/// MBA minimum and step assumed without MBA (the values plans used before the host said;
+/// without MBA nothing is throttled, so they bind nothing).
+pub const DEFAULT_MBA_PCT: u8 = 10;
+/// Clock tick rate assumed if the kernel reports none (Linux's `USER_HZ` on every arch
+/// cohabit runs on).
+pub const DEFAULT_CLK_TCK: f64 = 100.0;
+
+/// What this host offers, found once at start.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostFacts {
+    /// The capacity policies plan for.
+    pub capacity: HostCapacity,
+    /// The CPUs cohabit hands out, in order (configured, or every online CPU).
+    pub cpus: Vec<u32>,
+    /// cgroup controllers cohabit may write.
+    pub writable: Vec<String>,
+    /// CPU sets are written.
+    pub can_cpuset: bool,
+    /// CPU quotas are written.
+    pub can_quota: bool,
+    /// resctrl, if mounted.
+    pub resctrl: Option<ResctrlInfo>,
+    /// Hardware counters.
+    pub perf: PerfSupport,
+    /// The unit of process CPU time (ticks per second).
+    pub clk_tck: f64,
+}
+
+/// The facts and the handles cohabit will read and write through.
+#[derive(Debug)]
+pub(super) struct Discovered {
+    pub facts: HostFacts,
+    /// Only when CPU sets or quotas can be written.
+    pub cgroups: Option<Cgroups>,
+    pub resctrl: Option<Resctrl>,
+    pub gpus: Option<Gpus>,
+    pub mps: Option<MpsControl>,
+}
+
+/// Looks at the host `cfg` describes, logging each missing resource once.
+pub(super) fn discover(
+    cfg: &DaemonConfig,
+    resctrl_fs: Arc<dyn KernelFs>,
+) -> Result<Discovered, HostError> {
+    let cg = cgroups(cfg)?;
+    let resctrl = resctrl(cfg, resctrl_fs);
+    let perf = perf::probe();
+    if let PerfSupport::Unsupported(why) = &perf {
+        tracing::warn!("{why}; IPC and LLC misses will be reported as absent");
+    }
+    let (gpus, mps) = gpus(cfg);
+    let sysfs = Sysfs::new(&cfg.paths.sys);
+    let cpus = match &cfg.cpus {
+        Some(c) => c.0.clone(),
+        None => sysfs.online_cpus().unwrap_or_else(|| {
+            tracing::warn!(sys = %cfg.paths.sys.display(), "online CPUs unknown; managing CPU 0 only");
+            vec![0]
+        }),
+    };
+    let info = resctrl.as_ref().map(Resctrl::info);
+    let capacity = capacity(&CapacityInput {
+        name: cfg.host_name.clone(),
+        cpus: cpus.len(),
+        freq_ghz: sysfs.max_freq_ghz(),
+        llc_bytes: sysfs.llc_bytes(),
+        mem_bw_gbps: cfg.mem_bw_gbps,
+        resctrl: info,
+        latency_critical: cfg
+            .services
+            .iter()
+            .filter(|s| s.p99_target_ms.is_some())
+            .count(),
+        gpus: gpu_capacity(gpus.as_ref(), cfg.gpus),
+    });
+    let clk_tck = match cohabit_collectors::procfs::clock_ticks_per_second() {
+        0 => DEFAULT_CLK_TCK,
+        t => t as f64,
+    };
+    let facts = HostFacts {
+        capacity,
+        cpus,
+        writable: cg.writable,
+        can_cpuset: cg.can_cpuset,
+        can_quota: cg.can_quota,
+        resctrl: info.cloned(),
+        perf,
+        clk_tck,
+    };
+    Ok(Discovered {
+        cgroups: cg.cgroups.filter(|_| facts.can_cpuset || facts.can_quota),
+        facts,
+        resctrl,
+        gpus,
+        mps,
+    })
+}
+
+/// The cgroup hierarchies and what cohabit may write in them.
+struct CgroupFacts {
+    cgroups: Option<Cgroups>,
+    writable: Vec<String>,
+    can_cpuset: bool,
+    can_quota: bool,
+}
+
+fn cgroups(cfg: &DaemonConfig) -> Result<CgroupFacts, HostError> {
+    let cgroups = Cgroups::detect(&cfg.paths)?;
+    let writable = cgroups
+        .as_ref()
+        .map(Cgroups::writable_controllers)
+        .unwrap_or_default();
+    let can_cpuset =
+        cgroups.as_ref().is_some_and(Cgroups::has_cpuset) && writable.iter().any(|c| c == "cpuset");
+    let can_quota =
+        cgroups.as_ref().is_some_and(Cgroups::has_quota) && writable.iter().any(|c| c == "cpu");
+    if !can_cpuset {
+        tracing::warn!("cores: no writable cpuset controller; CPU sets will not be applied");
+    }
+    if !can_quota && !can_cpuset {
+        tracing::warn!(
+            "cores: no writable cpu controller either; core allocations will not be applied"
+        );
+    }
+    Ok(CgroupFacts {
+        cgroups,
+        writable,
+        can_cpuset,
+        can_quota,
+    })
+}
+
+fn resctrl(cfg: &DaemonConfig, fs: Arc<dyn KernelFs>) -> Option<Resctrl> {
+    let resctrl = match Resctrl::discover(&cfg.paths, fs) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "resctrl unreadable; LLC ways and MBA will not be applied");
+            return None;
+        }
+    };
+    match &resctrl {
+        None => {
+            tracing::warn!("resctrl is not mounted; LLC ways, MBA and RDT monitoring are skipped");
+        }
+        Some(r) if !r.info().allocates() => {
+            tracing::warn!(
+                "resctrl offers no allocation (no L3 CAT, no MBA); LLC ways and MBA are skipped"
+            );
+        }
+        Some(_) => {}
+    }
+    resctrl
+}
+
+fn gpus(cfg: &DaemonConfig) -> (Option<Gpus>, Option<MpsControl>) {
+    let gpus = match Gpus::open() {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::warn!("{e}; GPU telemetry is absent");
+            None
+        }
+    };
+    let mps = if cfg.mps.control.exists() {
+        Some(MpsControl::new(&cfg.mps.control, cfg.mps.pipe_dir.clone()))
+    } else {
+        if cfg.services.iter().any(|s| s.gpu.is_some()) {
+            tracing::warn!(control = %cfg.mps.control.display(), "no MPS control program; GPU shares go to environment files only");
+        }
+        None
+    };
+    (gpus, mps)
+}
+
+/// GPUs as NVML lists them, else as many as configured, else none. Their SM count is not
+/// read (shares are percentages), so it is 1.
+fn gpu_capacity(gpus: Option<&Gpus>, configured: Option<u32>) -> Vec<GpuCapacity> {
+    match (gpus, configured) {
+        (Some(g), _) => g
+            .info()
+            .iter()
+            .map(|i| GpuCapacity {
+                name: i.name.clone(),
+                sms: 1,
+            })
+            .collect(),
+        (None, Some(n)) => (0..n)
+            .map(|i| GpuCapacity {
+                name: format!("GPU {i} (configured)"),
+                sms: 1,
+            })
+            .collect(),
+        (None, None) => vec![],
+    }
+}
+
+/// What [`capacity`] is computed from: the host's answers, `None` where it gave none.
+#[derive(Debug, Clone)]
+pub struct CapacityInput<'a> {
+    /// The host's name (configuration).
+    pub name: String,
+    /// CPUs cohabit hands out.
+    pub cpus: usize,
+    /// Top frequency (sysfs).
+    pub freq_ghz: Option<f64>,
+    /// L3 size (sysfs).
+    pub llc_bytes: Option<u64>,
+    /// Memory bandwidth (configuration).
+    pub mem_bw_gbps: Option<f64>,
+    /// resctrl, if mounted.
+    pub resctrl: Option<&'a ResctrlInfo>,
+    /// Latency-critical services configured.
+    pub latency_critical: usize,
+    /// GPUs.
+    pub gpus: Vec<GpuCapacity>,
+}
+
+/// The capacity policies plan for. Pure: the defaults above apply where the host is silent.
+pub fn capacity(h: &CapacityInput<'_>) -> HostCapacity {
+    let ways = h
+        .resctrl
+        .and_then(|r| r.l3.as_ref().map(|l| l.ways()))
+        .filter(|w| *w > 0)
+        .unwrap_or(1);
+    HostCapacity {
+        name: h.name.clone(),
+        cores: u32::try_from(h.cpus).unwrap_or(u32::MAX).max(1),
+        freq_ghz: h.freq_ghz.filter(|f| *f > 0.0).unwrap_or(DEFAULT_FREQ_GHZ),
+        llc_ways: ways,
+        llc_way_bytes: (h.llc_bytes.unwrap_or(DEFAULT_LLC_BYTES) / u64::from(ways)).max(1),
+        mem_bw_bytes_per_s: h.mem_bw_gbps.unwrap_or(DEFAULT_MEM_BW_GBPS) * 1e9,
+        gpus: h.gpus.clone(),
+        closids: closids(h.resctrl, h.latency_critical),
+        mba_min_pct: h
+            .resctrl
+            .and_then(ResctrlInfo::mba_min_pct)
+            .unwrap_or(DEFAULT_MBA_PCT),
+        mba_gran_pct: h
+            .resctrl
+            .and_then(ResctrlInfo::mba_gran_pct)
+            .unwrap_or(DEFAULT_MBA_PCT),
+    }
+}
+
+/// CLOSIDs the plan may count on, the root group's included.
+///
+/// With RDT allocation: the smallest `num_closids` among the resources cohabit writes (L3,
+/// and MB when MBA is present), at least 2 (the capacity's floor; a host with 1 CLOSID
+/// refuses every group at apply time). Without it (no resctrl, or monitoring only) cohabit
+/// creates no resctrl group, so the number must not bind: one per latency-critical service,
+/// one for the pool and the root's, which is the most any plan can use, and stays a small,
+/// honest number in logs (unlike `u32::MAX`) that arithmetic on it cannot overflow.
+pub fn closids(resctrl: Option<&ResctrlInfo>, latency_critical: usize) -> u32 {
+    match resctrl.filter(|r| r.allocates()) {
+        Some(r) => r.num_closids().max(2),
+        None => u32::try_from(latency_critical)
+            .unwrap_or(u32::MAX)
+            .saturating_add(2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_collectors::resctrl::{CacheInfo, MbaInfo, MbaUnits, MonInfo};
+
+    use super::*;
+
+    fn rdt(l3_closids: u32, mba: Option<(u32, u32, u32)>) -> ResctrlInfo {
+        ResctrlInfo {
+            root: "/sys/fs/resctrl".into(),
+            l3: Some(CacheInfo {
+                cbm_mask: 0x7ff,
+                min_cbm_bits: 1,
+                shareable_bits: 0,
+                num_closids: l3_closids,
+                cdp: false,
+            }),
+            mba: mba.map(|(n, min, gran)| MbaInfo {
+                units: MbaUnits::Percent { min, gran },
+                num_closids: n,
+                delay_linear: true,
+                min_bandwidth: min,
+                bandwidth_gran: gran,
+            }),
+            mon: None,
+            l3_domains: vec![0],
+            mb_domains: vec![0],
+        }
+    }
+
+    fn input(resctrl: Option<&ResctrlInfo>) -> CapacityInput<'_> {
+        CapacityInput {
+            name: "h".into(),
+            cpus: 8,
+            freq_ghz: None,
+            llc_bytes: Some(22 << 20),
+            mem_bw_gbps: None,
+            resctrl,
+            latency_critical: 3,
+            gpus: vec![],
+        }
+    }
+
+    #[test]
+    fn closids_are_the_smallest_of_l3_and_mb() {
+        let xeon = rdt(16, Some((8, 10, 10)));
+        assert_eq!(closids(Some(&xeon), 3), 8, "MBA in use: MB's 8 bind");
+        assert_eq!(closids(Some(&rdt(16, None)), 3), 16, "only L3");
+        assert_eq!(closids(Some(&rdt(4, Some((8, 10, 10)))), 3), 4);
+        assert_eq!(
+            closids(Some(&rdt(1, None)), 3),
+            2,
+            "never below the capacity's floor"
+        );
+    }
+
+    #[test]
+    fn without_rdt_allocation_closids_do_not_bind() {
+        // 3 latency-critical services + the pool + the root group.
+        assert_eq!(closids(None, 3), 5);
+        assert_eq!(closids(None, 0), 2);
+        let monitoring_only = ResctrlInfo {
+            l3: None,
+            mba: None,
+            mon: Some(MonInfo {
+                num_rmids: 128,
+                features: vec!["llc_occupancy".into()],
+            }),
+            ..rdt(16, None)
+        };
+        assert_eq!(closids(Some(&monitoring_only), 3), 5);
+    }
+
+    #[test]
+    fn capacity_takes_the_hosts_answers_and_defaults_where_it_is_silent() {
+        let xeon = rdt(16, Some((8, 20, 5)));
+        let c = capacity(&input(Some(&xeon)));
+        assert_eq!((c.cores, c.llc_ways, c.llc_way_bytes), (8, 11, 2 << 20));
+        assert_eq!((c.closids, c.mba_min_pct, c.mba_gran_pct), (8, 20, 5));
+        assert!((c.freq_ghz - DEFAULT_FREQ_GHZ).abs() < 1e-12);
+        assert!((c.mem_bw_bytes_per_s - 100e9).abs() < 1.0);
+        c.validate().unwrap();
+        let bare = capacity(&input(None));
+        assert_eq!((bare.llc_ways, bare.llc_way_bytes), (1, 22 << 20));
+        assert_eq!(
+            (bare.closids, bare.mba_min_pct, bare.mba_gran_pct),
+            (5, 10, 10)
+        );
+        bare.validate().unwrap();
+        let mut silent = input(None);
+        silent.llc_bytes = None;
+        silent.cpus = 0;
+        let s = capacity(&silent);
+        assert_eq!((s.cores, s.llc_way_bytes), (1, DEFAULT_LLC_BYTES));
+    }
+}

@@ -1,0 +1,679 @@
+//! Plan → host writes: every value cohabit writes for one plan, computed without touching
+//! the host.
+//!
+//! Problem: a plan speaks of groups and amounts (cores, a way range, an MBA percentage, a
+//! GPU share). The kernel wants concrete objects: resctrl control groups (one CLOSID each)
+//! with schemata lines, cgroups with CPU lists and CFS limits, and MPS environment files.
+//!
+//! Approach: one pure function, [`layout`], from (plan, host facts, services) to
+//! [`HostWrites`], the complete desired state. `host::apply` compares it with what the
+//! kernel holds and writes the difference in a safe order; this module reads and writes
+//! nothing, so every rule here is tested without a kernel.
+//!
+//! Algorithm:
+//! 1. resctrl: groups with equal allocations (way range and MBA percentage) share one
+//!    control group, so one CLOSID, named `cohabit-<first member>` (members in plan order:
+//!    latency-critical services by name, the pool last). More distinct allocations than the
+//!    CLOSIDs left after the root group's is [`TooManyGroups`], before anything is written.
+//!    A host without RDT allocation gets no groups.
+//! 2. CPUs ([`cpu_layout`]): latency-critical services get consecutive blocks of the host's
+//!    CPU list in configuration order, at least one CPU each; the pool gets every CPU left,
+//!    or shares the last CPU when none is left. When the CPUs run out, later services share
+//!    the last one too.
+//! 3. CPU limit ([`cpu_limit`]): with CPU sets the set is the limit, except a pool with no
+//!    cores, which is throttled to 5 % of a core; without CPU sets the quota is the
+//!    allocation (5 % for none).
+//! 4. GPU: each managed GPU client gets its group's MPS share, where the plan sets one.
+//!
+//! [`cpu_steps`] orders CPU-set writes so that two groups hold the same CPU in between as
+//! rarely as possible (shrink before grow).
+//!
+//! Properties: deterministic; one cgroup per plan group; at most `num_closids - 1` resctrl
+//! groups; blocks of latency-critical services never overlap while the CPUs last.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cohabit_collectors::cgroup::{CpuList, CpuMax};
+use cohabit_collectors::resctrl::{Schemata, GROUP_PREFIX};
+use cohabit_core::{Allocation, Plan, ServiceSpec, BEST_EFFORT_GROUP};
+
+use super::discover::HostFacts;
+
+/// Share of a core a pool with no cores may still use (so its jobs make some progress and
+/// can be stopped cleanly).
+pub const PAUSED_POOL_CORES: f64 = 0.05;
+
+/// The plan needs more resctrl groups than the host has CLOSIDs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the plan needs {needed} resctrl groups but the host has {available} CLOSIDs for cohabit")]
+pub struct TooManyGroups {
+    /// Distinct allocations.
+    pub needed: usize,
+    /// CLOSIDs left after the root group.
+    pub available: u32,
+}
+
+/// Everything cohabit writes to the host for one plan.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostWrites {
+    /// resctrl control groups (one CLOSID each).
+    pub resctrl: Vec<ResctrlGroup>,
+    /// One cgroup per plan group.
+    pub cgroups: Vec<CgroupValues>,
+    /// MPS shares of managed GPU clients.
+    pub gpu: Vec<GpuShare>,
+}
+
+/// One resctrl control group: a directory under the resctrl mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResctrlGroup {
+    /// Directory name (`cohabit-<first member>`).
+    pub name: String,
+    /// Its masks and MBA values.
+    pub schemata: Schemata,
+    /// Plan groups whose threads belong in it.
+    pub members: Vec<String>,
+}
+
+/// One cgroup (under `cohabit/` in each hierarchy) and the values it gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupValues {
+    /// The plan group (service name or `best-effort`).
+    pub group: String,
+    /// The cgroup's directory name ([`cgroup_name`]).
+    pub name: String,
+    /// `cpuset.cpus`, when CPU sets are written.
+    pub cpus: Option<CpuList>,
+    /// The CFS limit, when CPU quotas are written.
+    pub cpu_max: Option<CpuMax>,
+}
+
+/// The MPS share published for one GPU client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuShare {
+    /// Service.
+    pub service: String,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+    pub pct: u8,
+}
+
+impl HostWrites {
+    /// The resctrl group that holds plan group `group`'s threads.
+    pub fn resctrl_group_of(&self, group: &str) -> Option<&str> {
+        self.resctrl
+            .iter()
+            .find(|g| g.members.iter().any(|m| m == group))
+            .map(|g| g.name.as_str())
+    }
+
+    /// The cgroup values of plan group `group`.
+    pub fn cgroup(&self, group: &str) -> Option<&CgroupValues> {
+        self.cgroups.iter().find(|c| c.group == group)
+    }
+}
+
+/// The cgroup directory of a plan group: `best-effort` for the pool, `lc-<name>` for a
+/// latency-critical service.
+pub fn cgroup_name(group: &str) -> String {
+    if group == BEST_EFFORT_GROUP {
+        BEST_EFFORT_GROUP.to_string()
+    } else {
+        format!("lc-{group}")
+    }
+}
+
+/// The plan group a service belongs to: its own for a latency-critical one, the pool for a
+/// best-effort job.
+pub fn plan_group(spec: &ServiceSpec) -> &str {
+    if spec.is_latency_critical() {
+        &spec.name
+    } else {
+        BEST_EFFORT_GROUP
+    }
+}
+
+/// Every write for `plan` on a host with `facts`; `services` in configuration order,
+/// `gpu_clients` the services whose GPU share cohabit manages.
+pub fn layout(
+    plan: &Plan,
+    facts: &HostFacts,
+    services: &[ServiceSpec],
+    gpu_clients: &BTreeSet<String>,
+) -> Result<HostWrites, TooManyGroups> {
+    let resctrl = match facts.resctrl.as_ref().filter(|r| r.allocates()) {
+        Some(info) => resctrl_groups(plan, info.num_closids().saturating_sub(1), |a| {
+            info.schemata_for(a)
+        })?,
+        None => vec![],
+    };
+    let cpus = cpu_layout(plan, services, &facts.cpus);
+    let cgroups = plan
+        .groups()
+        .map(|(group, alloc)| CgroupValues {
+            group: group.to_string(),
+            name: cgroup_name(group),
+            cpus: cpus.get(group).cloned().filter(|_| facts.can_cpuset),
+            cpu_max: facts
+                .can_quota
+                .then(|| CpuMax::for_cores(cpu_limit(facts.can_cpuset, alloc.cores))),
+        })
+        .collect();
+    let gpu = services
+        .iter()
+        .filter(|s| gpu_clients.contains(&s.name))
+        .filter_map(|s| {
+            let pct = plan.get(plan_group(s))?.gpu_mps_pct?;
+            Some(GpuShare {
+                service: s.name.clone(),
+                pct,
+            })
+        })
+        .collect();
+    Ok(HostWrites {
+        resctrl,
+        cgroups,
+        gpu,
+    })
+}
+
+/// Groups with equal allocations share one control group; `available` CLOSIDs at most.
+fn resctrl_groups(
+    plan: &Plan,
+    available: u32,
+    schemata_for: impl Fn(&Allocation) -> Schemata,
+) -> Result<Vec<ResctrlGroup>, TooManyGroups> {
+    let mut by_alloc: BTreeMap<(u32, u32, u8), Vec<&str>> = BTreeMap::new();
+    for (g, a) in plan.groups() {
+        by_alloc
+            .entry((a.llc_ways.first, a.llc_ways.count, a.mba_pct))
+            .or_default()
+            .push(g);
+    }
+    if by_alloc.len() > available as usize {
+        return Err(TooManyGroups {
+            needed: by_alloc.len(),
+            available,
+        });
+    }
+    Ok(by_alloc
+        .into_values()
+        .filter_map(|members| {
+            let first = *members.first()?;
+            Some(ResctrlGroup {
+                name: format!("{GROUP_PREFIX}{first}"),
+                schemata: schemata_for(plan.get(first)?),
+                members: members.into_iter().map(str::to_string).collect(),
+            })
+        })
+        .collect())
+}
+
+/// The CPU list of each group (see the module doc, step 2).
+pub fn cpu_layout(
+    plan: &Plan,
+    services: &[ServiceSpec],
+    cpus: &[u32],
+) -> BTreeMap<String, CpuList> {
+    let mut out = BTreeMap::new();
+    let mut next = 0usize;
+    for s in services.iter().filter(|s| s.is_latency_critical()) {
+        let n = plan.services.get(&s.name).map_or(0, |a| a.cores as usize);
+        let end = (next + n.max(1)).min(cpus.len());
+        out.insert(
+            s.name.clone(),
+            CpuList(cpus[next.min(end.saturating_sub(1))..end].to_vec()),
+        );
+        next = end;
+    }
+    let rest: Vec<u32> = if next < cpus.len() {
+        cpus[next..].to_vec()
+    } else {
+        cpus.last().copied().into_iter().collect()
+    };
+    out.insert(BEST_EFFORT_GROUP.to_string(), CpuList(rest));
+    out
+}
+
+/// The CPU time limit of a group with `cores` (see the module doc, step 3); `None`: none.
+pub fn cpu_limit(with_cpu_sets: bool, cores: u32) -> Option<f64> {
+    match (with_cpu_sets, cores) {
+        (_, 0) => Some(PAUSED_POOL_CORES),
+        (true, _) => None,
+        (false, c) => Some(f64::from(c)),
+    }
+}
+
+/// The CPU-set writes that take each group from `current` to `desired`, in an order where
+/// no two groups hold the same CPU in between unless that cannot be helped: first every
+/// group drops the CPUs it loses (keeping those it keeps), then the groups take their new
+/// sets, each as soon as no other group holds any of its new CPUs. A group that keeps none
+/// of its CPUs cannot shrink first (an empty set is refused while it has tasks) and goes
+/// straight to its new set; in a cycle (two groups swapping CPUs) one overlap is
+/// unavoidable. Groups missing from `current` (just created) only get their new set.
+pub fn cpu_steps(
+    current: &BTreeMap<String, CpuList>,
+    desired: &BTreeMap<String, CpuList>,
+) -> Vec<(String, CpuList)> {
+    let mut now = current.clone();
+    let mut steps = Vec::new();
+    for (g, want) in desired {
+        let Some(have) = current.get(g) else { continue };
+        let keep: Vec<u32> = have
+            .0
+            .iter()
+            .copied()
+            .filter(|c| want.0.contains(c))
+            .collect();
+        if keep.len() < have.0.len() && !keep.is_empty() {
+            steps.push((g.clone(), CpuList(keep.clone())));
+            now.insert(g.clone(), CpuList(keep));
+        }
+    }
+    // Then each group takes its new set, those whose new CPUs nobody else holds first.
+    let mut pending: Vec<&String> = desired
+        .iter()
+        .filter(|(g, want)| now.get(*g) != Some(*want))
+        .map(|(g, _)| g)
+        .collect();
+    while !pending.is_empty() {
+        let free = |g: &String| {
+            let want = &desired[g];
+            now.iter()
+                .filter(|(other, _)| *other != g)
+                .all(|(_, held)| held.0.iter().all(|c| !want.0.contains(c)))
+        };
+        // A cycle (a swap) has no free member: one of them must overlap for a moment.
+        let pos = pending.iter().position(|g| free(g)).unwrap_or(0);
+        let g = pending.remove(pos);
+        steps.push((g.clone(), desired[g].clone()));
+        now.insert(g.clone(), desired[g].clone());
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_collectors::perf::PerfSupport;
+    use cohabit_collectors::resctrl::{CacheInfo, MbaInfo, MbaUnits, ResctrlInfo};
+    use cohabit_core::{HostCapacity, ServiceClass, WayRange};
+
+    use super::*;
+
+    fn lc(name: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: name.into(),
+            class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
+            gpu: None,
+        }
+    }
+
+    fn be(name: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: name.into(),
+            class: ServiceClass::BestEffort,
+            gpu: None,
+        }
+    }
+
+    fn alloc(cores: u32, first: u32, count: u32, mba: u8) -> Allocation {
+        Allocation {
+            cores,
+            llc_ways: WayRange::new(first, count),
+            mba_pct: mba,
+            gpu_mps_pct: None,
+        }
+    }
+
+    fn plan(services: &[(&str, Allocation)], pool: Allocation) -> Plan {
+        Plan {
+            services: services
+                .iter()
+                .map(|(n, a)| ((*n).to_string(), *a))
+                .collect(),
+            best_effort: pool,
+        }
+    }
+
+    /// 12 ways, one cache and MB domain, `closids` CLOSIDs, MBA in 10 % steps.
+    fn rdt(closids: u32) -> ResctrlInfo {
+        ResctrlInfo {
+            root: "/sys/fs/resctrl".into(),
+            l3: Some(CacheInfo {
+                cbm_mask: 0xfff,
+                min_cbm_bits: 1,
+                shareable_bits: 0,
+                num_closids: closids,
+                cdp: false,
+            }),
+            mba: Some(MbaInfo {
+                units: MbaUnits::Percent { min: 10, gran: 10 },
+                num_closids: closids,
+                delay_linear: true,
+                min_bandwidth: 10,
+                bandwidth_gran: 10,
+            }),
+            mon: None,
+            l3_domains: vec![0],
+            mb_domains: vec![0],
+        }
+    }
+
+    /// 8 CPUs (0-7), CPU sets and quotas writable, RDT with `closids`.
+    fn facts(closids: Option<u32>) -> HostFacts {
+        HostFacts {
+            capacity: HostCapacity {
+                name: "test".into(),
+                cores: 8,
+                freq_ghz: 2.0,
+                llc_ways: 12,
+                llc_way_bytes: 1 << 20,
+                mem_bw_bytes_per_s: 1e10,
+                gpus: vec![],
+                closids: closids.unwrap_or(16),
+                mba_min_pct: 10,
+                mba_gran_pct: 10,
+            },
+            cpus: (0..8).collect(),
+            writable: vec!["cpuset".into(), "cpu".into()],
+            can_cpuset: true,
+            can_quota: true,
+            resctrl: closids.map(rdt),
+            perf: PerfSupport::Unsupported("test".into()),
+            clk_tck: 100.0,
+        }
+    }
+
+    fn three() -> Vec<ServiceSpec> {
+        vec![lc("kv"), lc("web"), lc("db"), be("batch")]
+    }
+
+    fn cpus_of(w: &HostWrites, group: &str) -> String {
+        w.cgroup(group).unwrap().cpus.as_ref().unwrap().to_string()
+    }
+
+    #[test]
+    fn three_services_get_blocks_in_configuration_order_and_the_pool_the_rest() {
+        // kv 2, web 1, db 2 in configuration order: 0-1, 2, 3-4; the pool 5-7.
+        let p = plan(
+            &[
+                ("kv", alloc(2, 0, 4, 100)),
+                ("web", alloc(1, 4, 2, 100)),
+                ("db", alloc(2, 6, 2, 100)),
+            ],
+            alloc(3, 8, 4, 50),
+        );
+        let w = layout(&p, &facts(None), &three(), &BTreeSet::new()).unwrap();
+        assert_eq!(cpus_of(&w, "kv"), "0-1");
+        assert_eq!(cpus_of(&w, "web"), "2");
+        assert_eq!(cpus_of(&w, "db"), "3-4");
+        assert_eq!(cpus_of(&w, "best-effort"), "5-7");
+        assert_eq!(w.cgroup("kv").unwrap().name, "lc-kv");
+        assert_eq!(w.cgroup("best-effort").unwrap().name, "best-effort");
+        assert!(w.resctrl.is_empty(), "no RDT, no resctrl groups");
+    }
+
+    #[test]
+    fn a_growing_service_shifts_the_later_blocks_and_shrinks_the_pool() {
+        let specs = three();
+        let before = plan(
+            &[
+                ("kv", alloc(2, 0, 4, 100)),
+                ("web", alloc(1, 4, 2, 100)),
+                ("db", alloc(2, 6, 2, 100)),
+            ],
+            alloc(3, 8, 4, 100),
+        );
+        let mut after = before.clone();
+        after.services.get_mut("kv").unwrap().cores = 4; // kv grows by 2
+        after.services.get_mut("db").unwrap().cores = 1; // db shrinks by 1
+        let a = layout(&before, &facts(None), &specs, &BTreeSet::new()).unwrap();
+        let b = layout(&after, &facts(None), &specs, &BTreeSet::new()).unwrap();
+        // kv 0-3, web 4 (moved though its size did not change), db 5, pool 6-7.
+        assert_eq!(cpus_of(&b, "kv"), "0-3");
+        assert_eq!(cpus_of(&b, "web"), "4");
+        assert_eq!(cpus_of(&b, "db"), "5");
+        assert_eq!(cpus_of(&b, "best-effort"), "6-7");
+        assert_ne!(
+            a.cgroup("web"),
+            b.cgroup("web"),
+            "web's set is rewritten too"
+        );
+    }
+
+    #[test]
+    fn when_cpus_run_out_later_services_and_the_pool_share_the_last_one() {
+        let p = plan(
+            &[
+                ("kv", alloc(6, 0, 4, 100)),
+                ("web", alloc(4, 4, 2, 100)),
+                ("db", alloc(0, 6, 2, 100)),
+            ],
+            alloc(0, 8, 4, 100),
+        );
+        let w = layout(&p, &facts(None), &three(), &BTreeSet::new()).unwrap();
+        assert_eq!(cpus_of(&w, "kv"), "0-5");
+        assert_eq!(cpus_of(&w, "web"), "6-7", "what is left");
+        assert_eq!(cpus_of(&w, "db"), "7", "0 cores still get one CPU");
+        assert_eq!(cpus_of(&w, "best-effort"), "7");
+    }
+
+    #[test]
+    fn equal_allocations_share_a_closid_named_after_the_first_member() {
+        // kv and web have the same ways and MBA: one group; db and the pool differ.
+        let p = plan(
+            &[
+                ("kv", alloc(2, 0, 4, 100)),
+                ("web", alloc(1, 0, 4, 100)),
+                ("db", alloc(2, 4, 4, 100)),
+            ],
+            alloc(3, 8, 4, 50),
+        );
+        let w = layout(&p, &facts(Some(16)), &three(), &BTreeSet::new()).unwrap();
+        let names: Vec<(&str, &[String])> = w
+            .resctrl
+            .iter()
+            .map(|g| (g.name.as_str(), g.members.as_slice()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("cohabit-kv", &["kv".to_string(), "web".to_string()][..]),
+                ("cohabit-db", &["db".to_string()][..]),
+                ("cohabit-best-effort", &["best-effort".to_string()][..]),
+            ],
+            "ordered by (first way, count, MBA); members in plan order (by name, pool last)"
+        );
+        assert_eq!(w.resctrl_group_of("web"), Some("cohabit-kv"));
+        let kv = &w.resctrl[0].schemata;
+        assert_eq!(kv.to_string(), "L3:0=f\nMB:0=100\n");
+        assert_eq!(w.resctrl[2].schemata.to_string(), "L3:0=f00\nMB:0=50\n");
+        // Same ways, different MBA: separate groups.
+        let mut p2 = p.clone();
+        p2.services.get_mut("web").unwrap().mba_pct = 60;
+        let w2 = layout(&p2, &facts(Some(16)), &three(), &BTreeSet::new()).unwrap();
+        assert_eq!(w2.resctrl.len(), 4);
+    }
+
+    #[test]
+    fn too_many_distinct_allocations_are_refused_before_any_write() {
+        let p = plan(
+            &[
+                ("kv", alloc(2, 0, 4, 100)),
+                ("web", alloc(1, 4, 4, 100)),
+                ("db", alloc(2, 8, 2, 100)),
+            ],
+            alloc(3, 10, 2, 50),
+        );
+        // 4 CLOSIDs: the root's and 3 for cohabit; the plan needs 4.
+        let e = layout(&p, &facts(Some(4)), &three(), &BTreeSet::new()).unwrap_err();
+        assert_eq!(
+            e,
+            TooManyGroups {
+                needed: 4,
+                available: 3
+            }
+        );
+        assert!(e.to_string().contains("needs 4 resctrl groups"));
+        // Sharing brings it within the limit.
+        let mut shared = p.clone();
+        shared.services.insert("db".into(), alloc(2, 4, 4, 100));
+        assert_eq!(
+            layout(&shared, &facts(Some(4)), &three(), &BTreeSet::new())
+                .unwrap()
+                .resctrl
+                .len(),
+            3
+        );
+    }
+
+    #[test]
+    fn quotas_follow_the_rule_with_and_without_cpu_sets() {
+        let p = plan(
+            &[
+                ("kv", alloc(2, 0, 4, 100)),
+                ("web", alloc(1, 4, 2, 100)),
+                ("db", alloc(2, 6, 2, 100)),
+            ],
+            alloc(0, 8, 4, 100),
+        );
+        let q = |w: &HostWrites, g: &str| w.cgroup(g).unwrap().cpu_max.unwrap().quota_us;
+        let with_sets = layout(&p, &facts(None), &three(), &BTreeSet::new()).unwrap();
+        assert_eq!(q(&with_sets, "kv"), None, "the set is the limit");
+        assert_eq!(
+            q(&with_sets, "best-effort"),
+            Some(5000),
+            "a paused pool is throttled"
+        );
+        let mut f = facts(None);
+        f.can_cpuset = false;
+        let quotas = layout(&p, &f, &three(), &BTreeSet::new()).unwrap();
+        assert_eq!(q(&quotas, "kv"), Some(200_000));
+        assert_eq!(q(&quotas, "web"), Some(100_000));
+        assert_eq!(q(&quotas, "best-effort"), Some(5000));
+        assert!(
+            quotas.cgroup("kv").unwrap().cpus.is_none(),
+            "no CPU sets written"
+        );
+        f.can_quota = false;
+        let neither = layout(&p, &f, &three(), &BTreeSet::new()).unwrap();
+        assert!(neither
+            .cgroups
+            .iter()
+            .all(|c| c.cpus.is_none() && c.cpu_max.is_none()));
+        assert_eq!(cpu_limit(true, 3), None);
+        assert_eq!(cpu_limit(false, 3), Some(3.0));
+    }
+
+    #[test]
+    fn gpu_clients_get_their_groups_share() {
+        let mut kv = alloc(2, 0, 4, 100);
+        kv.gpu_mps_pct = Some(60);
+        let mut pool = alloc(3, 4, 8, 100);
+        pool.gpu_mps_pct = Some(40);
+        let p = plan(
+            &[
+                ("kv", kv),
+                ("web", alloc(1, 4, 2, 100)),
+                ("db", alloc(2, 6, 2, 100)),
+            ],
+            pool,
+        );
+        let clients: BTreeSet<String> = ["kv", "batch", "web"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let w = layout(&p, &facts(None), &three(), &clients).unwrap();
+        assert_eq!(
+            w.gpu,
+            vec![
+                GpuShare {
+                    service: "kv".into(),
+                    pct: 60
+                },
+                GpuShare {
+                    service: "batch".into(),
+                    pct: 40
+                },
+            ],
+            "web has no share in the plan; db is no client"
+        );
+    }
+
+    fn sets(v: &[(&str, &str)]) -> BTreeMap<String, CpuList> {
+        v.iter()
+            .map(|(g, c)| ((*g).to_string(), c.parse().unwrap()))
+            .collect()
+    }
+
+    fn steps(current: &[(&str, &str)], desired: &[(&str, &str)]) -> Vec<(String, String)> {
+        cpu_steps(&sets(current), &sets(desired))
+            .into_iter()
+            .map(|(g, c)| (g, c.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn cpu_sets_shrink_before_they_grow() {
+        // kv grows 0-1 → 0-3 at the pool's expense (2-7 → 4-7): the pool shrinks first.
+        assert_eq!(
+            steps(
+                &[("kv", "0-1"), ("pool", "2-7")],
+                &[("kv", "0-3"), ("pool", "4-7")]
+            ),
+            vec![("pool".into(), "4-7".into()), ("kv".into(), "0-3".into())]
+        );
+        // A block that shifts (web 2 → 4) keeps nothing: it moves once the pool released
+        // CPU 4, and only then does kv take CPU 2.
+        assert_eq!(
+            steps(
+                &[("kv", "0-1"), ("web", "2"), ("pool", "3-7")],
+                &[("kv", "0-3"), ("web", "4"), ("pool", "5-7")]
+            ),
+            vec![
+                ("pool".into(), "5-7".into()),
+                ("web".into(), "4".into()),
+                ("kv".into(), "0-3".into()),
+            ]
+        );
+        // A swap overlaps once, then settles.
+        assert_eq!(
+            steps(&[("a", "0"), ("b", "1")], &[("a", "1"), ("b", "0")]),
+            vec![("a".into(), "1".into()), ("b".into(), "0".into())]
+        );
+        // Nothing changes: nothing written. A new group only gets its set.
+        assert!(steps(&[("kv", "0-1")], &[("kv", "0-1")]).is_empty());
+        assert_eq!(
+            steps(&[], &[("kv", "0-1")]),
+            vec![("kv".into(), "0-1".into())]
+        );
+    }
+
+    #[test]
+    fn without_a_cycle_no_two_groups_ever_hold_the_same_cpu() {
+        let cases = [
+            (
+                &[("a", "0-3"), ("b", "4-5"), ("c", "6-7")][..],
+                &[("a", "0-1"), ("b", "2-5"), ("c", "6-7")][..],
+            ),
+            (
+                &[("kv", "0-1"), ("web", "2-3"), ("db", "4"), ("be", "5-7")][..],
+                &[("kv", "0"), ("web", "1-2"), ("db", "3-5"), ("be", "6-7")][..],
+            ),
+            (
+                &[("kv", "0-3"), ("web", "4"), ("be", "5-7")][..],
+                &[("kv", "0-1"), ("web", "2"), ("be", "3-7")][..],
+            ),
+        ];
+        for (current, desired) in cases {
+            let (current, desired) = (sets(current), sets(desired));
+            let mut now = current.clone();
+            for (g, c) in cpu_steps(&current, &desired) {
+                now.insert(g, c);
+                let all: Vec<u32> = now.values().flat_map(|c| c.0.clone()).collect();
+                let unique: BTreeSet<u32> = all.iter().copied().collect();
+                assert_eq!(all.len(), unique.len(), "overlap in {now:?}");
+            }
+            assert_eq!(now, desired);
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! The real host behind the controller's [`Collector`] and [`Actuator`] traits.
+//!
+//! Plan, then apply: a plan becomes CPU sets and quotas (cgroups) and, where the host has
+//! RDT, control groups with masks and MBA values (resctrl), written only where they
+//! differ from what the kernel holds. Everything changed is remembered: on
+//! [`RealHost::restore`] every process goes back to the cgroups it came from and every group
+//! cohabit created is removed. On start, groups a crashed run left behind are cleaned
+//! first. A resource the host lacks is skipped with one log line.
+//!
+//! This module only composes; each job has its own:
+//! - [`discover`]: what the host offers, once at start ([`HostFacts`]);
+//! - [`layout`]: plan + facts → every value to write ([`HostWrites`]), pure;
+//! - `apply`: those writes → the kernel in a safe order, rolled back when a later write
+//!   fails, so the host and the plan in force never disagree; processes join afterwards;
+//! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings.
+
+pub mod changes;
+pub mod discover;
+pub mod layout;
+
+mod apply;
+mod sample;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cohabit_collectors::cgroup::Cgroups;
+use cohabit_collectors::kfs::{KernelFs, RealFs};
+use cohabit_collectors::nvml::Gpus;
+use cohabit_collectors::perf::PerfSupport;
+use cohabit_collectors::procfs::Procfs;
+use cohabit_collectors::resctrl::BandwidthRate;
+use cohabit_core::{
+    Actuator, Allocation, Change, Collector, HostCapacity, Observation, Plan, ServiceClass,
+    ServiceObservation, ServiceSpec,
+};
+
+use self::apply::{Kernel, Members, Record};
+pub use self::discover::HostFacts;
+pub use self::layout::{HostWrites, TooManyGroups};
+use self::sample::{Sources, Telemetry};
+use super::config::{DaemonConfig, Matcher, ServiceConfig};
+
+/// Why the real host could not start or apply a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A cgroup operation failed.
+    #[error("cgroup: {0}")]
+    Cgroup(#[from] cohabit_collectors::cgroup::CgroupError),
+    /// resctrl refused or failed.
+    #[error("resctrl: {0}")]
+    Resctrl(#[from] cohabit_collectors::resctrl::ResctrlError),
+    /// The host could not be read.
+    #[error(transparent)]
+    Io(#[from] cohabit_collectors::IoError),
+    /// A latency source could not be set up.
+    #[error("latency source of {service}: {source}")]
+    Latency {
+        /// Service.
+        service: String,
+        /// Why.
+        source: cohabit_collectors::latency::LatencyError,
+    },
+    /// A latency probe could not be started (its service did not answer, or the thread).
+    #[error("latency probe of {service}: {source}")]
+    Probe {
+        /// Service.
+        service: String,
+        /// Why.
+        source: cohabit_collectors::probe::ProbeError,
+    },
+    /// A GPU share could not be published.
+    #[error("GPU share: {0}")]
+    Gpu(String),
+    /// The plan needs more resctrl groups than the host has CLOSIDs.
+    #[error(transparent)]
+    TooManyGroups(#[from] TooManyGroups),
+}
+
+/// How often a warning that could fire every tick is repeated.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Rate-limits warnings that could fire every tick (STYLE 10): each key at most once per
+/// [`WARN_EVERY`].
+#[derive(Debug, Default)]
+struct Throttle {
+    last: HashMap<String, Instant>,
+}
+
+impl Throttle {
+    /// True if a warning under `key` may be logged now.
+    fn allow(&mut self, key: &str) -> bool {
+        let now = Instant::now();
+        match self.last.get(key) {
+            Some(t) if now.duration_since(*t) < WARN_EVERY => false,
+            _ => {
+                self.last.insert(key.to_string(), now);
+                true
+            }
+        }
+    }
+}
+
+/// One configured service or best-effort job.
+#[derive(Debug)]
+struct Service {
+    spec: ServiceSpec,
+    cfg: ServiceConfig,
+    pids: BTreeSet<u32>,
+    telemetry: Telemetry,
+    missing_logged: bool,
+}
+
+/// A real Linux host driven by cohabit.
+#[derive(Debug)]
+pub struct RealHost {
+    cfg: DaemonConfig,
+    facts: HostFacts,
+    procfs: Procfs,
+    kernel: Kernel,
+    gpus: Option<Gpus>,
+    gpu: super::gpu::GpuActuator,
+    services: Vec<Service>,
+    record: Record,
+    plan: Plan,
+    dry_run: bool,
+    start: Instant,
+    last_collect: Instant,
+    bw: BandwidthRate,
+    warn: Throttle,
+}
+
+impl RealHost {
+    /// Opens the host: finds what it offers (logging each missing resource once), binds the
+    /// latency sources, and unless `dry_run` cleans what a crashed run left behind.
+    pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
+        Self::open_with(cfg, dry_run, Arc::new(RealFs))
+    }
+
+    /// [`Self::open`] with resctrl reached through `resctrl_fs` (the kernel's, or a fake
+    /// that validates like it in tests).
+    pub fn open_with(
+        cfg: DaemonConfig,
+        dry_run: bool,
+        resctrl_fs: Arc<dyn KernelFs>,
+    ) -> Result<Self, HostError> {
+        let found = discover::discover(&cfg, resctrl_fs)?;
+        let gpu = super::gpu::GpuActuator::new(&cfg.services, found.mps);
+        if let (false, Some(limit)) = (dry_run, &cfg.mps.pinned_mem_limit) {
+            gpu.apply_pinned_default(limit);
+        }
+        let timeout = Duration::from_millis(cfg.collect_timeout_ms);
+        let services = cfg
+            .services
+            .iter()
+            .map(|s| {
+                Ok(Service {
+                    spec: spec_of(s),
+                    cfg: s.clone(),
+                    pids: BTreeSet::new(),
+                    telemetry: Telemetry::bind(s, timeout)?,
+                    missing_logged: false,
+                })
+            })
+            .collect::<Result<Vec<_>, HostError>>()?;
+        let ways = found.facts.capacity.llc_ways;
+        let now = Instant::now();
+        let host = Self {
+            procfs: Procfs::new(&cfg.paths.proc),
+            bw: BandwidthRate {
+                dropped: 0,
+                max_bytes_per_s: found.facts.capacity.mem_bw_bytes_per_s * 4.0,
+            },
+            cfg,
+            facts: found.facts,
+            kernel: Kernel {
+                cgroups: found.cgroups,
+                resctrl: found.resctrl,
+            },
+            gpus: found.gpus,
+            gpu,
+            services,
+            record: Record::default(),
+            // Until the first plan is applied, nothing is in force.
+            plan: Plan {
+                services: BTreeMap::new(),
+                best_effort: Allocation {
+                    cores: 0,
+                    llc_ways: cohabit_core::WayRange::new(0, ways),
+                    mba_pct: 100,
+                    gpu_mps_pct: None,
+                },
+            },
+            dry_run,
+            start: now,
+            last_collect: now,
+            warn: Throttle::default(),
+        };
+        if !dry_run {
+            apply::clean_leftovers(&host.kernel);
+        }
+        Ok(host)
+    }
+
+    /// The capacity policies plan for.
+    pub fn capacity(&self) -> &HostCapacity {
+        &self.facts.capacity
+    }
+
+    /// The services and jobs, latency-critical first.
+    pub fn specs(&self) -> Vec<ServiceSpec> {
+        self.services.iter().map(|s| s.spec.clone()).collect()
+    }
+
+    /// Applies the first plan and starts managing processes.
+    pub fn launch(&mut self, plan: &Plan) -> Result<(), HostError> {
+        self.apply_plan(plan)?;
+        self.refresh_processes();
+        Ok(())
+    }
+
+    /// Every write for `plan` (pure; nothing is touched).
+    fn layout(&self, plan: &Plan) -> Result<HostWrites, TooManyGroups> {
+        let gpu_clients: BTreeSet<String> = self
+            .services
+            .iter()
+            .filter(|s| self.gpu.manages(&s.spec.name))
+            .map(|s| s.spec.name.clone())
+            .collect();
+        layout::layout(plan, &self.facts, &self.specs(), &gpu_clients)
+    }
+
+    fn apply_plan(&mut self, plan: &Plan) -> Result<(), HostError> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let writes = self.layout(plan)?;
+        let pinned = self.cfg.mps.pinned_mem_limit.clone();
+        apply::apply(
+            &self.kernel,
+            &mut self.record,
+            writes,
+            &mut self.gpu,
+            pinned.as_deref(),
+        )?;
+        self.plan = plan.clone();
+        Ok(())
+    }
+
+    /// Puts every process back where it was and removes every group cohabit created.
+    pub fn restore(&mut self) {
+        if self.dry_run {
+            return;
+        }
+        apply::restore(&self.kernel, &mut self.record, &mut self.gpu);
+    }
+
+    fn find_pids(&mut self, m: &Matcher) -> Vec<u32> {
+        let found = match m {
+            Matcher::ProcessName(n) => self.procfs.pids_named(n).map_err(|e| e.to_string()),
+            Matcher::PidFile(p) => Ok(std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+                .filter(|pid| self.procfs.alive(*pid))
+                .into_iter()
+                .collect()),
+            Matcher::Cgroup(path) => Ok(self
+                .cgroups_any()
+                .map(|c| c.processes_at(path))
+                .unwrap_or_default()),
+            Matcher::SystemdUnit(unit) => Ok(self
+                .cgroups_any()
+                .map(|c| {
+                    let mut v = c.processes_at(&format!("/system.slice/{unit}"));
+                    if v.is_empty() {
+                        v = c.processes_at(&format!("/systemd/system.slice/{unit}"));
+                    }
+                    v
+                })
+                .unwrap_or_default()),
+        };
+        found.unwrap_or_else(|e| {
+            if self.warn.allow("find_pids") {
+                tracing::warn!(error = %e, "processes could not be listed (logged once a minute)");
+            }
+            vec![]
+        })
+    }
+
+    fn cgroups_any(&self) -> Option<Cgroups> {
+        self.kernel
+            .cgroups
+            .clone()
+            .or_else(|| Cgroups::detect(&self.cfg.paths).ok().flatten())
+    }
+
+    /// Finds each service's processes; puts new ones in its groups; forgets vanished ones.
+    fn refresh_processes(&mut self) {
+        for i in 0..self.services.len() {
+            let matcher = self.services[i].cfg.matcher.clone();
+            let found: BTreeSet<u32> = self.find_pids(&matcher).into_iter().collect();
+            let svc = &self.services[i];
+            let name = svc.spec.name.clone();
+            if found.is_empty() && !svc.missing_logged {
+                tracing::warn!(service = %name, "no process found; its telemetry is absent until one appears");
+            }
+            for gone in svc.pids.difference(&found) {
+                tracing::info!(service = %name, pid = gone, "process vanished");
+            }
+            let new: Vec<u32> = found.difference(&svc.pids).copied().collect();
+            if !self.dry_run {
+                let members = Members {
+                    service: &name,
+                    group: layout::plan_group(&svc.spec),
+                    found: &found,
+                    new: &new,
+                };
+                apply::attach(
+                    &self.kernel,
+                    &mut self.record,
+                    &self.procfs,
+                    &members,
+                    &mut self.warn,
+                );
+            }
+            let svc = &mut self.services[i];
+            svc.missing_logged = found.is_empty();
+            svc.pids = found;
+        }
+    }
+}
+
+fn spec_of(s: &ServiceConfig) -> ServiceSpec {
+    let class = match s.p99_target_ms {
+        Some(t) => ServiceClass::LatencyCritical { p99_target_ms: t },
+        None => ServiceClass::BestEffort,
+    };
+    ServiceSpec {
+        name: s.name.clone(),
+        class,
+        gpu: s.gpu.as_ref().map(|g| g.index),
+    }
+}
+
+impl Collector for RealHost {
+    type Error = HostError;
+
+    fn collect(&mut self) -> Result<Observation, HostError> {
+        let now = Instant::now();
+        let dt_s = now.duration_since(self.last_collect).as_secs_f64();
+        self.last_collect = now;
+        self.refresh_processes();
+        if !self.dry_run {
+            let pids: BTreeMap<String, Vec<u32>> = self
+                .services
+                .iter()
+                .map(|s| (s.spec.name.clone(), s.pids.iter().copied().collect()))
+                .collect();
+            self.gpu.restart_due(now, &pids);
+        }
+        let readings = self.gpus.as_mut().map(Gpus::read);
+        let counters = matches!(self.facts.perf, PerfSupport::Supported) && !self.dry_run;
+        let mut services = Vec::with_capacity(self.services.len());
+        for svc in &mut self.services {
+            let group = layout::plan_group(&svc.spec);
+            let src = Sources {
+                procfs: &self.procfs,
+                perf_dir: self
+                    .kernel
+                    .cgroups
+                    .as_ref()
+                    .filter(|_| counters)
+                    .and_then(|cg| cg.dir("perf_event", &layout::cgroup_name(group))),
+                cpus: &self.facts.cpus,
+                resctrl: self
+                    .kernel
+                    .resctrl
+                    .as_ref()
+                    .zip(self.record.resctrl_group_of(group)),
+                gpu: readings
+                    .as_ref()
+                    .zip(svc.spec.gpu)
+                    .and_then(|(r, g)| r.get(g as usize)),
+            };
+            let sample = svc.telemetry.sample(
+                &src,
+                &svc.spec.name,
+                &svc.pids,
+                dt_s,
+                self.facts.clk_tck,
+                &mut self.bw,
+                &mut self.warn,
+            );
+            services.push(ServiceObservation {
+                sample,
+                spec: svc.spec.clone(),
+                gpu_mps_effective_pct: self.gpu.effective(&svc.spec.name),
+            });
+        }
+        let t_ms = u64::try_from(now.duration_since(self.start).as_millis()).unwrap_or(u64::MAX);
+        Ok(Observation {
+            t_ms,
+            services,
+            current: self.plan.clone(),
+        })
+    }
+}
+
+impl Actuator for RealHost {
+    type Error = HostError;
+
+    /// Applies `plan` whole (the changes are recomputed against the kernel, so they are
+    /// not needed here).
+    fn apply(&mut self, plan: &Plan, _changes: &[Change]) -> Result<(), HostError> {
+        self.apply_plan(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_collectors::resctrl::fake::FakeResctrl;
+    use cohabit_collectors::resctrl::GROUP_PREFIX;
+
+    use super::*;
+    use cohabit_core::ApplyOutcome;
+    use cohabit_policy::control;
+    use cohabit_policy::{HostContext, Policy, StaticPolicy};
+
+    /// The fixture's proc tree has no cgroup mounts and no processes: only resctrl (the fake)
+    /// is touched, never this machine's cgroups.
+    fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
+        let text = format!(
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+            fake.root().display(),
+            fake.base().join("proc").display(),
+            pid_file.display()
+        );
+        DaemonConfig::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn allocations_become_resctrl_groups_and_a_rejected_write_keeps_the_daemon_going() {
+        // The fake kernel needs 3 ways per mask but tells us 1: every narrow mask is refused.
+        let fake = FakeResctrl::builder()
+            .ways(12)
+            .min_cbm_bits(3)
+            .build()
+            .unwrap();
+        std::fs::write(fake.root().join("info/L3/min_cbm_bits"), "1\n").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("kv.pid");
+        std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
+        let mut host =
+            RealHost::open_with(config(&fake, &pid_file), false, Arc::new(fake.clone())).unwrap();
+        assert_eq!(host.capacity().llc_ways, 12);
+        // The fake gives MB 8 CLOSIDs, L3 16: MB binds. MBA steps come from info/MB.
+        let c = host.capacity();
+        assert_eq!((c.closids, c.mba_min_pct, c.mba_gran_pct), (8, 10, 10));
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
+        let mut policy = StaticPolicy::new(ctx);
+        let plan = policy.initial().plan;
+        // Fair share: 6 ways each; wide enough for the fake.
+        host.launch(&plan).unwrap();
+        let groups: Vec<String> = std::fs::read_dir(fake.root())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
+            .filter(|n| n.starts_with(GROUP_PREFIX))
+            .collect();
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        let kv = std::fs::read_to_string(fake.root().join("cohabit-kv/schemata")).unwrap();
+        assert!(kv.contains("L3:0=3f"), "{kv}");
+
+        // A plan with a one-way mask: the kernel refuses, the host keeps its state.
+        struct Narrow(StaticPolicy);
+        impl Policy for Narrow {
+            fn name(&self) -> &'static str {
+                "narrow"
+            }
+            fn initial(&mut self) -> cohabit_policy::Decision {
+                self.0.initial()
+            }
+            fn decide(
+                &mut self,
+                obs: &cohabit_core::Observation,
+                now: u64,
+            ) -> cohabit_policy::Decision {
+                let mut d = self.0.decide(obs, now);
+                if let Some(a) = d.plan.services.get_mut("kv") {
+                    a.llc_ways.count = 1;
+                }
+                d
+            }
+        }
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
+        let mut narrow = Narrow(StaticPolicy::new(ctx));
+        let rec = control::step(&mut host, &mut narrow, false).unwrap();
+        let Some(ApplyOutcome::Refused { error }) = &rec.apply else {
+            panic!("the narrow plan was applied: {:?}", rec.apply);
+        };
+        assert!(error.contains("Need at least 3 bits"), "{error}");
+        assert_eq!(rec.plan, plan, "the last good plan stays in force");
+        assert!(
+            std::fs::read_to_string(fake.root().join("cohabit-kv/schemata"))
+                .unwrap()
+                .contains("L3:0=3f")
+        );
+        // The loop goes on.
+        let again = control::step(&mut host, &mut narrow, false).unwrap();
+        assert!(matches!(again.apply, Some(ApplyOutcome::Refused { .. })));
+        host.restore();
+        assert!(!fake.root().join("cohabit-kv").exists());
+    }
+}

@@ -1,0 +1,434 @@
+//! Raw readings → [`Sample`]: what one service did over one interval.
+//!
+//! Each tick a service's counters are read as they are ([`Readings`]: cumulative CPU ticks
+//! per process, perf totals, MBM bytes; levels such as RSS and LLC occupancy; the latency
+//! window its source accumulated). Rates come from two readings and the time between them,
+//! in one place, [`derive`], which does no I/O. A rate is absent, never zero, when there is
+//! no earlier reading, no time passed, a counter went backwards or the object behind it was
+//! recreated: a process is its pid *and* start time (a reused pid starts afresh), a resctrl
+//! group its directory's identity ([`BandwidthRate`]), and perf totals that could not be
+//! read leave a gap rather than a rate over two intervals.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cohabit_collectors::latency::{PromHistogram, PushListener};
+use cohabit_collectors::nvml::GpuReading;
+use cohabit_collectors::perf::{CgroupCounters, PerfTotals};
+use cohabit_collectors::probe::{Probe, ProbeSettings};
+use cohabit_collectors::procfs::Procfs;
+use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl};
+use cohabit_core::Sample;
+
+use super::{HostError, Throttle};
+use crate::daemon::config::{LatencySource, ServiceConfig};
+
+/// Where a service's latency comes from.
+enum LatencyReader {
+    Push(PushListener),
+    Prom(PromHistogram),
+    Probe(Probe),
+}
+
+impl std::fmt::Debug for LatencyReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LatencyReader::Push(_) => "Push",
+            LatencyReader::Prom(_) => "Prometheus",
+            LatencyReader::Probe(_) => "Probe",
+        })
+    }
+}
+
+/// Requests seen by a latency source since the previous tick.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(super) struct LatencyWindow {
+    /// Their p99, in milliseconds.
+    pub p99_ms: Option<f64>,
+    /// How many there were.
+    pub count: Option<f64>,
+}
+
+/// One service's readings at one instant, counters as read.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(super) struct Readings {
+    /// Per process: (start time, cumulative user + system time), in clock ticks.
+    pub cpu_ticks: BTreeMap<u32, (u64, u64)>,
+    /// Resident memory of its processes (`None` when it has none).
+    pub rss_bytes: Option<u64>,
+    /// Hardware counter totals of its cgroup.
+    pub perf: Option<PerfTotals>,
+    /// RDT monitoring of its resctrl group.
+    pub mon: Option<MonReading>,
+    /// Its latency window.
+    pub latency: LatencyWindow,
+    /// GPU SM utilisation of its processes, summed (a level).
+    pub gpu_util_pct: Option<f64>,
+}
+
+/// The sample of one interval from the readings at its start (`prev`) and end (`cur`),
+/// `dt_s` seconds apart; `clk_tck` is the unit of CPU ticks.
+pub(super) fn derive(
+    prev: Option<&Readings>,
+    cur: &Readings,
+    dt_s: f64,
+    clk_tck: f64,
+    bw: &mut BandwidthRate,
+) -> Sample {
+    let mut s = Sample {
+        memory_bytes: cur.rss_bytes.map(|b| b as f64),
+        llc_occupancy_bytes: cur
+            .mon
+            .and_then(|m| m.llc_occupancy_bytes)
+            .map(|b| b as f64),
+        p99_ms: cur.latency.p99_ms,
+        gpu_util_pct: cur.gpu_util_pct,
+        ..Sample::default()
+    };
+    if dt_s <= 0.0 {
+        return s;
+    }
+    s.requests_per_s = cur.latency.count.map(|n| n / dt_s);
+    let Some(prev) = prev else { return s };
+    s.cpu_busy_cores =
+        cpu_ticks_delta(&prev.cpu_ticks, &cur.cpu_ticks).map(|ticks| ticks as f64 / clk_tck / dt_s);
+    if let (Some(a), Some(b)) = (&prev.perf, &cur.perf) {
+        (s.ipc, s.llc_misses_per_s) = PerfTotals::rates(a, b, dt_s);
+    }
+    if let (Some(a), Some(b)) = (&prev.mon, &cur.mon) {
+        s.mem_bw_bytes_per_s = bw.rate(a, b, dt_s);
+    }
+    s
+}
+
+/// CPU ticks used between two readings by the processes present in both (same pid, same
+/// start time, counter not gone backwards); `None` when no process is.
+fn cpu_ticks_delta(
+    prev: &BTreeMap<u32, (u64, u64)>,
+    cur: &BTreeMap<u32, (u64, u64)>,
+) -> Option<u64> {
+    let mut total = None;
+    for (pid, (start, ticks)) in cur {
+        match prev.get(pid) {
+            Some((s, t)) if s == start && t <= ticks => {
+                total = Some(total.unwrap_or(0) + (ticks - t));
+            }
+            _ => {}
+        }
+    }
+    total
+}
+
+/// Where one service's readings come from this tick.
+#[derive(Debug)]
+pub(super) struct Sources<'a> {
+    /// Its processes.
+    pub procfs: &'a Procfs,
+    /// Its cgroup directory for hardware counters, when they are to be read.
+    pub perf_dir: Option<PathBuf>,
+    /// CPUs the counters watch.
+    pub cpus: &'a [u32],
+    /// resctrl and its group, if it has one.
+    pub resctrl: Option<(&'a Resctrl, &'a str)>,
+    /// The reading of its GPU, if it uses one and NVML answered.
+    pub gpu: Option<&'a GpuReading>,
+}
+
+/// The telemetry state of one service: its latency source, its counters, its last readings.
+#[derive(Debug)]
+pub(super) struct Telemetry {
+    latency: Option<LatencyReader>,
+    counters: Option<CgroupCounters>,
+    last: Option<Readings>,
+}
+
+impl Telemetry {
+    /// Binds the service's latency source (a push socket is bound now).
+    pub fn bind(s: &ServiceConfig, timeout: Duration) -> Result<Self, HostError> {
+        let latency = match &s.latency {
+            Some(LatencySource::Push(addr)) => Some(LatencyReader::Push(
+                PushListener::bind(addr).map_err(|e| HostError::Latency {
+                    service: s.name.clone(),
+                    source: e,
+                })?,
+            )),
+            Some(LatencySource::Prometheus {
+                url,
+                metric,
+                unit_seconds,
+            }) => Some(LatencyReader::Prom(PromHistogram::new(
+                url,
+                metric,
+                *unit_seconds,
+                timeout,
+            ))),
+            Some(LatencySource::Probe {
+                url,
+                rate_hz,
+                timeout_ms,
+            }) => {
+                let settings = ProbeSettings {
+                    rate_hz: *rate_hz,
+                    timeout: Duration::from_millis(*timeout_ms),
+                };
+                let probe = Probe::start(url, &settings).map_err(|e| HostError::Probe {
+                    service: s.name.clone(),
+                    source: e,
+                })?;
+                Some(LatencyReader::Probe(probe))
+            }
+            None => None,
+        };
+        Ok(Self {
+            latency,
+            counters: None,
+            last: None,
+        })
+    }
+
+    /// Reads the service now and returns the sample of the interval since the last call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample(
+        &mut self,
+        src: &Sources<'_>,
+        service: &str,
+        pids: &BTreeSet<u32>,
+        dt_s: f64,
+        clk_tck: f64,
+        bw: &mut BandwidthRate,
+        warn: &mut Throttle,
+    ) -> Sample {
+        let cur = self.read(src, service, pids, warn);
+        let s = derive(self.last.as_ref(), &cur, dt_s, clk_tck, bw);
+        self.last = Some(cur);
+        s
+    }
+
+    fn read(
+        &mut self,
+        src: &Sources<'_>,
+        service: &str,
+        pids: &BTreeSet<u32>,
+        warn: &mut Throttle,
+    ) -> Readings {
+        let mut r = Readings::default();
+        if !pids.is_empty() {
+            let mut rss = 0u64;
+            for &pid in pids {
+                if let Some(st) = src.procfs.stat(pid) {
+                    r.cpu_ticks.insert(pid, (st.start_ticks, st.cpu_ticks));
+                    rss += st.rss_bytes;
+                }
+            }
+            r.rss_bytes = Some(rss);
+        }
+        if let Some(dir) = &src.perf_dir {
+            r.perf = self.read_perf(dir, src.cpus, service, warn);
+        }
+        if let Some((resctrl, group)) = src.resctrl {
+            match resctrl.read_mon(Some(group)) {
+                Ok(m) => r.mon = Some(m),
+                Err(e) => {
+                    if warn.allow(&format!("mon:{group}")) {
+                        tracing::warn!(group, error = %e, "RDT monitoring unreadable (logged once a minute)");
+                    }
+                }
+            }
+        }
+        r.latency = self.read_latency(service, warn);
+        if let Some(g) = src.gpu {
+            let util: Vec<f64> = pids
+                .iter()
+                .filter_map(|p| g.process_sm_util_pct.get(p).copied())
+                .collect();
+            r.gpu_util_pct = (!util.is_empty()).then(|| util.iter().sum::<f64>().min(100.0));
+        }
+        r
+    }
+
+    /// The counters' totals, opening them on first use (retried each tick until they open).
+    fn read_perf(
+        &mut self,
+        dir: &Path,
+        cpus: &[u32],
+        service: &str,
+        warn: &mut Throttle,
+    ) -> Option<PerfTotals> {
+        if self.counters.is_none() {
+            let cpus: Vec<usize> = cpus.iter().map(|c| *c as usize).collect();
+            match CgroupCounters::open(dir, &cpus) {
+                Ok(c) => self.counters = Some(c),
+                Err(e) => {
+                    if warn.allow(&format!("perf-open:{service}")) {
+                        tracing::warn!(service, dir = %dir.display(), error = %e, "hardware counters could not be opened; retried each tick (logged once a minute)");
+                    }
+                }
+            }
+        }
+        match self.counters.as_mut()?.read() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                if warn.allow(&format!("perf-read:{service}")) {
+                    tracing::warn!(service, error = %e, "hardware counters unreadable (logged once a minute)");
+                }
+                None
+            }
+        }
+    }
+
+    /// What the latency source saw since the last tick.
+    fn read_latency(&mut self, service: &str, warn: &mut Throttle) -> LatencyWindow {
+        match &mut self.latency {
+            Some(LatencyReader::Push(l)) => {
+                let w = l.take();
+                LatencyWindow {
+                    p99_ms: w.p99_ms,
+                    count: Some(w.count as f64),
+                }
+            }
+            Some(LatencyReader::Prom(p)) => match p.poll() {
+                Ok(Some((p99, n))) => LatencyWindow {
+                    p99_ms: Some(p99),
+                    count: Some(n),
+                },
+                Ok(None) => LatencyWindow::default(),
+                Err(e) => {
+                    if warn.allow(&format!("latency:{service}")) {
+                        tracing::warn!(service, error = %e, "latency unavailable (logged once a minute)");
+                    }
+                    LatencyWindow::default()
+                }
+            },
+            Some(LatencyReader::Probe(p)) => {
+                let w = p.take();
+                if let Some(e) = &w.last_error {
+                    if warn.allow(&format!("probe:{service}")) {
+                        tracing::warn!(service, timeouts = w.timeouts, errors = w.errors, error = %e, "latency probe requests failed (logged once a minute)");
+                    }
+                }
+                LatencyWindow {
+                    p99_ms: w.p99_ms,
+                    count: Some(w.count as f64),
+                }
+            }
+            None => LatencyWindow::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bw() -> BandwidthRate {
+        BandwidthRate {
+            dropped: 0,
+            max_bytes_per_s: 1e12,
+        }
+    }
+
+    fn cpu(v: &[(u32, u64, u64)]) -> Readings {
+        Readings {
+            cpu_ticks: v.iter().map(|(p, s, t)| (*p, (*s, *t))).collect(),
+            rss_bytes: Some(4096),
+            ..Readings::default()
+        }
+    }
+
+    #[test]
+    fn the_first_reading_gives_levels_but_no_rates() {
+        let mut cur = cpu(&[(10, 1, 500)]);
+        cur.latency = LatencyWindow {
+            p99_ms: Some(2.5),
+            count: Some(300.0),
+        };
+        let s = derive(None, &cur, 2.0, 100.0, &mut bw());
+        assert_eq!(s.memory_bytes, Some(4096.0));
+        assert_eq!(s.p99_ms, Some(2.5));
+        assert_eq!(s.requests_per_s, Some(150.0), "a window is a count already");
+        assert_eq!(s.cpu_busy_cores, None);
+        assert_eq!(s.mem_bw_bytes_per_s, None);
+    }
+
+    #[test]
+    fn cpu_time_counts_only_processes_seen_twice_as_the_same_process() {
+        // 100 ticks/s, 2 s: pid 10 used 300 ticks (1.5 cores); pid 11 is new; pid 12 was
+        // reused (another start time); pid 13's counter went backwards.
+        let prev = cpu(&[(10, 1, 500), (12, 5, 900), (13, 7, 800)]);
+        let cur = cpu(&[(10, 1, 800), (11, 2, 50), (12, 6, 10), (13, 7, 700)]);
+        let s = derive(Some(&prev), &cur, 2.0, 100.0, &mut bw());
+        assert_eq!(s.cpu_busy_cores, Some(1.5));
+        // Nobody seen twice: absent, not zero.
+        let s = derive(
+            Some(&cpu(&[(12, 5, 900)])),
+            &cpu(&[(12, 6, 10)]),
+            2.0,
+            100.0,
+            &mut bw(),
+        );
+        assert_eq!(s.cpu_busy_cores, None);
+        // An idle process seen twice is a real zero.
+        let s = derive(
+            Some(&cpu(&[(10, 1, 5)])),
+            &cpu(&[(10, 1, 5)]),
+            2.0,
+            100.0,
+            &mut bw(),
+        );
+        assert_eq!(s.cpu_busy_cores, Some(0.0));
+    }
+
+    #[test]
+    fn no_time_passed_means_no_rates() {
+        let prev = cpu(&[(10, 1, 500)]);
+        let mut cur = cpu(&[(10, 1, 800)]);
+        cur.latency.count = Some(10.0);
+        let s = derive(Some(&prev), &cur, 0.0, 100.0, &mut bw());
+        assert_eq!((s.cpu_busy_cores, s.requests_per_s), (None, None));
+        assert_eq!(s.memory_bytes, Some(4096.0));
+    }
+
+    #[test]
+    fn perf_and_mbm_rates_need_both_readings_and_the_same_group() {
+        let totals = |i: f64, c: f64, m: f64| PerfTotals {
+            instructions: i,
+            cycles: c,
+            llc_misses: m,
+        };
+        let mon = |bytes: u64, identity: u64| MonReading {
+            llc_occupancy_bytes: Some(1 << 20),
+            mbm_total_bytes: Some(bytes),
+            mbm_local_bytes: None,
+            identity,
+        };
+        let prev = Readings {
+            perf: Some(totals(1e9, 2e9, 1e6)),
+            mon: Some(mon(1_000, 7)),
+            ..Readings::default()
+        };
+        let cur = Readings {
+            perf: Some(totals(3e9, 3e9, 3e6)),
+            mon: Some(mon(5_000, 7)),
+            ..Readings::default()
+        };
+        let s = derive(Some(&prev), &cur, 2.0, 100.0, &mut bw());
+        assert_eq!((s.ipc, s.llc_misses_per_s), (Some(2.0), Some(1e6)));
+        assert_eq!(s.mem_bw_bytes_per_s, Some(2_000.0));
+        assert_eq!(s.llc_occupancy_bytes, Some(f64::from(1u32 << 20)));
+        // The group was recreated: no bandwidth; counters unreadable last time: no IPC.
+        let recreated = Readings {
+            mon: Some(mon(6_000, 8)),
+            ..cur.clone()
+        };
+        assert_eq!(
+            derive(Some(&cur), &recreated, 2.0, 100.0, &mut bw()).mem_bw_bytes_per_s,
+            None
+        );
+        let gap = Readings {
+            perf: None,
+            ..prev.clone()
+        };
+        assert_eq!(derive(Some(&gap), &cur, 2.0, 100.0, &mut bw()).ipc, None);
+    }
+}

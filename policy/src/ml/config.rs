@@ -1,0 +1,57 @@
+//! Tunables of the `ml` policy.
+
+/// Tunables of the `ml` policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlConfig {
+    /// The pessimistic prediction must be at most this fraction of the target.
+    pub margin: f64,
+    /// Spreads added to the mean for the pessimistic prediction.
+    pub k_sigma: f64,
+    /// The same for a service that is within its margin and could only give back.
+    pub k_sigma_give_back: f64,
+    /// A spread (ln units) above which the model is considered unsure.
+    pub unsure_sigma: f64,
+    /// Features further than this many training standard deviations from the training
+    /// mean are out of range.
+    pub z_limit: f32,
+    /// Weight of the newest error in the per-service bias.
+    pub correction_weight: f64,
+    /// A measured violation more than this (ln units) above the prediction is a miss.
+    pub miss_tolerance: f64,
+    /// Misses in a row that send a service to the fallback.
+    pub misses_to_fallback: u32,
+    /// How long a service stays on the fallback before the model is tried again.
+    pub fallback_hold_ms: u64,
+    /// Intervals a cheaper allocation must stay available before resources are given back.
+    pub shrink_after: u32,
+    /// Prior of the GPU share exponent (p99 ∝ share^-e).
+    pub gpu_exponent_prior: f64,
+    /// Smallest surplus (percentage points) worth a GPU client restart to give back.
+    pub gpu_hysteresis_pct: u8,
+    /// How long a GPU surplus must last before the share shrinks.
+    pub gpu_shrink_after_ms: u64,
+    /// Worth of the whole LLC relative to all cores, for the packer's cost (best-effort
+    /// jobs usually gain more from cores than from ways).
+    pub way_cost: f64,
+}
+
+impl Default for MlConfig {
+    fn default() -> Self {
+        Self {
+            margin: 0.9,
+            k_sigma: 0.5,
+            k_sigma_give_back: 1.0,
+            unsure_sigma: 0.7,
+            z_limit: 5.0,
+            correction_weight: 0.3,
+            miss_tolerance: 0.3,
+            misses_to_fallback: 3,
+            fallback_hold_ms: 30_000,
+            shrink_after: 5,
+            gpu_exponent_prior: 0.5,
+            gpu_hysteresis_pct: 15,
+            gpu_shrink_after_ms: 120_000,
+            way_cost: 0.1,
+        }
+    }
+}

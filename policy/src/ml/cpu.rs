@@ -1,0 +1,334 @@
+//! CPU services in the `ml` policy: steps 2–4 for one service, from its reading to its
+//! frontier, or to a fixed demand when it holds (a reading to confirm, none at all) or the
+//! model cannot be trusted with it (the fallback's feedback step).
+
+use std::slice;
+
+use cohabit_core::{Allocation, DecisionPath, Observation, Reason, Sample, WayRange, MBA_MAX_PCT};
+use cohabit_models::{log_qos_ratio, Neighbours};
+
+use super::pack::Need;
+use super::predict::{at_full_mba, out_of_range, Pred, Predictor, SATURATED};
+use super::search::{self, Search};
+use super::state::{safe_to_keep, unconfirmed_saturation, Hysteresis, Tick};
+use super::{MlPolicy, ServicePlan};
+use crate::{fair_shares, slack, Share};
+
+/// What the planner knows of one CPU service at this tick.
+#[derive(Debug, Clone)]
+struct CpuView {
+    target_ms: f64,
+    sample: Sample,
+    /// The allocation in force (a fair share for a service not yet placed).
+    current: Allocation,
+    neighbours: Neighbours,
+    /// Measured ln(p99/target).
+    measured: Option<f64>,
+}
+
+/// What the frontier search found for one service.
+#[derive(Debug, Clone)]
+struct Found {
+    /// (cores, ways) per way count that has an admissible point, in way order.
+    points: Vec<(u32, u32)>,
+    /// Only the bare target (no margin) could be met.
+    relaxed: bool,
+    /// Every candidate scored, for reuse.
+    scored: Vec<((u32, u32), Pred)>,
+}
+
+impl MlPolicy {
+    fn view_cpu(&self, obs: &Observation, name: &str) -> CpuView {
+        let spec_obs = obs.services.iter().find(|o| o.spec.name == name);
+        let target_ms = spec_obs.and_then(|o| o.spec.p99_target_ms()).unwrap_or(1.0);
+        let sample = spec_obs.map(|o| o.sample.clone()).unwrap_or_default();
+        let current = obs.current.services.get(name).copied().unwrap_or_else(|| {
+            // Not yet placed (a new service): features as if it had a fair share.
+            let s = fair_shares(&self.ctx).get(name).copied().unwrap_or(Share {
+                cores: 1,
+                ways: 1,
+                mba_pct: MBA_MAX_PCT,
+                gpu_pct: None,
+            });
+            Allocation {
+                cores: s.cores,
+                llc_ways: WayRange::new(0, s.ways),
+                mba_pct: s.mba_pct,
+                gpu_mps_pct: None,
+            }
+        });
+        let measured = log_qos_ratio(&sample, target_ms);
+        CpuView {
+            target_ms,
+            neighbours: Neighbours::observed(obs, name, &self.ctx.host),
+            sample,
+            current,
+            measured,
+        }
+    }
+
+    /// Steps 2–4 for one CPU service.
+    pub(super) fn plan_cpu_service(
+        &mut self,
+        obs: &Observation,
+        name: &str,
+        now_ms: u64,
+    ) -> ServicePlan {
+        let cfg = self.cfg;
+        let v = self.view_cpu(obs, name);
+        let st = self.state.entry(name.to_string()).or_default();
+        let Tick {
+            new_service,
+            basis,
+            prev,
+            reading,
+        } = st.begin_tick(v.measured, v.sample.requests_per_s);
+        if let (Some(now), Some(prev)) = (reading, prev) {
+            if unconfirmed_saturation(now, prev, v.sample.cpu_busy_cores, v.current.cores) {
+                let why = format!(
+                    "hold (p99/target {:.1} with unchanged load after {:.2}: unconfirmed)",
+                    now.log_q.exp(),
+                    prev.log_q.exp()
+                );
+                return hold(name, &v.current, why);
+            }
+        }
+        if v.measured.is_none() && !new_service {
+            return hold(name, &v.current, "hold (no latency reading)".into());
+        }
+        if let Some(why) = st.on_fallback(now_ms, &cfg) {
+            return fallback(obs, name, &why, true);
+        }
+        let predictor = Predictor {
+            model: &self.model,
+            host: &self.ctx.host,
+            target_ms: v.target_ms,
+            sample: &v.sample,
+            current: &v.current,
+            neighbours: &v.neighbours,
+            basis,
+        };
+        let probe = predictor.features(&v.current);
+        if let Some((feature, z)) = out_of_range(&self.model.meta, &probe, cfg.z_limit) {
+            let why = format!("input {feature} outside the training range (z = {z:.1})");
+            return fallback(obs, name, &why, false);
+        }
+        let held = v.measured.is_some_and(|q| q <= cfg.margin.ln());
+        let found = match self.search(&predictor, held) {
+            Ok(found) => found,
+            Err(why) => return fallback(obs, name, &why, true),
+        };
+        let (cur_mean, cur_sigma) = predictor
+            .predict_many(slice::from_ref(&v.current))
+            .first()
+            .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
+        let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
+        let costs = self.costs();
+        let cur_cost = costs.cost(v.current.cores, v.current.llc_ways.count);
+        let cheaper = found
+            .points
+            .iter()
+            .any(|&(c, w)| costs.cost(c, w) < cur_cost);
+        let st = self.state.entry(name.to_string()).or_default();
+        st.scored = found.scored;
+        let h = st.hysteresis(safe, cheaper, new_service, cfg.shrink_after);
+        let now = format!("p99/target {:.2} ± {:.2}", cur_mean.exp(), cur_sigma);
+        let text = model_reason(new_service, h, safe, found.relaxed, &now);
+        let mut points = found.points;
+        if !safe && !new_service {
+            points = search::never_fewer_ways(points, v.current.llc_ways.count);
+        }
+        ServicePlan {
+            name: name.to_string(),
+            need: Need::Frontier { points },
+            keep: h
+                .keep
+                .then_some((v.current.cores, v.current.llc_ways.count)),
+            reason: Reason::new(DecisionPath::Model, text),
+            gpu_pct: None,
+            predictable: true,
+        }
+    }
+
+    /// Step 4 for one service: its frontier within the trust region, or the bare target
+    /// among the candidates already scored; `Err` with why (for the fallback) when not even
+    /// that is admissible.
+    fn search(&self, p: &Predictor<'_>, held: bool) -> Result<Found, String> {
+        let cfg = &self.cfg;
+        let ways = search::way_grid(self.lc_ways());
+        let max_cores = search::max_cores(p.current.cores, self.ctx.host.cores, held);
+        let query = Search {
+            ways: &ways,
+            cores_now: p.current.cores,
+            max_cores,
+            margin: cfg.margin,
+            // Risk is not symmetric: a service in trouble takes an uncertain step up, a
+            // service that is fine gives back only what the model is sure of.
+            k_sigma: if held {
+                cfg.k_sigma_give_back
+            } else {
+                cfg.k_sigma
+            },
+            unsure_sigma: cfg.unsure_sigma,
+        };
+        let mut scored = Vec::new();
+        let mut points = search::frontier(&query, |batch| {
+            let cands: Vec<Allocation> = batch.iter().map(|&(c, w)| at_full_mba(c, w)).collect();
+            let preds = p.predict_many(&cands);
+            scored.extend(batch.iter().copied().zip(preds.iter().copied()));
+            preds
+        });
+        let mut relaxed = false;
+        if points.is_empty() {
+            // Nothing meets the target with the margin: settle for the bare target, among
+            // the candidates already scored (no second search).
+            points = search::bare_target(&ways, &scored, cfg.unsure_sigma);
+            relaxed = true;
+            if points.is_empty() {
+                let most = Allocation {
+                    cores: max_cores,
+                    llc_ways: WayRange::new(0, self.lc_ways()),
+                    ..*p.current
+                };
+                let best = p
+                    .predict_many(&[most])
+                    .first()
+                    .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
+                return Err(no_candidate(best, cfg.unsure_sigma));
+            }
+        }
+        Ok(Found {
+            points,
+            relaxed,
+            scored,
+        })
+    }
+}
+
+/// The words for a plan on the model path: placed, held (by the hysteresis), given back,
+/// or resized (to the bare target when no margin was left); `now` is the prediction for
+/// the allocation in force.
+fn model_reason(new_service: bool, h: Hysteresis, safe: bool, relaxed: bool, now: &str) -> String {
+    if new_service {
+        "placed from the model".to_string()
+    } else if h.keep {
+        format!("hold ({now})")
+    } else if safe {
+        format!(
+            "give back (cheaper allocation safe for {} intervals)",
+            h.surplus_ticks
+        )
+    } else if relaxed {
+        format!("resize to the bare target, no margin left ({now} now)")
+    } else {
+        format!("resize ({now} now)")
+    }
+}
+
+/// Why no candidate is admissible, from the `best` (mean, spread) prediction within reach:
+/// the model is unsure, or nothing meets the target.
+fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> String {
+    if best.1 > unsure_sigma {
+        format!("model unsure (sigma {:.2})", best.1)
+    } else {
+        format!(
+            "no allocation within reach meets the target (best p99/target {:.2})",
+            best.0.exp()
+        )
+    }
+}
+
+/// Holds the allocation in force on the model path (not predicted: the reading is not to
+/// be trusted or missing).
+fn hold(name: &str, current: &Allocation, text: String) -> ServicePlan {
+    let reason = Reason::new(DecisionPath::Model, text);
+    ServicePlan::fixed(name, current.cores, current.llc_ways.count, reason, false)
+}
+
+/// The fallback for a service the model cannot be trusted with, `why` saying why: a
+/// feedback step from what is in force.
+fn fallback(obs: &Observation, name: &str, why: &str, predictable: bool) -> ServicePlan {
+    let cur = obs
+        .current
+        .services
+        .get(name)
+        .map_or((1, 1), |a| (a.cores, a.llc_ways.count));
+    let (cores, ways, what) = fallback_step(cur, slack(obs, name));
+    let reason = Reason::new(DecisionPath::Fallback, format!("{why}; {what}"));
+    ServicePlan::fixed(name, cores, ways, reason, predictable)
+}
+
+/// The fallback's feedback step from `cur` (cores, ways) given the measured slack:
+/// (cores, ways, what was done).
+///
+/// Grow-only: cuts are the model's job once it can be trusted again, so a service on the
+/// fallback never walks into a latency cliff. A violating service (slack under 0.05) gets a
+/// step proportional to how far off, a quarter of the current cores at most; past
+/// saturation (p99 at twice the target or more, a reading the glitch check let through)
+/// the cores double. One more way.
+fn fallback_step(cur: (u32, u32), slack: Option<f64>) -> (u32, u32, String) {
+    match slack {
+        Some(v) if v < 0.05 => {
+            let frac = if v <= 1.0 - SATURATED {
+                1.0
+            } else {
+                (-v).clamp(0.1, 0.25)
+            };
+            let step = (f64::from(cur.0) * frac).ceil();
+            let step = u32::try_from(cohabit_core::whole(step)).unwrap_or(1).max(1);
+            (
+                cur.0 + step,
+                cur.1 + 1,
+                format!("+{step} cores +1 way (slack {v:.2})"),
+            )
+        }
+        Some(v) => (cur.0, cur.1, format!("hold (slack {v:.2})")),
+        None => (cur.0, cur.1, "hold (no latency reading)".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_grows_a_violating_service_in_proportion_to_how_far_off() {
+        // 12 % over the target: 12 % of 10 cores, rounded up: +2, and one way.
+        assert_eq!(
+            fallback_step((10, 4), Some(-0.12)),
+            (12, 5, "+2 cores +1 way (slack -0.12)".to_string())
+        );
+        // Far over (p99 1.6 × the target): a quarter at most, +3.
+        assert_eq!(fallback_step((10, 4), Some(-0.6)).0, 13);
+        // Just inside the target but within 5 %: the smallest step, 10 %: +1.
+        assert_eq!(fallback_step((10, 4), Some(0.02)).0, 11);
+    }
+
+    #[test]
+    fn the_fallback_doubles_the_cores_of_a_saturated_service() {
+        // p99 at twice the target: slack -1.
+        assert_eq!(fallback_step((10, 4), Some(-1.0)).0, 20);
+    }
+
+    #[test]
+    fn the_fallback_never_cuts() {
+        assert_eq!(
+            fallback_step((10, 4), Some(0.6)),
+            (10, 4, "hold (slack 0.60)".to_string())
+        );
+        assert_eq!(
+            fallback_step((10, 4), None),
+            (10, 4, "hold (no latency reading)".to_string())
+        );
+    }
+
+    #[test]
+    fn no_candidate_says_whether_the_model_was_unsure_or_nothing_met_the_target() {
+        // A spread of 0.8 > 0.7; then a best mean of 0.5: p99/target exp(0.5) = 1.6487.
+        assert_eq!(no_candidate((-1.0, 0.8), 0.7), "model unsure (sigma 0.80)");
+        assert_eq!(
+            no_candidate((0.5, 0.1), 0.7),
+            "no allocation within reach meets the target (best p99/target 1.65)"
+        );
+    }
+}

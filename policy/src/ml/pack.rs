@@ -1,0 +1,544 @@
+//! Steps 5–6 of the `ml` policy: packing every latency-critical service's needs onto the
+//! host at once, and the degrade rule when they do not fit.
+//!
+//! Problem: each service offers a few (cores, ways) points that meet its target (its
+//! frontier), or one fixed demand; pick one point per service so that the cores and the
+//! latency-critical ways fit, leaving the best-effort jobs as much as possible, without
+//! moving what works for nothing.
+//!
+//! Approach: a dynamic programme over services in configuration order whose state is the
+//! ways used so far, keeping per state the cheapest partial packing (cost, cores, choices).
+//! Cost of a point: its share of the cores plus `way_cost` times its share of the ways
+//! ([`Costs`]), plus [`CHANGE_COST`] per resource that differs from what is in force, so
+//! near-ties keep what is in force. A first pass offers a service whose allocation is kept
+//! by the hysteresis only that allocation; if nothing fits, a second offers every point.
+//! Services that share the pool's ways use none of the latency-critical ways.
+//!
+//! Degrade ([`degrade`]) when even that does not fit: nobody is cut to make room. Each
+//! service keeps what it has (or its cheapest point, when that is smaller in every
+//! resource); then, in configuration order, services that want more take their cheapest
+//! point within reach of what is free, or grow toward it as far as what is free allows (a
+//! service over its target by a quarter more cores, up to twice its need's); last, a
+//! service over its target still short of ways takes them from the one with the most
+//! measured slack whose frontier has a point with fewer ways ([`lend_ways`]).
+//!
+//! Properties: the result depends only on the demands and what is in force, so it does not
+//! oscillate while the loads hold; a degraded packing never takes anything from a service
+//! that is not over its target, except ways its own frontier says it can spare.
+//!
+//! Cost: `services × ways × points` for the programme (points ≤ way counts searched).
+
+/// Cost of changing one resource of one service in the packer (a fraction of the host).
+pub(super) const CHANGE_COST: f64 = 0.01;
+
+/// What one service needs, as the packer sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Need {
+    /// Frontier from the model: (fewest cores, ways) for each way count that has one.
+    Frontier { points: Vec<(u32, u32)> },
+    /// A fixed demand (fallback step, hold, GPU service).
+    Fixed { cores: u32, ways: u32 },
+}
+
+/// One latency-critical service as the packer sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Demand {
+    /// (cores, ways) in force.
+    pub(super) current: (u32, u32),
+    pub(super) need: Need,
+    /// The allocation in force, when the hysteresis keeps it (safe and not yet due to
+    /// shrink).
+    pub(super) keep: Option<(u32, u32)>,
+    /// Shares the pool's ways instead of a range of its own (beyond the CLOSIDs).
+    pub(super) shares_pool_ways: bool,
+    /// Measured over its target in the last interval.
+    pub(super) violating: bool,
+    /// Measured slack `1 - p99/target` in the last interval.
+    pub(super) slack: Option<f64>,
+}
+
+impl Demand {
+    /// The (cores, ways) points the service may get: the kept allocation alone when
+    /// `allow_keep` and there is one, else its need.
+    fn options(&self, allow_keep: bool) -> Vec<(u32, u32)> {
+        if let (true, Some(k)) = (allow_keep, self.keep) {
+            return vec![k];
+        }
+        match &self.need {
+            Need::Fixed { cores, ways } => vec![(*cores, *ways)],
+            Need::Frontier { points } => points.clone(),
+        }
+    }
+}
+
+/// What an allocation costs the best-effort jobs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Costs {
+    /// The host's cores.
+    pub(super) cores: u32,
+    /// The host's LLC ways.
+    pub(super) llc_ways: u32,
+    /// Worth of the whole LLC relative to all cores ([`super::MlConfig::way_cost`]).
+    pub(super) way_cost: f64,
+}
+
+impl Costs {
+    /// Share of the cores plus `way_cost` times share of the ways.
+    pub(super) fn cost(&self, cores: u32, ways: u32) -> f64 {
+        f64::from(cores) / f64::from(self.cores)
+            + self.way_cost * f64::from(ways) / f64::from(self.llc_ways)
+    }
+}
+
+/// What the latency-critical services may use together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Room {
+    pub(super) cores: u32,
+    /// LLC ways (the pool keeps one when CPU jobs run).
+    pub(super) ways: u32,
+}
+
+/// The packer's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Packing {
+    /// (cores, ways) per demand, in order.
+    pub(super) alloc: Vec<(u32, u32)>,
+    /// The needs did not all fit: the degrade rule decided.
+    pub(super) degraded: bool,
+}
+
+/// A partial packing in the dynamic programme: (cost, cores used, (cores, ways) so far).
+type Partial = (f64, u32, Vec<(u32, u32)>);
+
+/// Steps 5–6: joint packing of `demands` into `room`, or the degrade rule.
+pub(super) fn pack(room: Room, costs: &Costs, demands: &[Demand]) -> Packing {
+    for allow_keep in [true, false] {
+        if let Some(alloc) = cheapest_fit(room, costs, demands, allow_keep) {
+            return Packing {
+                alloc,
+                degraded: false,
+            };
+        }
+    }
+    Packing {
+        alloc: degrade(room, costs, demands),
+        degraded: true,
+    }
+}
+
+/// The dynamic programme: the cheapest choice of one option per demand that fits `room`,
+/// if any.
+fn cheapest_fit(
+    room: Room,
+    costs: &Costs,
+    demands: &[Demand],
+    allow_keep: bool,
+) -> Option<Vec<(u32, u32)>> {
+    let c_total = room.cores;
+    let w_total = room.ways as usize;
+    // dp[u] = (cost, cores, choices) using u ways.
+    let mut dp: Vec<Option<Partial>> = vec![None; w_total + 1];
+    dp[0] = Some((0.0, 0, vec![]));
+    for d in demands {
+        let opts = d.options(allow_keep);
+        let cur = d.current;
+        let mut next: Vec<Option<Partial>> = vec![None; w_total + 1];
+        for (u, e) in dp.iter().enumerate() {
+            let Some((cst, cores, ch)) = e else { continue };
+            for &(c, w) in &opts {
+                let dw = if d.shares_pool_ways { 0 } else { w as usize };
+                let u2 = u + dw;
+                if u2 > w_total || cores + c > c_total {
+                    continue;
+                }
+                // Changing costs a little, so near-ties keep what is in force.
+                let changes = u32::from(c != cur.0) + u32::from(w != cur.1);
+                let c2 = cst + costs.cost(c, w) + CHANGE_COST * f64::from(changes);
+                if next[u2].as_ref().is_none_or(|(b, _, _)| c2 < *b) {
+                    let mut ch2 = ch.clone();
+                    ch2.push((c, w));
+                    next[u2] = Some((c2, cores + c, ch2));
+                }
+            }
+        }
+        dp = next;
+    }
+    dp.into_iter()
+        .flatten()
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, _, ch)| ch)
+}
+
+/// `a` is at most `b` in every resource.
+fn below(a: (u32, u32), b: (u32, u32)) -> bool {
+    a.0 <= b.0 && a.1 <= b.1
+}
+
+/// The degrade rule (see the module docs). Returns (cores, ways) per demand.
+pub(super) fn degrade(room: Room, costs: &Costs, demands: &[Demand]) -> Vec<(u32, u32)> {
+    let cost = |c: u32, w: u32| costs.cost(c, w);
+    let cheapest: Vec<(u32, u32)> = demands
+        .iter()
+        .map(|d| {
+            d.options(true)
+                .into_iter()
+                .min_by(|a, b| cost(a.0, a.1).total_cmp(&cost(b.0, b.1)))
+                .unwrap_or(d.current)
+        })
+        .collect();
+    let mut out: Vec<(u32, u32)> = cheapest
+        .iter()
+        .zip(demands)
+        .map(|(n, d)| if below(*n, d.current) { *n } else { d.current })
+        .collect();
+    let lc_ways: u32 = out
+        .iter()
+        .zip(demands)
+        .filter(|(_, d)| !d.shares_pool_ways)
+        .map(|(x, _)| x.1)
+        .sum();
+    let mut free_c = room.cores.saturating_sub(out.iter().map(|x| x.0).sum());
+    let mut free_w = room.ways.saturating_sub(lc_ways);
+    for (i, d) in demands.iter().enumerate() {
+        if below(cheapest[i], out[i]) {
+            continue;
+        }
+        let base = out[i];
+        let pool = d.shares_pool_ways;
+        let reach = |&(c, w): &(u32, u32)| c <= base.0 + free_c && (pool || w <= base.1 + free_w);
+        let pick = d
+            .options(false)
+            .into_iter()
+            .filter(reach)
+            .min_by(|a, b| cost(a.0, a.1).total_cmp(&cost(b.0, b.1)))
+            .unwrap_or_else(|| grow_toward(d, cheapest[i], base, free_c, free_w));
+        free_c = (free_c + base.0).saturating_sub(pick.0);
+        if !pool {
+            free_w = (free_w + base.1).saturating_sub(pick.1);
+        }
+        out[i] = pick;
+    }
+    lend_ways(demands, &cheapest, &mut out, free_c);
+    out
+}
+
+/// Nothing within reach: grow from `base` toward the cheapest point `need` as far as what
+/// is free allows; a service over its target also gets a quarter more cores (at least one;
+/// the ways it wants are taken), up to twice what its need has.
+fn grow_toward(
+    d: &Demand,
+    need: (u32, u32),
+    base: (u32, u32),
+    free_c: u32,
+    free_w: u32,
+) -> (u32, u32) {
+    let want = if d.violating {
+        need.0.max((base.0 + (base.0 / 4).max(1)).min(need.0 * 2))
+    } else {
+        need.0
+    };
+    (
+        want.max(base.0).min(base.0 + free_c),
+        if d.shares_pool_ways {
+            base.1
+        } else {
+            need.1.max(base.1).min(base.1 + free_w)
+        },
+    )
+}
+
+/// A service over its target that still lacks the ways it wants (`cheapest`) takes them
+/// from the service with the most measured slack whose options include one with fewer ways
+/// (and the cores it then needs are free): one step's worth per interval.
+fn lend_ways(demands: &[Demand], cheapest: &[(u32, u32)], out: &mut [(u32, u32)], free_c: u32) {
+    let mut free_c = free_c;
+    for i in 0..demands.len() {
+        if !demands[i].violating || demands[i].shares_pool_ways || out[i].1 >= cheapest[i].1 {
+            continue;
+        }
+        let donor = (0..demands.len())
+            .filter(|&j| j != i && !demands[j].violating && !demands[j].shares_pool_ways)
+            .filter_map(|j| {
+                let fewer = demands[j]
+                    .options(false)
+                    .into_iter()
+                    .filter(|&(c, w)| w < out[j].1 && c <= out[j].0 + free_c)
+                    .max_by_key(|&(_, w)| w)?;
+                Some((j, fewer, demands[j].slack.unwrap_or(0.0)))
+            })
+            .max_by(|a, b| a.2.total_cmp(&b.2));
+        if let Some((j, (c, w), _)) = donor {
+            free_c = (free_c + out[j].0).saturating_sub(c);
+            let freed = out[j].1 - w;
+            out[j] = (c, w);
+            out[i].1 += freed.min(cheapest[i].1 - out[i].1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 36-core, 20-way host with one way kept for the pool; the whole LLC is worth a
+    /// tenth of all cores.
+    const ROOM: Room = Room {
+        cores: 36,
+        ways: 19,
+    };
+    const COSTS: Costs = Costs {
+        cores: 36,
+        llc_ways: 20,
+        way_cost: 0.1,
+    };
+
+    fn frontier(current: (u32, u32), points: &[(u32, u32)]) -> Demand {
+        Demand {
+            current,
+            need: Need::Frontier {
+                points: points.to_vec(),
+            },
+            keep: None,
+            shares_pool_ways: false,
+            violating: false,
+            slack: Some(0.2),
+        }
+    }
+
+    fn fixed(current: (u32, u32), cores: u32, ways: u32) -> Demand {
+        Demand {
+            need: Need::Fixed { cores, ways },
+            ..frontier(current, &[])
+        }
+    }
+
+    fn violating(d: Demand) -> Demand {
+        Demand {
+            violating: true,
+            slack: Some(-0.3),
+            ..d
+        }
+    }
+
+    #[test]
+    fn cost_is_the_share_of_cores_plus_way_cost_times_the_share_of_ways() {
+        // 9 / 36 + 0.1 * 10 / 20 = 0.25 + 0.05.
+        assert!((COSTS.cost(9, 10) - 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_packer_picks_each_services_cheapest_point_when_all_fit() {
+        // a: (10, 2) costs 0.2878, (6, 8) costs 0.2067 (+0.02 for two changes from (8, 4)):
+        // (6, 8). b: (4, 4) or (3, 9): 0.1311 vs 0.1283, each +0.02: (3, 9). 17 ways fit.
+        let demands = [
+            frontier((8, 4), &[(10, 2), (6, 8)]),
+            frontier((5, 5), &[(4, 4), (3, 9)]),
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert_eq!(
+            p,
+            Packing {
+                alloc: vec![(6, 8), (3, 9)],
+                degraded: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_packer_trades_ways_between_services_to_fit_the_llc() {
+        // 19 ways. a and b each offer (4, 12) or (8, 6); both on (4, 12) would need 24 ways.
+        // Costs: (4, 12) 0.1111 + 0.06 = 0.1711, (8, 6) 0.2222 + 0.03 = 0.2522. a moves from
+        // (6, 9) either way (+0.02); b has (8, 6) in force, so staying costs it nothing more:
+        // a (4, 12) + b (8, 6) costs 0.4233 + 0.02, a (8, 6) + b (4, 12) 0.4233 + 0.04.
+        let demands = [
+            frontier((6, 9), &[(4, 12), (8, 6)]),
+            frontier((8, 6), &[(4, 12), (8, 6)]),
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(!p.degraded);
+        assert_eq!(p.alloc, vec![(4, 12), (8, 6)]);
+    }
+
+    #[test]
+    fn a_change_costs_a_little_so_a_near_tie_keeps_what_is_in_force() {
+        // (9, 4): 0.25 + 0.02 = 0.27, in force. (8, 6): 0.2222 + 0.03 = 0.2522, two changes
+        // (+0.02): 0.2722 > 0.27. Stays.
+        let demands = [frontier((9, 4), &[(9, 4), (8, 6)])];
+        assert_eq!(pack(ROOM, &COSTS, &demands).alloc, vec![(9, 4)]);
+    }
+
+    #[test]
+    fn a_kept_allocation_is_offered_alone_while_it_fits() {
+        // The frontier has a cheaper (4, 2); the hysteresis keeps (10, 6).
+        let d = Demand {
+            keep: Some((10, 6)),
+            ..frontier((10, 6), &[(4, 2)])
+        };
+        assert_eq!(pack(ROOM, &COSTS, &[d]).alloc, vec![(10, 6)]);
+    }
+
+    #[test]
+    fn a_kept_allocation_yields_when_keeping_it_leaves_no_room_for_the_others() {
+        // a keeps (20, 10); b's only point is (20, 4): 40 cores > 36. Without the keep, a
+        // takes (12, 10) from its frontier: 32 cores.
+        let a = Demand {
+            keep: Some((20, 10)),
+            ..frontier((20, 10), &[(12, 10)])
+        };
+        let b = frontier((10, 4), &[(20, 4)]);
+        let p = pack(ROOM, &COSTS, &[a, b]);
+        assert_eq!(
+            p,
+            Packing {
+                alloc: vec![(12, 10), (20, 4)],
+                degraded: false
+            }
+        );
+    }
+
+    #[test]
+    fn services_sharing_the_pools_ways_use_none_of_the_services_ways() {
+        // a takes all 19 ways; b shares the pool's ways, so its 5 ways cost it nothing here.
+        let a = fixed((10, 19), 10, 19);
+        let b = Demand {
+            shares_pool_ways: true,
+            ..fixed((4, 5), 4, 5)
+        };
+        let p = pack(ROOM, &COSTS, &[a, b]);
+        assert_eq!(p.alloc, vec![(10, 19), (4, 5)]);
+        assert!(!p.degraded);
+    }
+
+    #[test]
+    fn degrade_cuts_nobody_to_make_room() {
+        // a has (20, 8) and needs (24, 8); b has (14, 8) and needs (16, 8): 40 cores > 36.
+        // Nobody gives up what it has: 36 - 34 = 2 free cores. a, first in configuration
+        // order, grows by those 2 (22, 8); b keeps (14, 8).
+        let demands = [fixed((20, 8), 24, 8), fixed((14, 8), 16, 8)];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(22, 8), (14, 8)]);
+    }
+
+    #[test]
+    fn degrade_lets_growers_take_what_is_free_in_configuration_order() {
+        // 36 cores: a (10, 4) and b (10, 4) want (14, 4); c (14, 4) wants (16, 4): 44 > 36.
+        // 36 - 34 = 2 cores free. a, first, cannot reach (14, 4) (14 > 10 + 2) and grows by
+        // the 2 to (12, 4); b and c then find nothing free and keep what they have.
+        let demands = [
+            fixed((10, 4), 14, 4),
+            fixed((10, 4), 14, 4),
+            fixed((14, 4), 16, 4),
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(12, 4), (10, 4), (14, 4)]);
+    }
+
+    #[test]
+    fn degrade_gives_back_a_need_smaller_in_every_resource_first() {
+        // a had (20, 10) and now needs (8, 6); b has (10, 6) and needs (30, 6): 38 > 36.
+        // a shrinks to its need first, so 36 - 8 - 10 = 18 cores are free; b's (30, 6) is
+        // out of reach (30 > 10 + 18): it grows to 28.
+        let demands = [fixed((20, 10), 8, 6), fixed((10, 6), 30, 6)];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(8, 6), (28, 6)]);
+    }
+
+    #[test]
+    fn degrade_picks_the_cheapest_point_within_reach() {
+        // b (first) has (4, 4) and a frontier (12, 2), (5, 12), (6, 6); a has (30, 4) and
+        // needs (34, 4): b's 5 cores at least + 34 > 36, so degrade. Free: 36 - 34 = 2 cores,
+        // 19 - 8 = 11 ways. Within reach of b: (5, 12) costing 0.1389 + 0.06 = 0.1989 and
+        // (6, 6) costing 0.1667 + 0.03 = 0.1967, not (12, 2). b takes (6, 6); a finds
+        // nothing left and keeps (30, 4).
+        let demands = [
+            frontier((4, 4), &[(12, 2), (5, 12), (6, 6)]),
+            fixed((30, 4), 34, 4),
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(6, 6), (30, 4)]);
+    }
+
+    #[test]
+    fn degrade_gives_a_violating_service_short_of_ways_a_quarter_more_cores() {
+        // a has (16, 4), is over its target and needs (17, 10); b holds (10, 13): 23 ways >
+        // 19, so degrade. Free: 10 cores, 2 ways. a's need is out of reach (10 > 4 + 2): it
+        // takes the 2 ways and max(17, min(16 + 4, 34)) = 20 cores: (20, 6).
+        let demands = [violating(fixed((16, 4), 17, 10)), fixed((10, 13), 10, 13)];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(20, 6), (10, 13)]);
+        // Within its target, the same service grows to its need's cores only.
+        let demands = [fixed((16, 4), 17, 10), fixed((10, 13), 10, 13)];
+        assert_eq!(pack(ROOM, &COSTS, &demands).alloc, vec![(17, 6), (10, 13)]);
+    }
+
+    #[test]
+    fn a_violating_service_wants_a_quarter_more_cores_than_its_need_up_to_twice_it() {
+        // base (16, 4), need (17, 4): max(17, min(16 + 4, 34)) = 20, 30 cores free: 20.
+        let d = violating(fixed((16, 4), 17, 4));
+        assert_eq!(grow_toward(&d, (17, 4), (16, 4), 30, 0), (20, 4));
+        // Not violating: just the need.
+        let d = fixed((16, 4), 17, 4);
+        assert_eq!(grow_toward(&d, (17, 4), (16, 4), 30, 0), (17, 4));
+        // Up to twice the need's cores: base (16, 4), need (2, 4) -> max(2, min(20, 4)) = 4,
+        // and never below what it has: 16.
+        let d = violating(fixed((16, 4), 2, 4));
+        assert_eq!(grow_toward(&d, (2, 4), (16, 4), 30, 0), (16, 4));
+        // What is free caps it: 2 cores free -> 18.
+        let d = violating(fixed((16, 4), 17, 4));
+        assert_eq!(grow_toward(&d, (17, 4), (16, 4), 2, 0), (18, 4));
+    }
+
+    #[test]
+    fn degrade_lends_ways_from_the_service_with_most_slack_that_can_spare_them() {
+        // 18 ways: a (6, 8), b (6, 5), c (6, 5) use all of them. a is over its target and
+        // needs (6, 12); b (slack 0.2) could go to (8, 3), c (slack 0.5, kept) to (9, 4):
+        // 12 + 3 + 4 = 19 > 18, so degrade. a grows by a quarter (at least one core) to
+        // (7, 8), no way being free; then c, with more slack, gives a way (5 -> 4, taking
+        // 3 more of the 36 - 19 = 17 free cores) and a gets it: (7, 9).
+        let demands = [
+            violating(fixed((6, 8), 6, 12)),
+            Demand {
+                slack: Some(0.2),
+                ..frontier((6, 5), &[(6, 5), (8, 3)])
+            },
+            Demand {
+                slack: Some(0.5),
+                keep: Some((6, 5)),
+                ..frontier((6, 5), &[(9, 4)])
+            },
+        ];
+        let room = Room {
+            cores: 36,
+            ways: 18,
+        };
+        let p = pack(room, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(7, 9), (6, 5), (9, 4)]);
+    }
+
+    #[test]
+    fn degrade_never_lends_from_a_service_over_its_target_or_sharing_the_pools_ways() {
+        // 14 ways: a (6, 9) over its target needs (6, 12); b (6, 5) is over its target
+        // too; c shares the pool's ways. a grows to (7, 9), and nobody lends it a way.
+        let demands = [
+            violating(fixed((6, 9), 6, 12)),
+            violating(frontier((6, 5), &[(6, 5), (8, 3)])),
+            Demand {
+                shares_pool_ways: true,
+                ..frontier((6, 5), &[(9, 4)])
+            },
+        ];
+        let room = Room {
+            cores: 36,
+            ways: 14,
+        };
+        let p = pack(room, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(7, 9), (6, 5), (9, 4)]);
+    }
+}

@@ -1,0 +1,286 @@
+//! Step 2 of the `ml` policy: predictions of ln(p99/target) for one service's candidate
+//! allocations, anchored on what the allocation in force measured, and the check that the
+//! model's inputs lie within its training range.
+
+use cohabit_core::{Allocation, HostCapacity, Sample, WayRange, MBA_MAX_PCT};
+use cohabit_models::{features, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES};
+use ndarray::{Array2, ArrayView1};
+
+/// Prior noise of one measured p99 (ln units), before the service's own is measured.
+pub(super) const MEASUREMENT_SIGMA: f64 = 0.05;
+
+/// p99 over target beyond which a measurement is not used as an anchor.
+pub(super) const SATURATED: f64 = 2.0;
+
+/// One prediction of ln(p99/target).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Pred {
+    pub(super) mean: f64,
+    /// Total spread: the model's, times the service's factor, and the measurement noise.
+    pub(super) sigma: f64,
+    /// The model's own spread.
+    pub(super) model_sigma: f64,
+}
+
+/// How one service's candidates are predicted this tick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Basis {
+    /// Measured ln(p99/target) of the allocation in force, when usable as an anchor.
+    pub(super) anchor: Option<f64>,
+    pub(super) bias: f64,
+    pub(super) factor: f64,
+    /// Spread of one measurement.
+    pub(super) noise: f64,
+}
+
+impl Default for Basis {
+    fn default() -> Self {
+        Self {
+            anchor: None,
+            bias: 0.0,
+            factor: 1.0,
+            noise: MEASUREMENT_SIGMA,
+        }
+    }
+}
+
+/// Everything needed to predict one service's candidates at one tick: the model, the host,
+/// what the service measured under the allocation in force, and its [`Basis`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Predictor<'a> {
+    pub(super) model: &'a Model,
+    pub(super) host: &'a HostCapacity,
+    pub(super) target_ms: f64,
+    pub(super) sample: &'a Sample,
+    pub(super) current: &'a Allocation,
+    pub(super) neighbours: &'a Neighbours,
+    pub(super) basis: Basis,
+}
+
+impl Predictor<'_> {
+    /// The model's inputs for `candidate`.
+    pub(super) fn features(&self, candidate: &Allocation) -> [f32; N_FEATURES] {
+        features(
+            self.host,
+            self.target_ms,
+            self.sample,
+            self.current,
+            candidate,
+            self.neighbours,
+        )
+    }
+
+    /// Predictions (mean, spread) of ln(p99/target) for candidates of one service.
+    ///
+    /// Anchored (the allocation in force was measured and is not saturated): the measured
+    /// value plus the model's predicted *change* from the allocation in force, whose spread is
+    /// the members' disagreement on that change plus the measurement's own noise. Otherwise
+    /// the model's level. Both plus the learned bias; spreads times the service's factor.
+    pub(super) fn predict_many(&self, cands: &[Allocation]) -> Vec<Pred> {
+        let b = self.basis;
+        // Anchored, the allocation in force is predicted as measured: no model needed.
+        let same = |c: &Allocation| {
+            c.cores == self.current.cores
+                && c.llc_ways.count == self.current.llc_ways.count
+                && c.mba_pct == self.current.mba_pct
+        };
+        if let (Some(q), true) = (b.anchor, cands.iter().all(same)) {
+            let p = Pred {
+                mean: q + b.bias,
+                sigma: b.noise,
+                model_sigma: 0.0,
+            };
+            return vec![p; cands.len()];
+        }
+        let mut rows = Array2::<f32>::zeros((cands.len(), N_FEATURES));
+        for (r, c) in cands.iter().enumerate() {
+            rows.row_mut(r)
+                .assign(&ArrayView1::from(&self.features(c)[..]));
+        }
+        match b.anchor {
+            Some(q) => {
+                let reference = self.features(self.current);
+                let (d, s) = self
+                    .model
+                    .score_change(ArrayView1::from(&reference[..]), rows.view());
+                d.iter()
+                    .zip(s.iter())
+                    .map(|(d, s)| {
+                        let model_sigma = f64::from(*s);
+                        let scaled = model_sigma * b.factor;
+                        Pred {
+                            mean: q + f64::from(*d) + b.bias,
+                            sigma: (scaled * scaled + b.noise * b.noise).sqrt(),
+                            model_sigma,
+                        }
+                    })
+                    .collect()
+            }
+            None => {
+                let (m, s) = self.model.score(rows.view());
+                m.iter()
+                    .zip(s.iter())
+                    .map(|(m, s)| Pred {
+                        mean: f64::from(*m) + b.bias,
+                        sigma: f64::from(*s) * b.factor,
+                        model_sigma: f64::from(*s),
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A candidate of `cores` cores and `ways` ways at full memory bandwidth, as the search
+/// scores them.
+pub(super) fn at_full_mba(cores: u32, ways: u32) -> Allocation {
+    Allocation {
+        cores,
+        llc_ways: WayRange::new(0, ways),
+        mba_pct: MBA_MAX_PCT,
+        gpu_mps_pct: None,
+    }
+}
+
+/// The first feature further than `z_limit` training standard deviations from the training
+/// mean, with its z-score, if any (flags excluded: missing counters are part of the
+/// training data).
+pub(super) fn out_of_range(
+    meta: &ModelMetadata,
+    f: &[f32; N_FEATURES],
+    z_limit: f32,
+) -> Option<(&'static str, f32)> {
+    f.iter()
+        .zip(FEATURE_NAMES)
+        .zip(meta.norm_mean.iter().zip(&meta.norm_std))
+        .filter(|((_, name), _)| !name.starts_with("has_"))
+        .map(|((x, name), (m, s))| (name, (x - m) / s))
+        .find(|(_, z)| z.abs() > z_limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_core::HostCapacity;
+
+    use super::super::tests::{host, linear_model};
+    use super::*;
+
+    /// Index of a feature by name.
+    fn col(name: &str) -> usize {
+        FEATURE_NAMES.iter().position(|n| *n == name).unwrap()
+    }
+
+    fn predictor<'a>(
+        model: &'a Model,
+        host: &'a HostCapacity,
+        sample: &'a Sample,
+        current: &'a Allocation,
+        neighbours: &'a Neighbours,
+        basis: Basis,
+    ) -> Predictor<'a> {
+        Predictor {
+            model,
+            host,
+            target_ms: 1.0,
+            sample,
+            current,
+            neighbours,
+            basis,
+        }
+    }
+
+    #[test]
+    fn the_allocation_in_force_is_predicted_as_measured_plus_bias() {
+        // A model that would say +3 for anything: it is not asked.
+        let model = linear_model(&[(3.0, &[]), (3.0, &[])]);
+        let (host, sample, nb) = (host(), Sample::default(), Neighbours::default());
+        let current = at_full_mba(8, 4);
+        let basis = Basis {
+            anchor: Some(-0.5),
+            bias: 0.1,
+            factor: 1.0,
+            noise: 0.04,
+        };
+        let p = predictor(&model, &host, &sample, &current, &nb, basis);
+        let preds = p.predict_many(&[current, current]);
+        // -0.5 measured + 0.1 bias; the spread is the measurement's alone.
+        let want = Pred {
+            mean: -0.5 + 0.1,
+            sigma: 0.04,
+            model_sigma: 0.0,
+        };
+        assert_eq!(preds, vec![want, want]);
+    }
+
+    #[test]
+    fn an_anchored_prediction_is_the_measured_value_plus_the_models_change() {
+        // Members: -1.8 and -3.6 per unit of cores_cand (cores / 36). From 9 to 18 cores
+        // cores_cand moves by 0.25: changes -0.45 and -0.9, mean -0.675, spread 0.225.
+        let c = col("cores_cand");
+        let model = linear_model(&[(0.7, &[(c, -1.8)]), (-0.2, &[(c, -3.6)])]);
+        let (host, sample, nb) = (host(), Sample::default(), Neighbours::default());
+        let current = at_full_mba(9, 4);
+        let basis = Basis {
+            anchor: Some(0.2),
+            bias: 0.05,
+            factor: 2.0,
+            noise: 0.1,
+        };
+        let p = predictor(&model, &host, &sample, &current, &nb, basis);
+        let got = p.predict_many(&[at_full_mba(18, 4)])[0];
+        // 0.2 + (-0.675) + 0.05 = -0.425; sigma sqrt((0.225 * 2)² + 0.1²) = sqrt(0.2125).
+        assert!((got.mean - -0.425).abs() < 1e-5, "{got:?}");
+        assert!((got.model_sigma - 0.225).abs() < 1e-5, "{got:?}");
+        assert!((got.sigma - 0.2125f64.sqrt()).abs() < 1e-5, "{got:?}");
+    }
+
+    #[test]
+    fn without_an_anchor_the_prediction_is_the_models_level() {
+        // Members say 0.5 and 1.5: level 1.0, spread 0.5; bias -0.25; factor 1.5.
+        let model = linear_model(&[(0.5, &[]), (1.5, &[])]);
+        let (host, sample, nb) = (host(), Sample::default(), Neighbours::default());
+        let current = at_full_mba(9, 4);
+        let basis = Basis {
+            anchor: None,
+            bias: -0.25,
+            factor: 1.5,
+            noise: 0.1,
+        };
+        let p = predictor(&model, &host, &sample, &current, &nb, basis);
+        let got = p.predict_many(&[current])[0];
+        assert!((got.mean - 0.75).abs() < 1e-6, "{got:?}");
+        assert!((got.sigma - 0.75).abs() < 1e-6, "{got:?}");
+        assert!((got.model_sigma - 0.5).abs() < 1e-6, "{got:?}");
+    }
+
+    #[test]
+    fn an_input_more_than_z_limit_sds_from_the_training_mean_is_out_of_range() {
+        let mut meta = linear_model(&[(0.0, &[])]).meta;
+        let c = col("core_util");
+        meta.norm_mean[c] = 0.5;
+        meta.norm_std[c] = 0.1;
+        let mut f = [0.0f32; N_FEATURES];
+        // (0.95 - 0.5) / 0.1 = 4.5: within 5.
+        f[c] = 0.95;
+        assert_eq!(out_of_range(&meta, &f, 5.0), None);
+        // (1.1 - 0.5) / 0.1 = 6: out, and named.
+        f[c] = 1.1;
+        let (name, z) = out_of_range(&meta, &f, 5.0).unwrap();
+        assert_eq!(name, "core_util");
+        assert!((z - 6.0).abs() < 1e-4);
+        // Below the mean counts too.
+        f[c] = -0.1;
+        assert_eq!(
+            out_of_range(&meta, &f, 5.0).map(|(n, _)| n),
+            Some("core_util")
+        );
+    }
+
+    #[test]
+    fn missing_counter_flags_are_never_out_of_range() {
+        let meta = linear_model(&[(0.0, &[])]).meta;
+        let mut f = [0.0f32; N_FEATURES];
+        f[col("has_ipc")] = 100.0;
+        assert_eq!(out_of_range(&meta, &f, 5.0), None);
+    }
+}

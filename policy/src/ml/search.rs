@@ -1,0 +1,307 @@
+//! Step 4 of the `ml` policy: the frontier of one service, the fewest cores that meet its
+//! target for each way count.
+//!
+//! Problem: find, for each way count, the smallest core count whose pessimistic prediction
+//! `mean + k * sigma` is at most ln(`margin`) with a spread the model can vouch for
+//! (`sigma <= unsure_sigma`), scoring as few candidates as possible.
+//!
+//! Approach: a grid of core counts around the cores in force ([`CORE_GRID`]) for every way
+//! count of a thinning way grid ([`way_grid`]), scored in one batch; then, for each way count
+//! with an admissible grid point, every core count between the grid point below it and that
+//! point, in a second batch (one batch is cheaper than a bisection's several).
+//!
+//! Properties: no core count beyond the trust region ([`max_cores`]: twice the cores in
+//! force, as in the training data; a quarter more for a service that could only give back)
+//! and none below the grid's lowest point is scored; the search is monotone in what it
+//! returns only as far as the predictions are.
+
+use super::predict::Pred;
+
+/// Core counts scored first, as multiples of the cores in force (up to twice them: the
+/// trust region of the training data).
+const CORE_GRID: [f64; 6] = [0.4, 0.6, 0.8, 1.0, 1.4, 2.0];
+
+/// What one frontier search looks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Search<'a> {
+    /// Way counts, ascending.
+    pub(super) ways: &'a [u32],
+    /// Cores in force.
+    pub(super) cores_now: u32,
+    /// The most cores a candidate may have ([`max_cores`]).
+    pub(super) max_cores: u32,
+    /// A candidate's pessimistic p99 must be at most this fraction of the target.
+    pub(super) margin: f64,
+    /// Spreads added to the mean for the pessimistic prediction.
+    pub(super) k_sigma: f64,
+    /// Largest admissible spread.
+    pub(super) unsure_sigma: f64,
+}
+
+/// Way counts searched, for services that may have at most `max` ways in all: a way more or
+/// less matters less the more a service has, so the grid thins out, and ends at `max`.
+pub(super) fn way_grid(max: u32) -> Vec<u32> {
+    let mut g: Vec<u32> = [1, 2, 3, 4, 6, 8, 11, 14]
+        .into_iter()
+        .filter(|w| *w < max)
+        .collect();
+    g.push(max);
+    g
+}
+
+/// The trust region: training candidates had at most twice the cores in force, so a single
+/// step at most doubles them (at least 2, at most the host's). A service measured under its
+/// margin (`held`) only looks for cheaper allocations, so a quarter more cores is as far as
+/// it needs to look.
+pub(super) fn max_cores(cores_now: u32, host_cores: u32, held: bool) -> u32 {
+    let reach = if held {
+        cores_now + cores_now / 4
+    } else {
+        cores_now * 2
+    };
+    host_cores.min(reach.max(2))
+}
+
+/// The core counts scored first: [`CORE_GRID`] times the cores in force, rounded, within
+/// 1..=`max_cores`, ascending and distinct.
+pub(super) fn core_grid(cores_now: u32, max_cores: u32) -> Vec<u32> {
+    let cur = f64::from(cores_now.max(1));
+    let mut grid: Vec<u32> = CORE_GRID
+        .iter()
+        .map(|f| u32::try_from(cohabit_core::whole((cur * f).max(1.0))).unwrap_or(1))
+        .map(|c| c.clamp(1, max_cores))
+        .collect();
+    grid.sort_unstable();
+    grid.dedup();
+    grid
+}
+
+/// The per-way frontier: for each way count of `s.ways` that has one, (fewest admissible
+/// cores, ways), in way order. `score` predicts (cores, ways) candidates in one batch; it is
+/// called twice at most.
+pub(super) fn frontier(
+    s: &Search<'_>,
+    mut score: impl FnMut(&[(u32, u32)]) -> Vec<Pred>,
+) -> Vec<(u32, u32)> {
+    let limit = s.margin.ln();
+    let ok = |p: &Pred| p.mean + s.k_sigma * p.sigma <= limit && p.sigma <= s.unsure_sigma;
+    let ways = s.ways;
+    let grid = core_grid(s.cores_now, s.max_cores);
+    let points: Vec<(u32, u32)> = ways
+        .iter()
+        .flat_map(|&w| grid.iter().map(move |&c| (c, w)))
+        .collect();
+    let scored = score(&points);
+    // Per way: the first admissible grid point and the grid point below it.
+    let mut lo = vec![0u32; ways.len()];
+    let mut hi = vec![0u32; ways.len()];
+    let mut found = vec![false; ways.len()];
+    for k in 0..ways.len() {
+        let row = &scored[k * grid.len()..(k + 1) * grid.len()];
+        if let Some(i) = row.iter().position(ok) {
+            hi[k] = grid[i];
+            lo[k] = if i == 0 { grid[0] } else { grid[i - 1] + 1 };
+            found[k] = true;
+        }
+    }
+    // Close every gap in one batch: each core count between the grid point below and the
+    // first admissible one.
+    let gaps: Vec<(usize, u32)> = (0..ways.len())
+        .filter(|&k| found[k])
+        .flat_map(|k| (lo[k]..hi[k]).map(move |c| (k, c)))
+        .collect();
+    if !gaps.is_empty() {
+        let points: Vec<(u32, u32)> = gaps.iter().map(|&(k, c)| (c, ways[k])).collect();
+        for (&(k, c), p) in gaps.iter().zip(score(&points)) {
+            if c < hi[k] && ok(&p) {
+                hi[k] = c;
+            }
+        }
+    }
+    (0..ways.len())
+        .filter(|&k| found[k])
+        .map(|k| (hi[k], ways[k]))
+        .collect()
+}
+
+/// When nothing meets the target with the margin: for each way count, the fewest cores
+/// among the candidates already `scored` whose mean meets the bare target with a spread of
+/// at most `unsure_sigma` (no second search).
+pub(super) fn bare_target(
+    ways: &[u32],
+    scored: &[((u32, u32), Pred)],
+    unsure_sigma: f64,
+) -> Vec<(u32, u32)> {
+    ways.iter()
+        .filter_map(|&w| {
+            scored
+                .iter()
+                .filter(|((_, sw), p)| *sw == w && p.mean <= 0.0 && p.sigma <= unsure_sigma)
+                .min_by_key(|((c, _), _)| *c)
+                .map(|((c, _), _)| (*c, w))
+        })
+        .collect()
+}
+
+/// A service that needs more never loses ways in the same step: trading its cache for
+/// cores on a prediction alone can land on a cache cliff. Every point is lifted to the `w0`
+/// ways in force (cores may go, so that cores piled on by earlier steps do not block the
+/// ways it needs); the result is sorted and distinct.
+pub(super) fn never_fewer_ways(points: Vec<(u32, u32)>, w0: u32) -> Vec<(u32, u32)> {
+    let mut points: Vec<(u32, u32)> = points.into_iter().map(|(c, w)| (c, w.max(w0))).collect();
+    points.sort_unstable();
+    points.dedup();
+    points
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pred(mean: f64, sigma: f64) -> Pred {
+        Pred {
+            mean,
+            sigma,
+            model_sigma: sigma,
+        }
+    }
+
+    /// A search from 10 cores, up to 20, with the default margin (0.9) and spreads.
+    fn search(ways: &[u32]) -> Search<'_> {
+        Search {
+            ways,
+            cores_now: 10,
+            max_cores: 20,
+            margin: 0.9,
+            k_sigma: 0.5,
+            unsure_sigma: 0.7,
+        }
+    }
+
+    /// A service that meets its target with a margin when cores × ways ≥ 40: -0.5 ± 0.1
+    /// there (pessimistic -0.45 < ln 0.9 = -0.105), +0.5 ± 0.1 elsewhere. Records every
+    /// batch.
+    fn scorer(batches: &mut Vec<Vec<(u32, u32)>>) -> impl FnMut(&[(u32, u32)]) -> Vec<Pred> + '_ {
+        move |points| {
+            batches.push(points.to_vec());
+            points
+                .iter()
+                .map(|&(c, w)| pred(if c * w >= 40 { -0.5 } else { 0.5 }, 0.1))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn the_way_grid_thins_out_and_ends_at_the_most_a_service_can_have() {
+        assert_eq!(way_grid(19), vec![1, 2, 3, 4, 6, 8, 11, 14, 19]);
+        assert_eq!(way_grid(5), vec![1, 2, 3, 4, 5]);
+        assert_eq!(way_grid(1), vec![1]);
+    }
+
+    #[test]
+    fn the_trust_region_is_twice_the_cores_in_force() {
+        assert_eq!(max_cores(10, 36, false), 20);
+        // Never beyond the host, never under 2.
+        assert_eq!(max_cores(30, 36, false), 36);
+        assert_eq!(max_cores(1, 36, false), 2);
+    }
+
+    #[test]
+    fn a_service_within_its_margin_searches_only_a_quarter_more_cores() {
+        assert_eq!(max_cores(10, 36, true), 12);
+        assert_eq!(max_cores(3, 36, true), 3);
+    }
+
+    #[test]
+    fn the_core_grid_spans_four_tenths_to_twice_the_cores_in_force_within_the_trust_region() {
+        // 10 × [0.4, 0.6, 0.8, 1.0, 1.4, 2.0].
+        assert_eq!(core_grid(10, 20), vec![4, 6, 8, 10, 14, 20]);
+        // Held: the trust region is 12, so 14 and 20 become 12.
+        assert_eq!(core_grid(10, 12), vec![4, 6, 8, 10, 12]);
+        // 2 cores: 0.8, 1.2, 1.6, 2, 2.8, 4 round to 1, 1, 2, 2, 3, 4.
+        assert_eq!(core_grid(2, 4), vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn the_frontier_is_the_fewest_admissible_cores_per_way_found_in_two_batches() {
+        let mut batches = Vec::new();
+        let ways = [2, 4, 8];
+        let got = frontier(&search(&ways), scorer(&mut batches));
+        // 2 ways need 20 cores: grid point 20 (14 is not enough); the gap 15..=19 fails.
+        // 4 ways need 10: grid point 10; the gap is 9 (8 + 1), which fails.
+        // 8 ways need 5: grid point 6; the gap is 5 (4 + 1), which is enough.
+        assert_eq!(got, vec![(20, 2), (10, 4), (5, 8)]);
+        assert_eq!(batches.len(), 2);
+        assert_eq!(batches[0].len(), 3 * 6);
+        assert_eq!(
+            batches[1],
+            vec![(15, 2), (16, 2), (17, 2), (18, 2), (19, 2), (9, 4), (5, 8)]
+        );
+    }
+
+    #[test]
+    fn the_frontier_never_scores_beyond_the_trust_region() {
+        // 1 way would need 40 cores; the trust region from 10 is 20: no point for it, and
+        // nothing above 20 was scored.
+        let mut batches = Vec::new();
+        let ways = [1, 4];
+        let got = frontier(&search(&ways), scorer(&mut batches));
+        assert_eq!(got, vec![(10, 4)]);
+        let most = batches.iter().flatten().map(|(c, _)| *c).max();
+        assert_eq!(most, Some(20));
+    }
+
+    #[test]
+    fn the_frontier_does_not_search_below_the_lowest_grid_point() {
+        // 16 ways need 3 cores, but the grid starts at 4: 4 it is, in one batch.
+        let mut batches = Vec::new();
+        let ways = [16];
+        let got = frontier(&search(&ways), scorer(&mut batches));
+        assert_eq!(got, vec![(4, 16)]);
+        assert_eq!(batches.len(), 1);
+    }
+
+    #[test]
+    fn an_unsure_prediction_is_never_admissible() {
+        // Mean -2 everywhere, but a spread of 0.8 > 0.7.
+        let ways = [4];
+        let got = frontier(&search(&ways), |p| vec![pred(-2.0, 0.8); p.len()]);
+        assert_eq!(got, vec![]);
+    }
+
+    #[test]
+    fn the_pessimistic_prediction_uses_k_sigma() {
+        // -0.5 ± 0.4: with k 0.5, -0.3 <= ln 0.9 (-0.105); with k 1, -0.1 is not.
+        let ways = [4];
+        let s = search(&ways);
+        assert_eq!(
+            frontier(&s, |p| vec![pred(-0.5, 0.4); p.len()]),
+            vec![(4, 4)]
+        );
+        let give_back = Search { k_sigma: 1.0, ..s };
+        assert_eq!(
+            frontier(&give_back, |p| vec![pred(-0.5, 0.4); p.len()]),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn the_bare_target_takes_the_fewest_scored_cores_that_meet_it_per_way() {
+        let scored = [
+            ((8, 2), pred(-0.05, 0.2)),
+            ((6, 2), pred(-0.01, 0.3)),
+            ((4, 2), pred(0.1, 0.2)),
+            ((4, 4), pred(-0.2, 0.9)),
+            ((6, 4), pred(-0.2, 0.5)),
+        ];
+        // 2 ways: 6 (4 misses the target). 4 ways: 6 (4 is unsure). 8 ways: never scored.
+        assert_eq!(bare_target(&[2, 4, 8], &scored, 0.7), vec![(6, 2), (6, 4)]);
+    }
+
+    #[test]
+    fn a_service_that_needs_more_never_loses_ways_in_the_same_step() {
+        // 4 ways in force: (4, 2) and (6, 3) keep 4 ways; (3, 8) keeps its 8.
+        let got = never_fewer_ways(vec![(4, 2), (6, 3), (3, 8), (4, 4)], 4);
+        assert_eq!(got, vec![(3, 8), (4, 4), (6, 4)]);
+    }
+}

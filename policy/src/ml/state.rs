@@ -1,0 +1,424 @@
+//! Step 1 of the `ml` policy and the rules that look back in time: what it remembers of each
+//! latency-critical service between ticks, the online correction of its predictions, the
+//! misses that send it to the fallback, the glitch check, and the hysteresis that keeps a
+//! safe allocation until a cheaper one has lasted.
+
+use cohabit_core::Allocation;
+
+use super::gpu::GpuModel;
+use super::predict::{Basis, Pred, MEASUREMENT_SIGMA, SATURATED};
+use super::MlConfig;
+
+/// Smallest measurement noise assumed (ln units).
+const NOISE_FLOOR: f64 = 0.02;
+
+/// Busy fraction of its cores above which a service counts as saturated.
+const SATURATED_UTIL: f64 = 0.9;
+
+/// Relative load change under which a sudden saturated reading waits for confirmation.
+const GLITCH_LOAD_CHANGE: f64 = 0.2;
+
+/// The last prediction made for a service: for which allocation, and what.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct LastPrediction {
+    pub(super) alloc: Allocation,
+    /// Anchored model mean, before the bias.
+    pub(super) base: f64,
+    /// Bias-corrected mean.
+    pub(super) corrected: f64,
+    pub(super) sigma: f64,
+    /// The model's own spread (before the service's factor and the measurement noise).
+    pub(super) model_sigma: f64,
+    /// Whether the allocation differed from the one in force when predicted.
+    pub(super) moved: bool,
+}
+
+/// One interval's reading of a service: measured ln(p99/target) and requests per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Reading {
+    pub(super) log_q: f64,
+    pub(super) rps: Option<f64>,
+}
+
+/// What the policy remembers of one latency-critical service between ticks.
+#[derive(Debug, Clone)]
+pub(super) struct ServiceState {
+    /// How this tick's predictions are made.
+    pub(super) basis: Basis,
+    /// This tick's scored candidates (cores, ways) at full MBA, for reuse.
+    pub(super) scored: Vec<((u32, u32), Pred)>,
+    /// Last tick's reading.
+    pub(super) prev_reading: Option<Reading>,
+    /// Exponentially weighted error of the anchored predictions.
+    pub(super) bias: f64,
+    /// Exponentially weighted squared standardised error of predictions for a *changed*
+    /// allocation: the model's spread is scaled by its square root for this service
+    /// (online recalibration; starts at 1).
+    pub(super) z2: f64,
+    /// Exponentially weighted squared error of predictions for an unchanged allocation:
+    /// the measurement's own noise.
+    pub(super) noise2: f64,
+    pub(super) misses: u32,
+    pub(super) last: Option<LastPrediction>,
+    pub(super) fallback_until_ms: Option<u64>,
+    /// Why the service is on the fallback (words for people).
+    pub(super) fallback_why: String,
+    pub(super) surplus_ticks: u32,
+    pub(super) seen: bool,
+    pub(super) gpu: GpuModel,
+}
+
+impl Default for ServiceState {
+    fn default() -> Self {
+        Self {
+            basis: Basis::default(),
+            prev_reading: None,
+            scored: Vec::new(),
+            bias: 0.0,
+            z2: 1.0,
+            noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
+            misses: 0,
+            last: None,
+            fallback_until_ms: None,
+            fallback_why: String::new(),
+            surplus_ticks: 0,
+            seen: false,
+            gpu: GpuModel::default(),
+        }
+    }
+}
+
+/// A CPU service's tick as [`ServiceState::begin_tick`] starts it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Tick {
+    /// First tick of the service: it is placed from the model at once.
+    pub(super) new_service: bool,
+    /// How this tick's candidates are predicted.
+    pub(super) basis: Basis,
+    /// Last tick's reading.
+    pub(super) prev: Option<Reading>,
+    /// This tick's reading.
+    pub(super) reading: Option<Reading>,
+}
+
+/// What the hysteresis rule says about the allocation in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Hysteresis {
+    /// The allocation in force is kept.
+    pub(super) keep: bool,
+    /// Intervals a cheaper admissible allocation has existed, this one included.
+    pub(super) surplus_ticks: u32,
+}
+
+impl ServiceState {
+    /// Factor on the model's spread for this service.
+    pub(super) fn sigma_factor(&self) -> f64 {
+        self.z2.sqrt().clamp(0.3, 3.0)
+    }
+
+    /// A basis of prediction anchored on `anchor`, when there is one.
+    fn basis_for(&self, anchor: Option<f64>) -> Basis {
+        Basis {
+            anchor,
+            bias: self.bias,
+            factor: self.sigma_factor(),
+            noise: self.noise2.sqrt(),
+        }
+    }
+
+    /// Starts a CPU service's tick with its reading (`measured` ln(p99/target) at `rps`
+    /// requests per second): forgets last tick's scored candidates, sets the basis of
+    /// prediction (anchored on the reading, except past saturation: queues growing,
+    /// timeouts, where the model's differences mean little and its levels are used) and
+    /// remembers the reading for the next tick.
+    pub(super) fn begin_tick(&mut self, measured: Option<f64>, rps: Option<f64>) -> Tick {
+        self.scored.clear();
+        let new_service = !self.seen;
+        self.seen = true;
+        self.basis = self.basis_for(measured.filter(|q| *q <= SATURATED.ln()));
+        let prev = self.prev_reading;
+        let reading = measured.map(|q| Reading { log_q: q, rps });
+        self.prev_reading = reading;
+        Tick {
+            new_service,
+            basis: self.basis,
+            prev,
+            reading,
+        }
+    }
+
+    /// Step 1: `measured` (ln(p99/target)) was read under the allocation `last` predicted
+    /// for. Its error updates the bias; an unchanged allocation's surprise the measurement
+    /// noise, a changed one's the model's spread factor; a violation more than the
+    /// tolerance (or two spreads) above the prediction is a miss, a reading within the
+    /// target ends a run of misses.
+    pub(super) fn correct(&mut self, last: &LastPrediction, measured: f64, cfg: &MlConfig) {
+        let alpha = cfg.correction_weight;
+        let tol = cfg.miss_tolerance;
+        let err = measured - last.base;
+        let surprise = measured - last.corrected;
+        self.bias = ((1.0 - alpha) * self.bias + alpha * err).clamp(-2.0, 2.0);
+        // An unchanged allocation measures the noise; a changed one the model's spread.
+        if !last.moved {
+            self.noise2 = ((1.0 - alpha) * self.noise2 + alpha * surprise * surprise)
+                .clamp(NOISE_FLOOR * NOISE_FLOOR, 1.0);
+        } else if last.model_sigma > 0.01 {
+            let excess = (surprise * surprise - self.noise2).max(0.0);
+            let z2 = excess / (last.model_sigma * last.model_sigma);
+            self.z2 = ((1.0 - alpha) * self.z2 + alpha * z2).clamp(0.0, 100.0);
+        }
+        if measured > 0.0 && surprise > tol.max(2.0 * last.sigma) {
+            self.misses += 1;
+        } else if measured <= 0.0 {
+            self.misses = 0;
+        }
+    }
+
+    /// The fallback trigger on misses: `misses_to_fallback` misses in a row put the service
+    /// on the fallback for `fallback_hold_ms`. Returns why while it is there.
+    pub(super) fn on_fallback(&mut self, now_ms: u64, cfg: &MlConfig) -> Option<String> {
+        if self.misses >= cfg.misses_to_fallback {
+            self.fallback_until_ms = Some(now_ms + cfg.fallback_hold_ms);
+            self.fallback_why = format!("predictions missed {} times in a row", self.misses);
+            self.misses = 0;
+        }
+        if let Some(until) = self.fallback_until_ms {
+            if now_ms < until {
+                return Some(self.fallback_why.clone());
+            }
+            self.fallback_until_ms = None;
+        }
+        None
+    }
+
+    /// Hysteresis: a `safe` allocation in force is kept until something `cheaper` has been
+    /// admissible for `shrink_after` intervals in a row (a new service is placed at once).
+    /// The count restarts whenever the allocation is not kept.
+    pub(super) fn hysteresis(
+        &mut self,
+        safe: bool,
+        cheaper: bool,
+        new_service: bool,
+        shrink_after: u32,
+    ) -> Hysteresis {
+        self.surplus_ticks = if safe && cheaper {
+            self.surplus_ticks + 1
+        } else {
+            0
+        };
+        let out = Hysteresis {
+            keep: safe && !new_service && self.surplus_ticks < shrink_after,
+            surplus_ticks: self.surplus_ticks,
+        };
+        if !out.keep {
+            self.surplus_ticks = 0;
+        }
+        out
+    }
+}
+
+/// The glitch check: a sudden saturated reading (p99 past [`SATURATED`] times the target
+/// right after one within the target) with the load as it was a tick ago (within
+/// [`GLITCH_LOAD_CHANGE`]) and idle cores (a saturated service serves no more than it can:
+/// its busy cores tell) is most likely a counter glitch, and waits one tick.
+pub(super) fn unconfirmed_saturation(
+    now: Reading,
+    prev: Reading,
+    busy_cores: Option<f64>,
+    cores: u32,
+) -> bool {
+    let same_load = match (now.rps, prev.rps) {
+        (Some(a), Some(b)) if b > 0.0 => (a / b - 1.0).abs() < GLITCH_LOAD_CHANGE,
+        _ => false,
+    };
+    let busy = busy_cores.map_or(0.0, |b| b / f64::from(cores.max(1)));
+    now.log_q > SATURATED.ln() && prev.log_q <= 0.0 && same_load && busy < SATURATED_UTIL
+}
+
+/// Whether the allocation in force is safe to keep, given its reading `measured` and the
+/// one before (`prev`), both ln(p99/target), and `limit` = ln(margin). The allocation in
+/// force was just measured: that beats any prediction for it. One reading between the
+/// margin and the target (noise, mostly) does not make it unsafe; two in a row, or one
+/// over the target, do.
+pub(super) fn safe_to_keep(measured: Option<f64>, prev: Option<Reading>, limit: f64) -> bool {
+    measured.is_some_and(|q| q <= limit || (q <= 0.0 && prev.is_some_and(|r| r.log_q <= limit)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::predict::at_full_mba;
+    use super::*;
+
+    fn reading(p99_over_target: f64, rps: f64) -> Reading {
+        Reading {
+            log_q: p99_over_target.ln(),
+            rps: Some(rps),
+        }
+    }
+
+    fn last(corrected: f64, sigma: f64, moved: bool) -> LastPrediction {
+        LastPrediction {
+            alloc: at_full_mba(4, 2),
+            base: corrected,
+            corrected,
+            sigma,
+            model_sigma: 0.2,
+            moved,
+        }
+    }
+
+    #[test]
+    fn hysteresis_holds_a_safe_allocation_until_a_cheaper_one_lasted_shrink_after_intervals() {
+        let mut st = ServiceState::default();
+        // shrink_after 5: intervals 1..=4 with a cheaper admissible allocation hold.
+        for tick in 1..=4 {
+            let h = st.hysteresis(true, true, false, 5);
+            assert_eq!(
+                h,
+                Hysteresis {
+                    keep: true,
+                    surplus_ticks: tick
+                }
+            );
+        }
+        // The fifth gives back, and the count starts over.
+        assert_eq!(
+            st.hysteresis(true, true, false, 5),
+            Hysteresis {
+                keep: false,
+                surplus_ticks: 5
+            }
+        );
+        assert_eq!(st.surplus_ticks, 0);
+        assert!(st.hysteresis(true, true, false, 5).keep);
+    }
+
+    #[test]
+    fn hysteresis_restarts_the_count_when_nothing_cheaper_was_admissible() {
+        let mut st = ServiceState::default();
+        for _ in 0..4 {
+            assert!(st.hysteresis(true, true, false, 5).keep);
+        }
+        // One interval without a cheaper allocation: 4 -> 0, so 4 more hold again.
+        assert!(st.hysteresis(true, false, false, 5).keep);
+        for _ in 0..4 {
+            assert!(st.hysteresis(true, true, false, 5).keep);
+        }
+        assert!(!st.hysteresis(true, true, false, 5).keep);
+    }
+
+    #[test]
+    fn hysteresis_never_keeps_an_unsafe_allocation_or_a_new_service() {
+        let mut st = ServiceState::default();
+        assert!(!st.hysteresis(false, true, false, 5).keep);
+        assert!(!st.hysteresis(true, false, true, 5).keep);
+    }
+
+    #[test]
+    fn a_tick_anchors_on_the_reading_unless_it_is_past_saturation() {
+        let mut st = ServiceState::default();
+        let t = st.begin_tick(Some(0.5), Some(10.0));
+        assert!(t.new_service);
+        assert_eq!(t.basis.anchor, Some(0.5));
+        assert_eq!(t.prev, None);
+        // p99 at 2.5 × the target (ln 2.5 > ln 2): the model's level is used.
+        let q = 2.5f64.ln();
+        let t = st.begin_tick(Some(q), Some(10.0));
+        assert!(!t.new_service);
+        assert_eq!(t.basis.anchor, None);
+        assert_eq!(t.prev.map(|r| r.log_q), Some(0.5));
+        assert_eq!(st.prev_reading.map(|r| r.log_q), Some(q));
+    }
+
+    #[test]
+    fn a_violation_beyond_the_tolerance_is_a_miss_and_a_met_target_clears_them() {
+        let cfg = MlConfig::default();
+        let mut st = ServiceState::default();
+        // Predicted -0.2 ± 0.1, measured +0.2: surprise 0.4 > max(0.3, 0.2).
+        st.correct(&last(-0.2, 0.1, true), 0.2, &cfg);
+        assert_eq!(st.misses, 1);
+        // Surprise 0.25 < 0.3: over the target but not a miss; the count stays.
+        st.correct(&last(-0.05, 0.1, true), 0.2, &cfg);
+        assert_eq!(st.misses, 1);
+        // A wide spread excuses it: 0.4 < 2 * 0.25.
+        st.correct(&last(-0.2, 0.25, true), 0.2, &cfg);
+        assert_eq!(st.misses, 1);
+        // A reading within the target ends the run.
+        st.correct(&last(-0.2, 0.1, true), -0.1, &cfg);
+        assert_eq!(st.misses, 0);
+    }
+
+    #[test]
+    fn the_bias_follows_the_error_with_the_correction_weight() {
+        let cfg = MlConfig::default();
+        let mut st = ServiceState::default();
+        // bias = 0.7 * 0 + 0.3 * (0.1 - -0.4) = 0.15.
+        st.correct(&last(-0.4, 0.5, true), 0.1, &cfg);
+        assert!((st.bias - 0.15).abs() < 1e-12);
+        // An unchanged allocation updates the noise: 0.7 * 0.0025 + 0.3 * 0.25 = 0.07675.
+        st.correct(&last(-0.4, 0.5, false), 0.1, &cfg);
+        assert!((st.noise2 - 0.076_75).abs() < 1e-12, "{}", st.noise2);
+    }
+
+    #[test]
+    fn misses_to_fallback_misses_send_a_service_to_the_fallback_for_fallback_hold_ms() {
+        let cfg = MlConfig::default();
+        let mut st = ServiceState {
+            misses: 2,
+            ..ServiceState::default()
+        };
+        assert_eq!(st.on_fallback(10_000, &cfg), None);
+        st.misses = 3;
+        assert_eq!(
+            st.on_fallback(10_000, &cfg).as_deref(),
+            Some("predictions missed 3 times in a row")
+        );
+        assert_eq!(st.misses, 0);
+        // Held for 30 s: still there at 39.999 s, back on the model at 40 s.
+        assert!(st.on_fallback(39_999, &cfg).is_some());
+        assert_eq!(st.on_fallback(40_000, &cfg), None);
+        assert_eq!(st.fallback_until_ms, None);
+    }
+
+    #[test]
+    fn a_sudden_saturated_reading_with_unchanged_load_and_idle_cores_waits_a_tick() {
+        // 3x the target after 0.8x, load +10 %, 4 of 10 cores busy: a glitch.
+        let (now, prev) = (reading(3.0, 1100.0), reading(0.8, 1000.0));
+        assert!(unconfirmed_saturation(now, prev, Some(4.0), 10));
+        // Busy cores confirm it: 9.5 of 10.
+        assert!(!unconfirmed_saturation(now, prev, Some(9.5), 10));
+        // So does a load that moved: +50 %.
+        assert!(!unconfirmed_saturation(
+            reading(3.0, 1500.0),
+            prev,
+            Some(4.0),
+            10
+        ));
+        // So does a bad reading before it.
+        assert!(!unconfirmed_saturation(
+            now,
+            reading(1.2, 1000.0),
+            Some(4.0),
+            10
+        ));
+        // And a reading short of saturation is used at once.
+        assert!(!unconfirmed_saturation(
+            reading(1.9, 1000.0),
+            prev,
+            Some(4.0),
+            10
+        ));
+    }
+
+    #[test]
+    fn one_reading_between_margin_and_target_is_still_safe_two_are_not() {
+        let limit = 0.9f64.ln();
+        let good = Some(reading(0.8, 1.0));
+        let near = Some(reading(0.95, 1.0));
+        assert!(safe_to_keep(Some(0.8f64.ln()), None, limit));
+        assert!(safe_to_keep(Some(0.95f64.ln()), good, limit));
+        assert!(!safe_to_keep(Some(0.95f64.ln()), near, limit));
+        assert!(!safe_to_keep(Some(1.05f64.ln()), good, limit));
+        assert!(!safe_to_keep(None, good, limit));
+    }
+}

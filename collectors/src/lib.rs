@@ -2,7 +2,8 @@
 //!
 //! One module owns each kernel interface, read side and write side (DESIGN.md 2):
 //! - [`resctrl`]: Intel RDT allocation (CAT, MBA) and monitoring (CMT, MBM);
-//! - [`cgroup`]: cgroup v1 and v2 cpusets, CPU quota, task placement and statistics;
+//! - [`cgroup`]: cgroup v1 and v2: a process's cgroup, CPU sets, limits and weights written in
+//!   place, cohabit's own groups and moves (a fake v2 tree behind `testutils`);
 //! - [`perf`]: hardware counters per cgroup;
 //! - [`procfs`]: processes and their statistics, the clock tick rate;
 //! - [`sysfs`]: online CPUs, their top frequency, the LLC size;
@@ -10,7 +11,8 @@
 //! - [`latency`]: per-service latency from a Prometheus histogram or a push socket;
 //! - [`probe`]: per-service latency measured by cohabit itself (memcached, redis, HTTP);
 //! - [`mps`]: NVIDIA MPS through `nvidia-cuda-mps-control`;
-//! - [`nvml`]: GPU telemetry through NVML, loaded at run time.
+//! - [`nvml`]: GPU telemetry through NVML, loaded at run time;
+//! - [`users`]: user and group names to uids and gids.
 //!
 //! Every root (`/proc`, `/sys`, the cgroup and resctrl mounts) comes in through
 //! [`HostPaths`], so tests run against fixture trees and real hosts alike.
@@ -28,6 +30,7 @@ pub mod probe;
 pub mod procfs;
 pub mod resctrl;
 pub mod sysfs;
+pub mod users;
 
 /// Where the host's kernel interfaces live.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -13,10 +13,52 @@
 //! afterwards. Publishing shares and restarting clients is the daemon's job; see
 //! `controller::daemon::gpu`.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Most bytes of an answer kept (lists are a few PIDs); the rest is read and dropped.
+const ANSWER_CAP: usize = 1 << 20;
+
+/// Reads a pipe to its end on a thread, so the program never blocks on a full pipe while
+/// we wait for it; keeps the first [`ANSWER_CAP`] bytes.
+fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let room = ANSWER_CAP - kept.len();
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        kept
+    })
+}
+
+/// What a drained pipe held: waits at most until `deadline` for it to close (a child the
+/// program left behind may hold it open).
+fn answer_of(pipe: Option<JoinHandle<Vec<u8>>>, deadline: Instant) -> String {
+    let Some(h) = pipe else {
+        return String::new();
+    };
+    while !h.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !h.is_finished() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&h.join().unwrap_or_default())
+        .trim()
+        .to_string()
+}
 
 /// Why a control command failed.
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +118,9 @@ impl MpsControl {
         }
     }
 
-    /// Sends one command; returns what the daemon printed.
+    /// Sends one command; returns what the daemon printed. Its output is read while it runs
+    /// (an answer larger than a pipe's buffer cannot block it), and it is killed after
+    /// [`Self::timeout`].
     pub fn run(&self, command: &str) -> Result<String, MpsError> {
         let mut cmd = Command::new(&self.binary);
         if let Some(dir) = &self.pipe_dir {
@@ -91,14 +135,16 @@ impl MpsControl {
                 binary: self.binary.display().to_string(),
                 source: e,
             })?;
+        let stdout = child.stdout.take().map(drain);
+        let stderr = child.stderr.take().map(drain);
         if let Some(mut stdin) = child.stdin.take() {
             // A closed pipe shows up as the program's own answer below.
             let _ = writeln!(stdin, "{command}");
         }
         let started = Instant::now();
-        loop {
+        let status = loop {
             match child.try_wait() {
-                Ok(Some(_)) => break,
+                Ok(Some(status)) => break status,
                 Ok(None) if started.elapsed() < self.timeout => {
                     std::thread::sleep(Duration::from_millis(5))
                 }
@@ -111,20 +157,17 @@ impl MpsControl {
                     });
                 }
             }
-        }
-        let out = child.wait_with_output().map_err(|e| MpsError::Spawn {
-            binary: self.binary.display().to_string(),
-            source: e,
-        })?;
-        let mut answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        };
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut answer = answer_of(stdout, deadline);
+        let err = answer_of(stderr, deadline);
         if !err.is_empty() {
             if !answer.is_empty() {
                 answer.push('\n');
             }
             answer.push_str(&err);
         }
-        if !out.status.success() {
+        if !status.success() {
             return Err(MpsError::Refused {
                 command: command.into(),
                 answer,

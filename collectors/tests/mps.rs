@@ -78,3 +78,16 @@ fn refusals_and_a_missing_daemon_are_errors_with_the_answer() {
     let missing = MpsControl::new("/nonexistent/nvidia-cuda-mps-control", None);
     assert!(matches!(missing.server_list(), Err(MpsError::Spawn { .. })));
 }
+
+#[test]
+fn an_answer_larger_than_a_pipe_buffer_does_not_block_the_program() {
+    let (dir, mut ctl) = fake();
+    // About 160 KB: more than the 64 KiB a pipe holds before its writer blocks.
+    let many: Vec<u32> = (100_000..120_000).collect();
+    let text: String = many.iter().map(|p| format!("{p}\n")).collect();
+    std::fs::write(dir.path().join("servers"), text).unwrap();
+    ctl.timeout = std::time::Duration::from_secs(3);
+    let started = std::time::Instant::now();
+    assert_eq!(ctl.server_list().unwrap(), many);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+}

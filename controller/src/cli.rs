@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 use cohabit_lab::commands::{self, SimOptions};
 use cohabit_lab::report::plot::PlotFormat;
@@ -89,7 +89,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
-    /// Run the daemon on this host until SIGTERM or SIGINT, then restore it.
+    /// Run the daemon on this host until SIGTERM, SIGINT, SIGHUP or SIGQUIT, then restore it.
     Run {
         /// Configuration file (TOML; see examples/cohabit.toml).
         #[arg(long)]
@@ -100,6 +100,10 @@ pub enum Command {
         /// Stop after this many ticks (then restore, as on SIGTERM).
         #[arg(long)]
         ticks: Option<u64>,
+        /// Move the state file (STATE_DIR/changes.json) aside unread instead of restoring
+        /// the host from it, or refusing to start over one that cannot be read.
+        #[arg(long)]
+        discard_state: bool,
     },
     /// Run several policies side by side on the same simulated scenario and seed.
     Compare {
@@ -238,13 +242,15 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             config,
             dry_run,
             ticks,
+            discard_state,
         } => {
             let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            let n = rt.block_on(crate::daemon::run(cfg, dry_run, ticks))?;
+            let opts = crate::daemon::RunOptions {
+                dry_run,
+                max_ticks: ticks,
+                discard_state,
+            };
+            let n = crate::daemon::run_blocking(cfg, opts)?;
             writeln!(out, "cohabit stopped after {n} ticks; host restored")?;
             Ok(())
         }

@@ -1,15 +1,19 @@
-//! `cohabit run` end to end on this machine's real cgroups: real processes (a CPU-bound
-//! best-effort job and a small service that reports its latency on a UDP socket) are moved
-//! into cohabit's cgroups and given CPU sets and quotas; on SIGTERM every group is gone and
-//! every process is back where it was. Needs root and writable cpuset and cpu controllers
-//! (as on the CI machine); otherwise it prints why it skipped.
+//! `cohabit run` end to end on this machine's real cgroups: real processes (a small service
+//! in a cgroup the test makes the way a container runtime would, matched by its cgroup path;
+//! a bare process and a CPU-bound best-effort job that forks, both matched by pid file with
+//! `placement = "move"`) get CPU sets, limits and weights; the service stays in its owner's
+//! cgroup the whole time and the two latency-critical CPU sets never share a CPU; on SIGTERM
+//! the owner's values are back, every moved process (and every child forked after the move)
+//! is back where it was and every group cohabit created is gone. Needs root and writable
+//! cpuset and cpu controllers (as on the CI machine); otherwise it prints why it skipped (a
+//! failure under `COHABIT_REQUIRE_ROOT_TESTS=1`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cohabit_collectors::cgroup::Cgroups;
-use cohabit_collectors::HostPaths;
+use cohabit_collectors::cgroup::testing::{self, OwnerCgroup};
+use cohabit_collectors::cgroup::{Controller, CpuList, CpuWeight, PARENT};
 
 /// The daemon tests share the host's cgroup tree: one at a time.
 static HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -38,17 +42,38 @@ fn cgroups_of(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
 }
 
-fn usable() -> bool {
-    let Ok(Some(cg)) = Cgroups::detect(&HostPaths::standard()) else {
-        println!("skipped: no cgroup hierarchy");
-        return false;
-    };
-    let w = cg.writable_controllers();
-    let ok = w.iter().any(|c| c == "cpuset") && w.iter().any(|c| c == "cpu");
-    if !ok {
-        println!("skipped: cpuset and cpu are not both writable here ({w:?}); run as root on cgroup v1 or v2");
+/// The lines of `/proc/PID/cgroup` for hierarchies other than cpuset and cpu.
+fn other_hierarchies(pid: u32) -> Vec<String> {
+    cgroups_of(pid)
+        .lines()
+        .filter(|l| {
+            let ctrls = l.split(':').nth(1).unwrap_or("");
+            !ctrls.split(',').any(|c| c == "cpuset" || c == "cpu") && !ctrls.is_empty()
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Children of `pid` (from `/proc/*/stat`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            out.extend(e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
+        }
     }
-    ok
+    out
+}
+
+fn cpus(dir: &Path) -> CpuList {
+    std::fs::read_to_string(dir.join("cpuset.cpus"))
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or_default()
 }
 
 fn http_get(port: u16, path: &str) -> Option<String> {
@@ -86,9 +111,9 @@ fn the_daemon_manages_real_processes_and_restores_everything_on_sigterm() {
     let _host = HOST
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !usable() {
+    let Some(cg) = testing::real_cgroups() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let port = free_udp_port();
@@ -97,19 +122,40 @@ fn the_daemon_manages_real_processes_and_restores_everything_on_sigterm() {
         .local_addr()
         .unwrap()
         .port();
-    let be = spawn("while :; do :; done");
+    // The service's owner makes its cgroup and starts it there.
+    let owner = OwnerCgroup::create(&cg, &format!("e2e-owner-{}", std::process::id())).unwrap();
+    let (owner_cpuset, owner_cpu) = (
+        owner.dir(Controller::Cpuset).to_path_buf(),
+        owner.dir(Controller::Cpu).to_path_buf(),
+    );
+    let (weight_file, highest) = cg.weight_file(CpuWeight::Highest);
+    let originals = (
+        std::fs::read_to_string(owner_cpuset.join("cpuset.cpus")).unwrap(),
+        std::fs::read_to_string(owner_cpu.join(weight_file)).unwrap(),
+    );
     let lc = spawn(&format!(
-        "while :; do echo 800 > /dev/udp/127.0.0.1/{port}; echo 1500 > /dev/udp/127.0.0.1/{port}; sleep 0.01; done"
+        "echo $$ > {}/cgroup.procs; echo $$ > {}/cgroup.procs; exec bash -c 'while :; do echo 800 > /dev/udp/127.0.0.1/{port}; echo 1500 > /dev/udp/127.0.0.1/{port}; sleep 0.01; done'",
+        owner_cpuset.display(),
+        owner_cpu.display()
     ));
-    let victim = spawn("sleep 600");
+    // A CPU-bound job that forks a short-lived child now and then, and a bare process.
+    let be = spawn(
+        "while :; do sleep 0.3 & i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; wait; done",
+    );
+    let victim = spawn("exec sleep 600");
     let (be_pid, lc_pid, victim_pid) = (be.0.id(), lc.0.id(), victim.0.id());
+    wait_for(
+        "the service in its owner's cgroup",
+        Duration::from_secs(5),
+        || cgroups_of(lc_pid).contains(&owner.path()),
+    );
     std::fs::write(d.join("be.pid"), be_pid.to_string()).unwrap();
-    std::fs::write(d.join("lc.pid"), lc_pid.to_string()).unwrap();
     std::fs::write(d.join("victim.pid"), victim_pid.to_string()).unwrap();
     let before: Vec<String> = [be_pid, lc_pid, victim_pid]
         .iter()
         .map(|p| cgroups_of(*p))
         .collect();
+    let victim_others = other_hierarchies(victim_pid);
     let log = d.join("decisions.jsonl");
     let cfg = d.join("cohabit.toml");
     std::fs::write(
@@ -120,22 +166,27 @@ interval_ms = 200
 policy = "parties"
 log = "{log}"
 metrics_addr = "127.0.0.1:{metrics_port}"
+[paths]
+state_dir = "{d}/state"
 [[service]]
 name = "kv"
 p99_target_ms = 1.0
-match = {{ pid_file = "{d}/lc.pid" }}
-latency = {{ push = "127.0.0.1:{port}" }}
+match = {{ cgroup = "{owner}" }}
+latency = {{ push = "127.0.0.1:{port}", unauthenticated = true }}
 [[service]]
 name = "web"
 p99_target_ms = 10
 match = {{ pid_file = "{d}/victim.pid" }}
+placement = "move"
 latency = {{ prometheus = "http://127.0.0.1:1/metrics", metric = "http_seconds" }}
 [[best_effort]]
 name = "spin"
 match = {{ pid_file = "{d}/be.pid" }}
+placement = "move"
 "#,
             log = log.display(),
-            d = d.display()
+            d = d.display(),
+            owner = owner.path(),
         ),
     )
     .unwrap();
@@ -148,17 +199,41 @@ match = {{ pid_file = "{d}/be.pid" }}
         .unwrap();
     let mut daemon = Kill(daemon);
 
-    // The processes move into cohabit's cgroups.
-    wait_for("the processes to be moved", Duration::from_secs(10), || {
-        cgroups_of(be_pid).contains("/cohabit/best-effort")
-            && cgroups_of(lc_pid).contains("/cohabit/lc-kv")
+    // The service is controlled where it is; the bare processes move (cpuset and cpu only).
+    let own = |c: Controller, g: &str| cg.own_dir(c, g).unwrap().unwrap();
+    let web_cpuset = own(Controller::Cpuset, "lc-web");
+    wait_for("the values and the moves", Duration::from_secs(10), || {
+        cpus(&owner_cpuset).0.len() < cpus(cg.mount(Controller::Cpuset).unwrap()).0.len()
+            && cgroups_of(be_pid).contains(&format!("/{PARENT}/best-effort"))
+            && cgroups_of(victim_pid).contains(&format!("/{PARENT}/lc-web"))
     });
-    let cpuset = Path::new("/sys/fs/cgroup/cpuset/cohabit");
-    let unified = Path::new("/sys/fs/cgroup/cohabit");
-    let root = if cpuset.exists() { cpuset } else { unified };
-    assert!(root.join("lc-kv").is_dir() && root.join("best-effort").is_dir());
-    let kv_cpus = std::fs::read_to_string(root.join("lc-kv/cpuset.cpus")).unwrap();
-    assert!(!kv_cpus.trim().is_empty(), "kv got CPUs");
+    assert_eq!(
+        std::fs::read_to_string(owner_cpu.join(weight_file))
+            .unwrap()
+            .trim(),
+        highest,
+        "the service's weight protects it from unmanaged processes"
+    );
+    assert_eq!(
+        other_hierarchies(victim_pid),
+        victim_others,
+        "a moved process keeps its memory, pids and other cgroups"
+    );
+    // Every tick for two seconds: the service stays put, the LC sets are disjoint.
+    let t = Instant::now();
+    let mut looks = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        assert_eq!(
+            cgroups_of(lc_pid),
+            before[1],
+            "the service stays where its owner put it"
+        );
+        let (kv, web) = (cpus(&owner_cpuset), cpus(&web_cpuset));
+        assert!(!kv.overlaps(&web), "kv {kv} and web {web} share a CPU");
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(looks > 10);
 
     // The metrics endpoint answers on loopback.
     wait_for("metrics", Duration::from_secs(10), || {
@@ -210,13 +285,31 @@ match = {{ pid_file = "{d}/be.pid" }}
         stderr.contains("127.0.0.1:1"),
         "the unreachable endpoint is named:\n{stderr}"
     );
-    assert!(!root.exists(), "every cgroup cohabit created is gone");
+    for c in Controller::ALL {
+        let parent: PathBuf = cg.own_parent(c).unwrap();
+        assert!(!parent.exists(), "{} is gone", parent.display());
+    }
+    assert_eq!(
+        (
+            std::fs::read_to_string(owner_cpuset.join("cpuset.cpus")).unwrap(),
+            std::fs::read_to_string(owner_cpu.join(weight_file)).unwrap(),
+        ),
+        originals,
+        "the owner's values are back"
+    );
+    assert_eq!(cgroups_of(lc_pid), before[1], "the service never left");
     assert_eq!(
         cgroups_of(be_pid),
         before[0],
         "best-effort job back where it was"
     );
-    assert_eq!(cgroups_of(lc_pid), before[1], "service back where it was");
+    for child in children_of(be_pid) {
+        let now = cgroups_of(child);
+        assert!(
+            now.is_empty() || !now.contains(&format!("/{PARENT}/")),
+            "child {child} of the job is out of cohabit's groups: {now}"
+        );
+    }
 
     // The decision log holds the same records as the simulator's, from the real host.
     let text = std::fs::read_to_string(&log).unwrap();
@@ -274,7 +367,7 @@ fn dry_run_changes_nothing_and_bad_configs_are_refused() {
     let cfg = dir.path().join("c.toml");
     std::fs::write(
         &cfg,
-        "interval_ms = 100\nmetrics_addr = \"\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"no-such-proc\" }\nlatency = { push = \"127.0.0.1:0\" }\n",
+        "interval_ms = 100\nmetrics_addr = \"\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"no-such-proc\" }\nlatency = { push = \"127.0.0.1:0\", unauthenticated = true }\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cohabit"))

@@ -18,6 +18,11 @@
 //! daemon restarted on a different host or with another policy appends a new header to
 //! its log); it describes the records after it. Blank lines are skipped.
 //!
+//! A last line cut short (no newline at its end, and not a whole record or header: the
+//! writer stopped mid-line, or the disk filled) is skipped, not an error; the reader tells
+//! which line it was ([`DecisionLogReader::cut_last_line`]) so the caller can warn. A bad
+//! line anywhere else is an error.
+//!
 //! # Older and newer logs
 //!
 //! - Version 1 had no header: records only (`schema_version` 1 or 2). Such a log, or its
@@ -218,7 +223,8 @@ enum Line {
 /// force for the record last returned.
 ///
 /// A line that does not parse yields an error naming it, and reading may go on after it;
-/// after a read error the iterator ends.
+/// after a read error the iterator ends. A last line cut short is skipped (see
+/// [`Self::cut_last_line`]).
 #[derive(Debug)]
 pub struct DecisionLogReader<R: BufRead> {
     input: R,
@@ -226,6 +232,7 @@ pub struct DecisionLogReader<R: BufRead> {
     line: usize,
     header: Option<LogHeader>,
     failed: bool,
+    cut: Option<usize>,
 }
 
 impl<R: BufRead> DecisionLogReader<R> {
@@ -237,7 +244,15 @@ impl<R: BufRead> DecisionLogReader<R> {
             line: 0,
             header: None,
             failed: false,
+            cut: None,
         }
+    }
+
+    /// The number (from 1) of the last line, when it was cut short and skipped: it had no
+    /// newline at its end and was neither a record nor a header. Known once the reader has
+    /// reached the end; worth a warning, since a record was lost there.
+    pub fn cut_last_line(&self) -> Option<usize> {
+        self.cut
     }
 
     /// The latest header read: the one describing the record last returned. `None` before
@@ -257,7 +272,7 @@ impl<R: BufRead> DecisionLogReader<R> {
     }
 
     /// Reads the whole log, split where a header starts a new part.
-    pub fn segments(mut self) -> Result<Vec<LogSegment>, LogError> {
+    pub fn segments(&mut self) -> Result<Vec<LogSegment>, LogError> {
         let mut out = vec![LogSegment {
             first_line: 1,
             header: None,
@@ -304,9 +319,22 @@ impl<R: BufRead> DecisionLogReader<R> {
                 }
             }
             let text = self.buf.trim();
-            if !text.is_empty() {
-                return Some(parse_line(text, self.line));
+            if text.is_empty() {
+                continue;
             }
+            let parsed = parse_line(text, self.line);
+            let at_end = !self.buf.ends_with('\n');
+            if at_end
+                && matches!(
+                    parsed,
+                    Err(LogError::Record { .. } | LogError::Header { .. })
+                )
+            {
+                self.cut = Some(self.line);
+                self.failed = true;
+                return None;
+            }
+            return Some(parsed);
         }
     }
 }
@@ -651,6 +679,36 @@ mod tests {
         // A line marked as a header but not one.
         let e = read(b"{\"cohabit_decision_log\": \"two\"}\n").unwrap_err();
         assert!(matches!(e, LogError::Header { line: 1, .. }), "{e}");
+    }
+
+    #[test]
+    fn a_last_line_cut_short_is_skipped_and_reported_but_not_one_in_the_middle() {
+        let header = LogHeader::new("parties", false, host(8));
+        let whole = write(&header, &[record(0, Some(1.0), "a"), record(1, None, "b")]);
+        let full = serde_json::to_string(&record(2, None, "c")).unwrap();
+        let mut cut = whole.clone();
+        cut.extend_from_slice(&full.as_bytes()[..full.len() / 2]);
+        let mut reader = DecisionLogReader::new(&cut[..]);
+        let records: Vec<_> = reader.by_ref().collect::<Result<_, _>>().unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(reader.cut_last_line(), Some(4));
+        let mut reader = DecisionLogReader::new(&cut[..]);
+        let segments = reader.segments().unwrap();
+        assert_eq!(segments[0].records.len(), 2);
+        assert_eq!(reader.cut_last_line(), Some(4));
+        assert_eq!(last_header(&cut[..]).unwrap(), Some(header.clone()));
+        // A whole last record without its newline is a record.
+        let mut unended = whole.clone();
+        unended.extend_from_slice(full.as_bytes());
+        let mut reader = DecisionLogReader::new(&unended[..]);
+        assert_eq!(reader.by_ref().count(), 3);
+        assert_eq!(reader.cut_last_line(), None);
+        // The same cut line followed by more is an error.
+        let mut middle = cut.clone();
+        middle.push(b'\n');
+        middle.extend(write(&header, &[]));
+        let e = read(&middle).unwrap_err();
+        assert!(matches!(e, LogError::Record { line: 4, .. }), "{e}");
     }
 
     #[test]

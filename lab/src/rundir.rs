@@ -124,9 +124,19 @@ pub fn write_comparison_summary(dir: &Path, summaries: &[RunSummary]) -> Result<
 /// naming the file and its line number.
 pub fn read_log(path: &Path) -> Result<Vec<DecisionRecord>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    DecisionLogReader::new(std::io::BufReader::new(file))
+    let mut reader = DecisionLogReader::new(std::io::BufReader::new(file));
+    let records = reader
+        .by_ref()
         .collect::<Result<_, _>>()
-        .with_context(|| format!("reading the decision log {}", path.display()))
+        .with_context(|| format!("reading the decision log {}", path.display()))?;
+    if let Some(line) = reader.cut_last_line() {
+        tracing::warn!(
+            log = %path.display(),
+            line,
+            "the last line of the decision log was cut off mid-write (a crash?); it was skipped"
+        );
+    }
+    Ok(records)
 }
 
 fn run_from(

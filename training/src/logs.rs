@@ -25,7 +25,15 @@ use crate::dataset::{Dataset, Row};
 /// and is not used for a log that has a header.
 pub fn rows_from_reader(input: impl BufRead, fallback: Option<&HostCapacity>) -> Result<Dataset> {
     let mut out = Dataset::default();
-    for segment in DecisionLogReader::new(input).segments()? {
+    let mut reader = DecisionLogReader::new(input);
+    let segments = reader.segments()?;
+    if let Some(line) = reader.cut_last_line() {
+        tracing::warn!(
+            line,
+            "the last line of the decision log was cut off mid-write (a crash?); it was skipped"
+        );
+    }
+    for segment in segments {
         let host = match (&segment.header, fallback) {
             (Some(h), _) => &h.host,
             (None, Some(host)) => host,

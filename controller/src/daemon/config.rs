@@ -6,9 +6,15 @@
 //! policy = "parties"                 # static | parties | ml
 //! model = "/etc/cohabit/qos-v1.json" # ml only: the model (cohabit-train fit writes one)
 //! log = "/var/log/cohabit/decisions.jsonl"
+//! log_max_bytes = 100000000          # rotate the log at this size (decisions.jsonl.1 …)
+//! log_keep = 5                       # rotated logs kept
 //! collect_timeout_ms = 500
 //! metrics_addr = "127.0.0.1:9464"    # Prometheus metrics; "" disables
 //! metrics_public = false             # must be true for a non-loopback metrics_addr
+//! fail_safe_after_ticks = 20         # consecutive failed ticks before the fair share is applied
+//!
+//! [paths]
+//! state_dir = "/run/cohabit"         # lock and record of changes (root-owned, 0700)
 //!
 //! [host]
 //! cpus = "0-35"                      # CPUs cohabit manages; default: all online
@@ -17,12 +23,21 @@
 //! [[service]]                        # latency-critical
 //! name = "memcached"
 //! p99_target_ms = 0.6
-//! match = { process_name = "memcached" }   # or cgroup / systemd_unit / pid_file
-//! latency = { push = "127.0.0.1:9400" }    # or { unix = "/run/cohabit/memcached.sock" }
+//! match = { process_name = "memcached",   # or cgroup / systemd_unit / pid_file
+//!           user = "memcache",             # only processes running as this user (name or uid)
+//!           exe = "/usr/bin/memcached" }   # … and this executable
+//! latency = { unix = "/run/cohabit/memcached.sock",  # datagrams of one latency (µs) per line
+//!             group = "memcache", mode = "0660",     # socket owner/group/mode (owner: root)
+//!             allowed_users = ["loadgen"] }          # besides the service's own processes
+//!                                          # or { push = "127.0.0.1:9400", unauthenticated = true }
 //!                                          # or { prometheus = "http://127.0.0.1:9150/metrics",
 //!                                          #      metric = "request_duration_seconds" }
 //!                                          # or { probe = "memcached://127.0.0.1:11211",
 //!                                          #      rate_hz = 100, timeout_ms = 1000 }
+//!
+//! placement = "in_place"            # default: control the cgroup the processes are in;
+//!                                    # "move": bare processes (in a hierarchy's root) go
+//!                                    # into cohabit's own group, and back on exit
 //!
 //! [[best_effort]]
 //! name = "batch"
@@ -33,8 +48,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use cohabit_collectors::cgroup::CpuList;
-use cohabit_collectors::latency::PushAddr;
+use cohabit_collectors::latency::{PushAddr, DEFAULT_MODE};
 use cohabit_collectors::probe::{ProbeSettings, ProbeUrl};
+use cohabit_collectors::users::{GroupRef, UserRef};
 use cohabit_collectors::HostPaths;
 use serde::Deserialize;
 
@@ -59,12 +75,18 @@ struct File {
     policy: String,
     model: Option<PathBuf>,
     log: Option<PathBuf>,
+    #[serde(default = "default_log_max_bytes")]
+    log_max_bytes: i64,
+    #[serde(default = "default_log_keep")]
+    log_keep: i64,
     #[serde(default = "default_timeout")]
     collect_timeout_ms: i64,
     #[serde(default = "default_metrics")]
     metrics_addr: String,
     #[serde(default)]
     metrics_public: bool,
+    #[serde(default = "default_fail_safe")]
+    fail_safe_after_ticks: i64,
     #[serde(default)]
     host: HostFile,
     #[serde(default)]
@@ -86,6 +108,15 @@ fn default_policy() -> String {
 fn default_timeout() -> i64 {
     500
 }
+fn default_fail_safe() -> i64 {
+    20
+}
+fn default_log_max_bytes() -> i64 {
+    100_000_000
+}
+fn default_log_keep() -> i64 {
+    5
+}
 fn default_metrics() -> String {
     "127.0.0.1:9464".into()
 }
@@ -106,6 +137,7 @@ struct PathsFile {
     sys: Option<PathBuf>,
     cgroup: Option<PathBuf>,
     resctrl: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,6 +147,8 @@ struct ServiceFile {
     p99_target_ms: f64,
     #[serde(rename = "match")]
     matcher: MatchFile,
+    #[serde(default)]
+    placement: Placement,
     latency: LatencyFile,
     gpu: Option<GpuFile>,
 }
@@ -128,6 +162,12 @@ struct GpuFile {
     restart: String,
     #[serde(default = "default_restart_interval")]
     min_restart_interval_ms: i64,
+    #[serde(default = "default_hook_timeout")]
+    hook_timeout_ms: i64,
+}
+
+fn default_hook_timeout() -> i64 {
+    60_000
 }
 
 fn default_restart_interval() -> i64 {
@@ -148,6 +188,8 @@ struct BestEffortFile {
     name: String,
     #[serde(rename = "match")]
     matcher: MatchFile,
+    #[serde(default)]
+    placement: Placement,
     gpu: Option<GpuFile>,
 }
 
@@ -158,6 +200,16 @@ struct MatchFile {
     cgroup: Option<String>,
     systemd_unit: Option<String>,
     pid_file: Option<PathBuf>,
+    user: Option<IdFile>,
+    exe: Option<PathBuf>,
+}
+
+/// A user or group as written: a name or a number.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum IdFile {
+    Id(i64),
+    Name(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -167,8 +219,16 @@ struct LatencyFile {
     unix: Option<PathBuf>,
     prometheus: Option<String>,
     metric: Option<String>,
-    #[serde(default = "one")]
-    unit_seconds: f64,
+    unit_seconds: Option<f64>,
+    #[serde(default)]
+    unauthenticated: bool,
+    owner: Option<IdFile>,
+    group: Option<IdFile>,
+    mode: Option<String>,
+    #[serde(default)]
+    allowed_users: Vec<IdFile>,
+    #[serde(default)]
+    allowed_groups: Vec<IdFile>,
     probe: Option<String>,
     rate_hz: Option<i64>,
     timeout_ms: Option<i64>,
@@ -178,10 +238,6 @@ struct LatencyFile {
 pub const DEFAULT_PROBE_RATE_HZ: u32 = 100;
 /// Probe time-out when `timeout_ms` is not given.
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 1000;
-
-fn one() -> f64 {
-    1.0
-}
 
 /// How a service's processes are found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,7 +256,12 @@ pub enum Matcher {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LatencySource {
     /// Pushed samples on a socket.
-    Push(PushAddr),
+    Push {
+        /// The socket.
+        addr: PushAddr,
+        /// Who may send (Unix sockets).
+        access: PushAccess,
+    },
     /// A scraped Prometheus histogram.
     Prometheus {
         /// Metrics URL (http).
@@ -222,6 +283,56 @@ pub enum LatencySource {
     },
 }
 
+/// Who may reach a Unix push socket and whose datagrams count (names resolved at start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushAccess {
+    /// Owner of the socket file (`None`: root, the daemon).
+    pub owner: Option<UserRef>,
+    /// Group of the socket file (`None`: the daemon's).
+    pub group: Option<GroupRef>,
+    /// Permission bits of the socket file.
+    pub mode: u32,
+    /// Senders accepted by user, besides the service's own processes.
+    pub allowed_users: Vec<UserRef>,
+    /// Senders accepted by group.
+    pub allowed_groups: Vec<GroupRef>,
+}
+
+impl Default for PushAccess {
+    fn default() -> Self {
+        Self {
+            owner: None,
+            group: None,
+            mode: DEFAULT_MODE,
+            allowed_users: vec![],
+            allowed_groups: vec![],
+        }
+    }
+}
+
+/// How cohabit applies a service's CPU controls (`placement`; see `host::placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Write the CPU set, limit and weight into the cgroup each process is in (its owner's:
+    /// a systemd unit, a container); a process where that is impossible (a bare process in
+    /// a hierarchy's root) is left alone, with one log line.
+    #[default]
+    InPlace,
+    /// As `InPlace`, but a process whose cgroup cannot be controlled in place is moved into
+    /// cohabit's own group (v1: in the cpuset and cpu hierarchies only) and back on exit.
+    Move,
+}
+
+/// What a matched process must also be (`match.user`, `match.exe`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessConstraint {
+    /// The user it runs as (effective uid); also a pid file's allowed owner besides root.
+    pub user: Option<UserRef>,
+    /// Its executable.
+    pub exe: Option<PathBuf>,
+}
+
 /// How a GPU service's MPS share is published and applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuConfig {
@@ -233,6 +344,8 @@ pub struct GpuConfig {
     pub restart: String,
     /// Least time between two restarts.
     pub min_restart_interval_ms: u64,
+    /// Longest the restart command may run before its process group is killed.
+    pub hook_timeout_ms: u64,
 }
 
 /// The MPS control daemon.
@@ -255,6 +368,10 @@ pub struct ServiceConfig {
     pub p99_target_ms: Option<f64>,
     /// How to find its processes.
     pub matcher: Matcher,
+    /// What its processes must also be.
+    pub constraint: ProcessConstraint,
+    /// How its CPU controls are applied.
+    pub placement: Placement,
     /// Latency source, for latency-critical services.
     pub latency: Option<LatencySource>,
     /// GPU share handling, for GPU services.
@@ -272,6 +389,10 @@ pub struct DaemonConfig {
     pub model: Option<PathBuf>,
     /// Decision log, if any.
     pub log: Option<PathBuf>,
+    /// Size at which the decision log is rotated.
+    pub log_max_bytes: u64,
+    /// Rotated decision logs kept (`decisions.jsonl.1` … `.N`).
+    pub log_keep: u32,
     /// Longest a collection may take before the tick is skipped.
     pub collect_timeout_ms: u64,
     /// Where Prometheus metrics are served (`None`: not served).
@@ -288,6 +409,11 @@ pub struct DaemonConfig {
     pub host_name: String,
     /// Kernel interface roots.
     pub paths: HostPaths,
+    /// The state directory: the single-instance lock and the record of every change in
+    /// force (`[paths] state_dir`, default [`DEFAULT_STATE_DIR`](super::state::DEFAULT_STATE_DIR)).
+    pub state_dir: PathBuf,
+    /// Consecutive failed ticks after which the policy's fair-share initial plan is applied.
+    pub fail_safe_after_ticks: u32,
     /// Latency-critical services, then best-effort jobs.
     pub services: Vec<ServiceConfig>,
 }
@@ -321,6 +447,35 @@ impl DaemonConfig {
                 f.collect_timeout_ms
             )));
         }
+        if f.log_max_bytes < 65_536 {
+            return Err(err(format!(
+                "log_max_bytes must be at least 65536 (a record is a few KB), got {}",
+                f.log_max_bytes
+            )));
+        }
+        if !(0..=1000).contains(&f.log_keep) {
+            return Err(err(format!(
+                "log_keep must be between 0 and 1000, got {}",
+                f.log_keep
+            )));
+        }
+        if !(1..=1_000_000).contains(&f.fail_safe_after_ticks) {
+            return Err(err(format!(
+                "fail_safe_after_ticks must be between 1 and 1000000, got {}",
+                f.fail_safe_after_ticks
+            )));
+        }
+        let state_dir = f
+            .paths
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| super::state::DEFAULT_STATE_DIR.into());
+        if !state_dir.is_absolute() {
+            return Err(err(format!(
+                "paths.state_dir must be an absolute path, got {}",
+                state_dir.display()
+            )));
+        }
         if f.policy == "oracle" {
             return Err(err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into()));
         }
@@ -345,6 +500,7 @@ impl DaemonConfig {
                 "metrics_addr {addr} is not a loopback address; the endpoint has no authentication and shows service names, targets and allocations, so set metrics_public = true to serve it there"
             )));
         }
+        check_host(&f.host, &f.mps).map_err(err)?;
         let cpus = f
             .host
             .cpus
@@ -387,6 +543,8 @@ impl DaemonConfig {
                     .map(|g| gpu(g).map_err(|m| err(format!("{who}: {m}"))))
                     .transpose()?,
                 matcher: matcher(&s.matcher).map_err(|m| err(format!("{who}: {m}")))?,
+                constraint: constraint(&s.matcher).map_err(|m| err(format!("{who}: {m}")))?,
+                placement: s.placement,
                 latency: Some(latency(&s.latency).map_err(|m| err(format!("{who}: {m}")))?),
                 p99_target_ms: Some(s.p99_target_ms),
                 name: s.name,
@@ -406,6 +564,8 @@ impl DaemonConfig {
                     .map(|g| gpu(g).map_err(|m| err(format!("{who}: {m}"))))
                     .transpose()?,
                 matcher: matcher(&b.matcher).map_err(|m| err(format!("{who}: {m}")))?,
+                constraint: constraint(&b.matcher).map_err(|m| err(format!("{who}: {m}")))?,
+                placement: b.placement,
                 latency: None,
                 p99_target_ms: None,
                 name: b.name,
@@ -435,11 +595,14 @@ impl DaemonConfig {
                 return Err(err(format!("service name {:?} is used twice", s.name)));
             }
         }
+        check_shared(&services, f.interval_ms.unsigned_abs()).map_err(err)?;
         Ok(Self {
             interval_ms: f.interval_ms.unsigned_abs(),
             policy,
             model: f.model,
             log: f.log,
+            log_max_bytes: f.log_max_bytes.unsigned_abs(),
+            log_keep: u32::try_from(f.log_keep).unwrap_or(0),
             collect_timeout_ms: f.collect_timeout_ms.unsigned_abs(),
             metrics_addr,
             cpus,
@@ -462,6 +625,8 @@ impl DaemonConfig {
             },
             host_name: f.host.name.unwrap_or_else(|| "this host".into()),
             paths,
+            state_dir,
+            fail_safe_after_ticks: u32::try_from(f.fail_safe_after_ticks).unwrap_or(u32::MAX),
             services,
         })
     }
@@ -495,6 +660,216 @@ fn matcher(m: &MatchFile) -> Result<Matcher, String> {
     }
 }
 
+fn user_ref(key: &str, v: &IdFile) -> Result<UserRef, String> {
+    match v {
+        IdFile::Id(id) => u32::try_from(*id)
+            .map(UserRef::Id)
+            .map_err(|_| format!("{key} must be a user name or a uid >= 0, got {id}")),
+        IdFile::Name(n) if !n.is_empty() => Ok(UserRef::Name(n.clone())),
+        IdFile::Name(_) => Err(format!("{key} must not be empty")),
+    }
+}
+
+fn group_ref(key: &str, v: &IdFile) -> Result<GroupRef, String> {
+    match v {
+        IdFile::Id(id) => u32::try_from(*id)
+            .map(GroupRef::Id)
+            .map_err(|_| format!("{key} must be a group name or a gid >= 0, got {id}")),
+        IdFile::Name(n) if !n.is_empty() => Ok(GroupRef::Name(n.clone())),
+        IdFile::Name(_) => Err(format!("{key} must not be empty")),
+    }
+}
+
+/// `match.user` and `match.exe`.
+fn constraint(m: &MatchFile) -> Result<ProcessConstraint, String> {
+    if let Some(exe) = m.exe.as_ref().filter(|e| !e.is_absolute()) {
+        return Err(format!(
+            "match.exe {} must be an absolute path",
+            exe.display()
+        ));
+    }
+    Ok(ProcessConstraint {
+        user: m
+            .user
+            .as_ref()
+            .map(|u| user_ref("match.user", u))
+            .transpose()?,
+        exe: m.exe.clone(),
+    })
+}
+
+/// The longest `comm`: the kernel keeps 15 bytes of a process's name (`TASK_COMM_LEN`).
+const COMM_MAX: usize = 15;
+/// Most CPUs `host.cpus` may list.
+const MAX_CPUS: u64 = 4096;
+/// Most GPUs `host.gpus` may declare.
+const MAX_GPUS: i64 = 64;
+
+/// Checks a matcher's value alone (what `matcher` could not).
+fn check_matcher(m: &Matcher) -> Result<(), String> {
+    match m {
+        Matcher::ProcessName(n) if n.is_empty() || n.len() > COMM_MAX => Err(format!(
+            "match.process_name {n:?} is {} bytes; the kernel keeps at most {COMM_MAX} bytes of a process name, so it would never match (use the first {COMM_MAX})",
+            n.len()
+        )),
+        Matcher::Cgroup(c) => {
+            let parts: Vec<&str> = c.split('/').filter(|p| !p.is_empty()).collect();
+            if !c.starts_with('/') || parts.is_empty() {
+                Err(format!(
+                    "match.cgroup {c:?} must be a cgroup path below the root, such as /system.slice/x.service (the root holds every process)"
+                ))
+            } else if parts.iter().any(|p| *p == ".." || *p == ".") {
+                Err(format!("match.cgroup {c:?} must not contain . or .."))
+            } else {
+                Ok(())
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A Unix push socket path: absolute, not a directory.
+fn unix_path(p: &Path) -> Result<PathBuf, String> {
+    if !p.is_absolute() || p.file_name().is_none() {
+        return Err(format!(
+            "latency.unix {} must be an absolute path to a socket file",
+            p.display()
+        ));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// `owner`, `group`, `mode`, `allowed_users` and `allowed_groups` of a Unix push socket.
+fn push_access(l: &LatencyFile) -> Result<PushAccess, String> {
+    let mode = match &l.mode {
+        None => DEFAULT_MODE,
+        Some(m) => u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|v| *v <= 0o777 && !m.is_empty() && m.len() <= 4)
+            .ok_or_else(|| {
+                format!("latency.mode {m:?} must be octal permission bits such as \"0660\"")
+            })?,
+    };
+    Ok(PushAccess {
+        owner: l
+            .owner
+            .as_ref()
+            .map(|o| user_ref("latency.owner", o))
+            .transpose()?,
+        group: l
+            .group
+            .as_ref()
+            .map(|g| group_ref("latency.group", g))
+            .transpose()?,
+        mode,
+        allowed_users: l
+            .allowed_users
+            .iter()
+            .map(|u| user_ref("latency.allowed_users", u))
+            .collect::<Result<_, _>>()?,
+        allowed_groups: l
+            .allowed_groups
+            .iter()
+            .map(|g| group_ref("latency.allowed_groups", g))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// How many CPUs a CPU list names, counted without expanding it (`0-4294967295` must not
+/// allocate 16 GiB before it is refused); `None` if it is not a list of numbers and ranges.
+fn cpu_list_len(text: &str) -> Option<u64> {
+    let mut n = 0u64;
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?);
+        n = n.saturating_add(b.checked_sub(a)?.saturating_add(1));
+    }
+    Some(n)
+}
+
+/// Whether a pinned device memory limit is `DEVICE=AMOUNT[KMG]`, such as `0=8G`: it is
+/// written into environment files, so nothing else may pass.
+fn pinned_limit_ok(v: &str) -> bool {
+    let Some((dev, amount)) = v.split_once('=') else {
+        return false;
+    };
+    let Some(num) = amount.strip_suffix(['K', 'M', 'G']) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(dev) && digits(num)
+}
+
+/// `[host]` sizes and the MPS pinned limit.
+fn check_host(h: &HostFile, mps: &MpsFile) -> Result<(), String> {
+    if let Some(c) = &h.cpus {
+        if cpu_list_len(c).is_some_and(|n| n > MAX_CPUS) {
+            return Err(format!("host.cpus {c:?} lists more than {MAX_CPUS} CPUs"));
+        }
+    }
+    if let Some(g) = h.gpus.filter(|g| *g > MAX_GPUS) {
+        return Err(format!("host.gpus must be at most {MAX_GPUS}, got {g}"));
+    }
+    if let Some(p) = mps
+        .pinned_mem_limit
+        .as_deref()
+        .filter(|p| !pinned_limit_ok(p))
+    {
+        return Err(format!(
+            "mps.pinned_mem_limit {p:?} must look like 0=8G (a device, =, a number and K, M or G)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks across services: each matcher on its own, then nothing that two services would
+/// fight over (a matcher, a push address or socket path, an environment file), and hooks
+/// spaced at least a tick apart.
+fn check_shared(services: &[ServiceConfig], interval_ms: u64) -> Result<(), String> {
+    let mut seen: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    for s in services {
+        check_matcher(&s.matcher).map_err(|m| format!("{}: {m}", s.name))?;
+        let mut keys = vec![match &s.matcher {
+            Matcher::ProcessName(n) => format!("match.process_name {n:?}"),
+            Matcher::Cgroup(c) => format!("match.cgroup {c:?}"),
+            Matcher::SystemdUnit(u) => format!("match.systemd_unit {u:?}"),
+            Matcher::PidFile(p) => format!("match.pid_file {:?}", p.display().to_string()),
+        }];
+        match &s.latency {
+            Some(LatencySource::Push {
+                addr: PushAddr::Udp(a),
+                ..
+            }) if a.port() != 0 => keys.push(format!("latency.push \"{a}\"")),
+            Some(LatencySource::Push {
+                addr: PushAddr::Unix(p),
+                ..
+            }) => keys.push(format!("latency.unix {:?}", p.display().to_string())),
+            _ => {}
+        }
+        if let Some(g) = &s.gpu {
+            keys.push(format!(
+                "gpu.env_file {:?}",
+                g.env_file.display().to_string()
+            ));
+            if g.min_restart_interval_ms < interval_ms {
+                return Err(format!(
+                    "{}: gpu.min_restart_interval_ms ({}) must be at least interval_ms ({interval_ms}), or a failing hook reruns every tick",
+                    s.name, g.min_restart_interval_ms
+                ));
+            }
+        }
+        for key in keys {
+            if let Some(first) = seen.insert(key.clone(), s.name.clone()) {
+                return Err(format!(
+                    "{key} is used by both {first} and {}; each service needs its own",
+                    s.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn gpu(g: &GpuFile) -> Result<GpuConfig, String> {
     let index =
         u32::try_from(g.index).map_err(|_| format!("gpu.index must be >= 0, got {}", g.index))?;
@@ -507,17 +882,40 @@ fn gpu(g: &GpuFile) -> Result<GpuConfig, String> {
             g.min_restart_interval_ms
         ));
     }
+    if !(1..=3_600_000).contains(&g.hook_timeout_ms) {
+        return Err(format!(
+            "gpu.hook_timeout_ms must be between 1 and 3600000, got {}",
+            g.hook_timeout_ms
+        ));
+    }
     Ok(GpuConfig {
         index,
         env_file: g.env_file.clone(),
         restart: g.restart.clone(),
         min_restart_interval_ms: g.min_restart_interval_ms.unsigned_abs(),
+        hook_timeout_ms: g.hook_timeout_ms.unsigned_abs(),
     })
 }
 
 fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
     if l.probe.is_none() && (l.rate_hz.is_some() || l.timeout_ms.is_some()) {
         return Err("latency.rate_hz and latency.timeout_ms go with probe".into());
+    }
+    if l.prometheus.is_none() && (l.metric.is_some() || l.unit_seconds.is_some()) {
+        return Err("latency.metric and latency.unit_seconds go with prometheus".into());
+    }
+    if l.push.is_none() && l.unauthenticated {
+        return Err("latency.unauthenticated goes with push (UDP)".into());
+    }
+    let unix_keys = l.owner.is_some()
+        || l.group.is_some()
+        || l.mode.is_some()
+        || !l.allowed_users.is_empty()
+        || !l.allowed_groups.is_empty();
+    if l.unix.is_none() && unix_keys {
+        return Err(
+            "latency.owner, group, mode, allowed_users and allowed_groups go with unix".into(),
+        );
     }
     match (&l.push, &l.unix, &l.prometheus, &l.probe) {
         (None, None, None, Some(url)) => probe(url, l),
@@ -528,9 +926,20 @@ fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
             if !a.ip().is_loopback() {
                 return Err(format!("latency.push {addr:?} must be a loopback address"));
             }
-            Ok(LatencySource::Push(PushAddr::Udp(a)))
+            if !l.unauthenticated {
+                return Err(format!(
+                    "latency.push {addr:?} needs unauthenticated = true: any local user or container on the host network can send to a UDP port and steer the allocation; use unix = \"/run/cohabit/NAME.sock\" to accept only the service's processes"
+                ));
+            }
+            Ok(LatencySource::Push {
+                addr: PushAddr::Udp(a),
+                access: PushAccess::default(),
+            })
         }
-        (None, Some(p), None, None) => Ok(LatencySource::Push(PushAddr::Unix(p.clone()))),
+        (None, Some(p), None, None) => Ok(LatencySource::Push {
+            addr: PushAddr::Unix(unix_path(p)?),
+            access: push_access(l)?,
+        }),
         (None, None, Some(url), None) => {
             if !url.starts_with("http://") {
                 return Err(format!("latency.prometheus {url:?} must be an http:// URL"));
@@ -539,16 +948,16 @@ fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
                 .metric
                 .clone()
                 .ok_or("latency.metric is required with prometheus")?;
-            if !(l.unit_seconds.is_finite() && l.unit_seconds > 0.0) {
+            let unit_seconds = l.unit_seconds.unwrap_or(1.0);
+            if !(unit_seconds.is_finite() && unit_seconds > 0.0) {
                 return Err(format!(
-                    "latency.unit_seconds must be positive, got {}",
-                    l.unit_seconds
+                    "latency.unit_seconds must be positive, got {unit_seconds}"
                 ));
             }
             Ok(LatencySource::Prometheus {
                 url: url.clone(),
                 metric,
-                unit_seconds: l.unit_seconds,
+                unit_seconds,
             })
         }
         _ => Err("latency needs exactly one of push, unix, prometheus, probe".into()),
@@ -556,9 +965,6 @@ fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
 }
 
 fn probe(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
-    if l.metric.is_some() {
-        return Err("latency.metric goes with prometheus, not probe".into());
-    }
     let parsed: ProbeUrl = url.parse().map_err(|e| format!("latency.probe: {e}"))?;
     let rate_hz = match l.rate_hz {
         None => DEFAULT_PROBE_RATE_HZ,
@@ -612,11 +1018,43 @@ mod tests {
             .any(|s| matches!(s.latency, Some(LatencySource::Probe { .. }))));
     }
 
+    #[test]
+    fn the_commented_latency_sources_in_the_example_parse_too() {
+        let active = EXAMPLE
+            .lines()
+            .find(|l| l.starts_with("latency = { probe"))
+            .unwrap();
+        let alternatives: Vec<&str> = EXAMPLE
+            .lines()
+            .filter_map(|l| l.strip_prefix("# latency = "))
+            .collect();
+        assert_eq!(alternatives.len(), 2, "{alternatives:?}");
+        for alt in alternatives {
+            let text = EXAMPLE.replace(active, &format!("latency = {alt}"));
+            let c = DaemonConfig::parse(&text, "examples/cohabit.toml").unwrap();
+            assert!(matches!(
+                c.services[0].latency,
+                Some(LatencySource::Push { .. })
+            ));
+        }
+    }
+
     fn err(text: &str) -> String {
         DaemonConfig::parse(text, "t.toml").unwrap_err().to_string()
     }
 
-    const MIN: &str = "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\" }\n";
+    const MIN: &str = "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\", unauthenticated = true }\n";
+
+    #[test]
+    fn placement_is_in_place_unless_move_is_asked_for() {
+        let c = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!(c.services[0].placement, Placement::InPlace);
+        let text = MIN.replace("match =", "placement = \"move\"\nmatch =");
+        let c = DaemonConfig::parse(&text, "t.toml").unwrap();
+        assert_eq!(c.services[0].placement, Placement::Move);
+        let e = err(&MIN.replace("match =", "placement = \"elsewhere\"\nmatch ="));
+        assert!(e.contains("elsewhere") && e.contains("in_place"), "{e}");
+    }
 
     #[test]
     fn bad_configs_name_what_is_wrong() {
@@ -633,7 +1071,7 @@ mod tests {
         .contains("exactly one"));
         assert!(err(&MIN.replace("127.0.0.1:9400", "10.0.0.1:9400")).contains("loopback"));
         assert!(err(&MIN.replace(
-            "{ push = \"127.0.0.1:9400\" }",
+            "{ push = \"127.0.0.1:9400\", unauthenticated = true }",
             "{ prometheus = \"http://x/m\" }"
         ))
         .contains("metric"));
@@ -665,11 +1103,215 @@ mod tests {
             "loopback by default"
         );
         assert!(err("").contains("at least one [[service]]"));
+        bad_latency_keys_are_named();
+        bad_matchers_are_named();
+        shared_and_oversized_values_are_named();
+    }
+
+    /// Latency-source cases of `bad_configs_name_what_is_wrong`.
+    fn bad_latency_keys_are_named() {
+        let latency =
+            |l: &str| MIN.replace("{ push = \"127.0.0.1:9400\", unauthenticated = true }", l);
+        for (l, why) in [
+            (
+                "{ push = \"127.0.0.1:9400\" }",
+                "service kv: latency.push \"127.0.0.1:9400\" needs unauthenticated = true",
+            ),
+            (
+                "{ unix = \"/run/kv.sock\", unauthenticated = true }",
+                "unauthenticated goes with push",
+            ),
+            (
+                "{ push = \"127.0.0.1:9400\", unauthenticated = true, metric = \"m\" }",
+                "latency.metric and latency.unit_seconds go with prometheus",
+            ),
+            (
+                "{ unix = \"/run/kv.sock\", unit_seconds = 0.001 }",
+                "go with prometheus",
+            ),
+            (
+                "{ push = \"127.0.0.1:9400\", unauthenticated = true, mode = \"0600\" }",
+                "go with unix",
+            ),
+            ("{ unix = \"/run/kv.sock\", mode = \"660\" }", ""),
+            (
+                "{ unix = \"/run/kv.sock\", mode = \"0669\" }",
+                "latency.mode",
+            ),
+            (
+                "{ unix = \"/run/kv.sock\", mode = \"1777\" }",
+                "latency.mode",
+            ),
+            ("{ unix = \"/run/kv.sock\", owner = -1 }", "latency.owner"),
+            (
+                "{ unix = \"/run/kv.sock\", allowed_users = [\"\"] }",
+                "allowed_users",
+            ),
+            ("{ unix = \"kv.sock\" }", "absolute path"),
+        ] {
+            let text = latency(l);
+            if why.is_empty() {
+                DaemonConfig::parse(&text, "t.toml").unwrap();
+                continue;
+            }
+            let e = err(&text);
+            assert!(e.contains(why) && e.contains("service kv"), "{l}: {e}");
+        }
+        let c = DaemonConfig::parse(
+            &latency("{ unix = \"/run/kv.sock\", owner = \"memcache\", group = 0, mode = \"0620\", allowed_users = [\"loadgen\", 1000], allowed_groups = [\"adm\"] }"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.services[0].latency,
+            Some(LatencySource::Push {
+                addr: PushAddr::Unix("/run/kv.sock".into()),
+                access: PushAccess {
+                    owner: Some(UserRef::Name("memcache".into())),
+                    group: Some(GroupRef::Id(0)),
+                    mode: 0o620,
+                    allowed_users: vec![UserRef::Name("loadgen".into()), UserRef::Id(1000)],
+                    allowed_groups: vec![GroupRef::Name("adm".into())],
+                },
+            })
+        );
+        let c = DaemonConfig::parse(&latency("{ unix = \"/run/kv.sock\" }"), "t.toml").unwrap();
+        assert!(matches!(
+            &c.services[0].latency,
+            Some(LatencySource::Push { access, .. }) if access.mode == 0o660
+        ));
+    }
+
+    /// Matcher cases of `bad_configs_name_what_is_wrong`.
+    fn bad_matchers_are_named() {
+        let matcher = |m: &str| MIN.replace("{ process_name = \"kv\" }", m);
+        for (m, why) in [
+            ("{ cgroup = \"/\" }", "below the root"),
+            ("{ cgroup = \"\" }", "below the root"),
+            ("{ cgroup = \"//\" }", "below the root"),
+            ("{ cgroup = \"system.slice/x\" }", "below the root"),
+            (
+                "{ cgroup = \"/system.slice/../x\" }",
+                "must not contain . or ..",
+            ),
+            (
+                "{ process_name = \"nvidia-cuda-mps-control\" }",
+                "is 23 bytes; the kernel keeps at most 15",
+            ),
+            ("{ process_name = \"\" }", "process_name"),
+            ("{ process_name = \"kv\", user = -3 }", "match.user"),
+            ("{ process_name = \"kv\", exe = \"bin/kv\" }", "match.exe"),
+        ] {
+            let e = err(&matcher(m));
+            assert!(e.contains(why) && e.contains("kv"), "{m}: {e}");
+        }
+        let c = DaemonConfig::parse(
+            &matcher("{ process_name = \"memcached\", user = \"memcache\", exe = \"/usr/bin/memcached\" }"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.services[0].constraint,
+            ProcessConstraint {
+                user: Some(UserRef::Name("memcache".into())),
+                exe: Some("/usr/bin/memcached".into()),
+            }
+        );
+        let c = DaemonConfig::parse(
+            &matcher("{ pid_file = \"/run/kv.pid\", user = 999 }"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.services[0].constraint.user, Some(UserRef::Id(999)));
+    }
+
+    /// Sharing and size cases of `bad_configs_name_what_is_wrong`.
+    fn shared_and_oversized_values_are_named() {
+        let two = |a: &str, b: &str| {
+            format!(
+                "{MIN}[[best_effort]]\nname = \"batch\"\nmatch = {a}\n[[service]]\nname = \"web\"\np99_target_ms = 5\nmatch = {{ process_name = \"web\" }}\nlatency = {b}\n"
+            )
+        };
+        let push = "{ push = \"127.0.0.1:9401\", unauthenticated = true }";
+        for (text, why) in [
+            (
+                two("{ process_name = \"kv\" }", push),
+                "match.process_name \"kv\" is used by both kv and batch",
+            ),
+            (
+                two("{ process_name = \"b\" }", "{ push = \"127.0.0.1:9400\", unauthenticated = true }"),
+                "latency.push \"127.0.0.1:9400\" is used by both kv and web",
+            ),
+            (
+                two("{ pid_file = \"/run/a.pid\" }", push).replace("process_name = \"web\"", "pid_file = \"/run/a.pid\""),
+                "match.pid_file \"/run/a.pid\" is used by both web and batch",
+            ),
+            (
+                two("{ cgroup = \"/a\" }", push).replace("process_name = \"web\"", "cgroup = \"/a\""),
+                "match.cgroup",
+            ),
+            (
+                MIN.replace("127.0.0.1:9400\", unauthenticated = true", "/run/kv.sock\"")
+                    .replace("push =", "unix =")
+                    + &MIN
+                        .replace("name = \"kv\"", "name = \"kv2\"")
+                        .replace("process_name = \"kv\"", "process_name = \"kv2\"")
+                        .replace("push = \"127.0.0.1:9400\", unauthenticated = true", "unix = \"/run/kv.sock\""),
+                "latency.unix \"/run/kv.sock\" is used by both kv and kv2",
+            ),
+            (
+                format!("{MIN}gpu = {{ env_file = \"/run/x.env\", restart = \"true\" }}\n[[best_effort]]\nname = \"b\"\nmatch = {{ process_name = \"b\" }}\ngpu = {{ env_file = \"/run/x.env\", restart = \"true\" }}\n"),
+                "gpu.env_file \"/run/x.env\" is used by both kv and b",
+            ),
+            (
+                format!("interval_ms = 2000\n{MIN}gpu = {{ env_file = \"/run/x.env\", restart = \"true\", min_restart_interval_ms = 1000 }}\n"),
+                "kv: gpu.min_restart_interval_ms (1000) must be at least interval_ms (2000)",
+            ),
+            (
+                format!("[host]\ncpus = \"0-4294967295\"\n{MIN}"),
+                "host.cpus \"0-4294967295\" lists more than 4096 CPUs",
+            ),
+            (
+                format!("[host]\ncpus = \"0-2047,4096-6143,8000\"\n{MIN}"),
+                "more than 4096",
+            ),
+            (format!("[host]\ngpus = 65\n{MIN}"), "host.gpus must be at most 64, got 65"),
+            (
+                format!("[mps]\npinned_mem_limit = \"0=8G\\nLD_PRELOAD=/tmp/x.so\"\n{MIN}"),
+                "mps.pinned_mem_limit",
+            ),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(why), "{why}: {e}");
+        }
+        for limit in ["0=8G", "1=512M", "12=1024K"] {
+            DaemonConfig::parse(
+                &format!("[mps]\npinned_mem_limit = \"{limit}\"\n{MIN}"),
+                "t.toml",
+            )
+            .unwrap();
+        }
+        for limit in ["0=8", "=8G", "0=G", "a=8G", "0=8T", "0=8G ", "0=8g"] {
+            assert!(!pinned_limit_ok(limit), "{limit}");
+        }
+        DaemonConfig::parse(
+            &format!("[host]\ncpus = \"0-4095\"\ngpus = 64\n{MIN}"),
+            "t.toml",
+        )
+        .unwrap();
+        // Ephemeral ports may repeat (tests bind several services on port 0).
+        let zero = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
+        DaemonConfig::parse(
+            &two("{ process_name = \"b\" }", zero).replace("127.0.0.1:9400", "127.0.0.1:0"),
+            "t.toml",
+        )
+        .unwrap();
     }
 
     #[test]
     fn a_probe_source_is_parsed_with_defaults_and_validated() {
-        let probe = |l: &str| MIN.replace("{ push = \"127.0.0.1:9400\" }", l);
+        let probe =
+            |l: &str| MIN.replace("{ push = \"127.0.0.1:9400\", unauthenticated = true }", l);
         let c = DaemonConfig::parse(
             &probe("{ probe = \"memcached://127.0.0.1:11211\" }"),
             "t.toml",
@@ -721,7 +1363,7 @@ mod tests {
             ("{ probe = \"https://127.0.0.1/\" }", "TLS"),
             (
                 "{ probe = \"redis://127.0.0.1\", metric = \"x\" }",
-                "metric goes with prometheus",
+                "go with prometheus",
             ),
             (
                 "{ push = \"127.0.0.1:9400\", rate_hz = 5 }",
@@ -760,5 +1402,57 @@ mod tests {
         }
         let v6 = DaemonConfig::parse(&format!("metrics_addr = \"[::1]:9464\"\n{MIN}"), "t.toml");
         assert!(v6.is_ok(), "::1 is loopback");
+    }
+
+    #[test]
+    fn the_state_directory_and_the_fail_safe_have_defaults_and_are_checked() {
+        let c = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/run/cohabit"));
+        assert_eq!(c.fail_safe_after_ticks, 20);
+        let c = DaemonConfig::parse(
+            &format!("fail_safe_after_ticks = 5\n[paths]\nstate_dir = \"/var/lib/cohabit\"\n{MIN}"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/cohabit"));
+        assert_eq!(c.fail_safe_after_ticks, 5);
+        let e = err(&format!("[paths]\nstate_dir = \"run/cohabit\"\n{MIN}"));
+        assert!(
+            e.contains("paths.state_dir must be an absolute path"),
+            "{e}"
+        );
+        let e = err(&format!("fail_safe_after_ticks = 0\n{MIN}"));
+        assert!(e.contains("fail_safe_after_ticks"), "{e}");
+    }
+
+    #[test]
+    fn log_rotation_and_the_hook_time_out_have_defaults_and_bounds() {
+        let d = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!((d.log_max_bytes, d.log_keep), (100_000_000, 5));
+        let c = DaemonConfig::parse(
+            &format!(
+                "log_max_bytes = 1000000
+log_keep = 0
+{MIN}"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!((c.log_max_bytes, c.log_keep), (1_000_000, 0));
+        assert!(err(&format!(
+            "log_max_bytes = 100
+{MIN}"
+        ))
+        .contains("log_max_bytes"));
+        assert!(err(&format!(
+            "log_keep = -1
+{MIN}"
+        ))
+        .contains("log_keep"));
+        let gpu = "gpu = { env_file = \"/run/x.env\", restart = \"true\" }\n";
+        let g = DaemonConfig::parse(&format!("{MIN}{gpu}"), "t.toml").unwrap();
+        assert_eq!(g.services[0].gpu.as_ref().unwrap().hook_timeout_ms, 60_000);
+        let gpu = "gpu = { env_file = \"/run/x.env\", restart = \"true\", hook_timeout_ms = 0 }\n";
+        assert!(err(&format!("{MIN}{gpu}")).contains("gpu.hook_timeout_ms"));
     }
 }

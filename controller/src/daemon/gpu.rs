@@ -5,19 +5,59 @@
 //! service's environment file gets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<pct>` (and the
 //! pinned-memory limit, if configured), and where the service has an MPS server of its own
 //! the server's limit is set too (`set_active_thread_percentage <server> <pct>`). The share
-//! becomes *effective* when the service's configured restart command has restarted the
+//! becomes *effective* when the service's configured restart hook has restarted the
 //! client, at most once per `min_restart_interval_ms`. The decision log shows both: the plan
 //! holds the published share, the observation the effective one.
+//!
+//! Environment files belong to the service, and root writes them (security review row 3):
+//! - only the lines of the variables cohabit sets ([`MANAGED`]) are rewritten; every other
+//!   line, comments included, stays as it is, in place;
+//! - the file is opened without following a symlink, its directory must be root's and
+//!   writable by nobody else, and it is replaced atomically (see [`super::files`]);
+//! - its content before cohabit's first write is noted, write-ahead, in the host's record
+//!   of changes ([`GpuActuator::publish_noted`]); [`restore_file`] puts it back from such a
+//!   note, again touching only the managed lines (an edit made meanwhile survives).
+//!
+//! Restart hooks run on a thread of their own, never inside a tick (row 7; see
+//! [`super::hook`]): [`GpuActuator::restart_due`] only starts hooks that are due and
+//! collects the ones that ended. While a hook runs, its share stays pending.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cohabit_collectors::mps::MpsControl;
 
 use super::config::{GpuConfig, ServiceConfig};
+use super::files::{self, FileError};
+use super::hook::{self, Hook, Outcome};
+use super::host::changes::Change as HostChange;
 
+/// The variable that carries a client's share.
+const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+/// The variable that carries the pinned device-memory limit.
+const PINNED_VAR: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+/// The variables cohabit writes in environment files; no other line is touched.
+pub const MANAGED: [&str; 2] = [VAR, PINNED_VAR];
+
+/// How long shutdown waits for a running hook before killing it.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+/// How long shutdown then waits for a killed hook's thread to report.
+const KILL_WAIT: Duration = Duration::from_millis(500);
+
+/// A restart hook in flight.
+#[derive(Debug)]
+struct Running {
+    thread: JoinHandle<Outcome>,
+    cancel: Arc<AtomicBool>,
+    /// The share published when it started: effective once it succeeds.
+    share: Option<u8>,
+}
+
+/// One GPU client cohabit manages.
 #[derive(Debug)]
 struct Client {
     cfg: GpuConfig,
@@ -25,8 +65,9 @@ struct Client {
     effective: Option<u8>,
     pending: bool,
     last_restart: Option<Instant>,
-    /// The environment file as it was before cohabit first wrote it (`None`: absent).
+    /// The environment file as it was before cohabit first wrote it (`Some(None)`: absent).
     original: Option<Option<String>>,
+    hook: Option<Running>,
 }
 
 /// The GPU side of the real host's actuator.
@@ -36,17 +77,132 @@ pub struct GpuActuator {
     clients: BTreeMap<String, Client>,
 }
 
-const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+/// The variable a line of an environment file sets (`KEY=…` or `export KEY=…`), if any.
+fn key_of(line: &str) -> Option<&str> {
+    let l = line.trim_start();
+    let l = l.strip_prefix("export ").unwrap_or(l);
+    let (key, _) = l.split_once('=')?;
+    let key = key.trim();
+    (!key.is_empty() && !key.starts_with('#')).then_some(key)
+}
 
 fn share_in(text: &str) -> Option<u8> {
-    text.lines().find_map(|l| {
-        l.trim()
-            .strip_prefix(VAR)?
-            .strip_prefix('=')?
-            .trim()
-            .parse()
-            .ok()
-    })
+    text.lines()
+        .filter(|l| key_of(l) == Some(VAR))
+        .find_map(|l| l.split_once('=')?.1.trim().parse().ok())
+}
+
+/// `text` with the line of each variable of `set` replaced by the given line (`Some`) or
+/// removed (`None`): the first line setting it is replaced in place, later ones dropped; a
+/// missing one is appended. Every other line stays as it is.
+fn with_lines(text: &str, set: &[(&str, Option<String>)]) -> String {
+    let mut done = vec![false; set.len()];
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut put = |line: &str| {
+        out.push_str(line);
+        out.push('\n');
+    };
+    for line in text.lines() {
+        match key_of(line).and_then(|k| set.iter().position(|(name, _)| *name == k)) {
+            None => put(line),
+            Some(i) => {
+                if let (false, Some(new)) = (done[i], &set[i].1) {
+                    put(new);
+                }
+                done[i] = true;
+            }
+        }
+    }
+    for (i, (_, line)) in set.iter().enumerate() {
+        if let (false, Some(new)) = (done[i], line) {
+            put(new);
+        }
+    }
+    out
+}
+
+/// The environment file `current` with the share `pct` (and the pinned limit, when
+/// given; an existing limit line is kept otherwise). Refuses a limit that would add lines.
+fn env_with_share(current: &str, pct: u8, pinned: Option<&str>) -> Result<String, String> {
+    let mut set = vec![(VAR, Some(format!("{VAR}={pct}")))];
+    if let Some(limit) = pinned {
+        if limit.contains(['\n', '\r', '\0']) {
+            return Err(format!(
+                "the pinned-memory limit {limit:?} would add lines to the environment file"
+            ));
+        }
+        set.push((PINNED_VAR, Some(format!("{PINNED_VAR}={limit}"))));
+    }
+    Ok(with_lines(current, &set))
+}
+
+/// The environment file `current` with cohabit's variables as in `original` (the file
+/// before cohabit's first write, whose lines come back verbatim; `None`: it did not exist).
+/// `None` when the file should go: cohabit created it and nothing but its lines is in it.
+fn env_restored(current: &str, original: Option<&str>) -> Option<String> {
+    let set: Vec<(&str, Option<String>)> = MANAGED
+        .iter()
+        .map(|name| {
+            let line = original
+                .and_then(|o| o.lines().find(|l| key_of(l) == Some(*name)))
+                .map(str::to_string);
+            (*name, line)
+        })
+        .collect();
+    let text = with_lines(current, &set);
+    if original.is_none() && text.trim().is_empty() {
+        return None;
+    }
+    Some(text)
+}
+
+/// Puts a GPU client's environment file back from a note of its original (`None`: cohabit
+/// created it): cohabit's variables get their old lines back, or go; other lines stay; a
+/// file cohabit created and that holds nothing else is removed. For
+/// [`HostChange::File`] notes, on exit and after a crash.
+pub fn restore_file(path: &Path, original: Option<&str>) -> Result<(), FileError> {
+    let Some((current, meta)) = files::read_regular(path)? else {
+        return match original {
+            // Gone meanwhile: put the original back whole.
+            Some(text) => files::replace(path, text.as_bytes(), None),
+            None => Ok(()),
+        };
+    };
+    match env_restored(&current, original) {
+        Some(text) if text == current => Ok(()),
+        Some(text) => files::replace(path, text.as_bytes(), Some(&meta)),
+        None => files::remove(path),
+    }
+}
+
+/// Checks, at start, every GPU service's environment file: its directory must be owned by
+/// root and writable by nobody else (created `0755` when missing, unless `dry_run`), and the
+/// file, if there, must be a regular file and not a symlink. The error names the path.
+pub fn check_env_files(services: &[ServiceConfig], dry_run: bool) -> Result<(), FileError> {
+    for g in services.iter().filter_map(|s| s.gpu.as_ref()) {
+        let dir = files::parent_dir(&g.env_file);
+        if dry_run && !dir.exists() {
+            continue;
+        }
+        files::ensure_private_dir(dir, 0o755)?;
+        files::read_regular(&g.env_file)?;
+    }
+    Ok(())
+}
+
+/// Sets the limit of the MPS server that serves only `mine` (the service's pids) to `pct`.
+fn set_server_limit(mps: &MpsControl, service: &str, mine: &[u32], pct: u8) {
+    match mps.server_of(mine) {
+        Ok(Some((server, clients))) if clients.iter().all(|p| mine.contains(p)) => {
+            if let Err(e) = mps.set_active_thread_percentage(server, pct) {
+                tracing::warn!(service, error = %e, "MPS server limit not set");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(service, error = %e, "MPS server list unavailable; the environment file carries the share")
+        }
+    }
 }
 
 impl GpuActuator {
@@ -57,9 +213,10 @@ impl GpuActuator {
             .filter_map(|s| {
                 let cfg = s.gpu.clone()?;
                 // A client started with the share already in its file has that share.
-                let existing = std::fs::read_to_string(&cfg.env_file)
+                let existing = files::read_regular(&cfg.env_file)
                     .ok()
-                    .and_then(|t| share_in(&t));
+                    .flatten()
+                    .and_then(|(t, _)| share_in(&t));
                 Some((
                     s.name.clone(),
                     Client {
@@ -69,6 +226,7 @@ impl GpuActuator {
                         pending: false,
                         last_restart: None,
                         original: None,
+                        hook: None,
                     },
                 ))
             })
@@ -103,13 +261,30 @@ impl GpuActuator {
         self.clients.get(service).and_then(|c| c.published)
     }
 
-    /// Publishes `pct` for `service`: its environment file gets the share. A change marks the
-    /// client for restart; nothing happens if the share is already published.
+    /// [`Self::publish_noted`] without a record of changes (the original is kept in memory
+    /// only).
     pub fn publish(
         &mut self,
         service: &str,
         pct: u8,
         pinned_limit: Option<&str>,
+    ) -> Result<(), String> {
+        self.publish_noted(service, pct, pinned_limit, &mut |_| Ok(()))
+    }
+
+    /// Publishes `pct` for `service`: the share's line (and the pinned limit's, when given)
+    /// in its environment file is set, every other line kept. A change marks the client for
+    /// restart; nothing happens if the share is already published.
+    ///
+    /// Before cohabit's first write to the file, `note` gets a [`HostChange::File`] with the
+    /// file's content (write-ahead: note it in the host's record and save the record before
+    /// returning `Ok`). When `note` fails, nothing is written.
+    pub fn publish_noted(
+        &mut self,
+        service: &str,
+        pct: u8,
+        pinned_limit: Option<&str>,
+        note: &mut dyn FnMut(HostChange) -> Result<(), String>,
     ) -> Result<(), String> {
         let Some(c) = self.clients.get_mut(service) else {
             return Ok(());
@@ -117,25 +292,29 @@ impl GpuActuator {
         if c.published == Some(pct) {
             return Ok(());
         }
-        let path = &c.cfg.env_file;
+        let path = c.cfg.env_file.clone();
+        // Refused before anything is noted or written.
+        files::check_private_dir(files::parent_dir(&path)).map_err(|e| e.to_string())?;
+        let current = files::read_regular(&path).map_err(|e| e.to_string())?;
+        let (text, meta) = current.map_or((None, None), |(t, m)| (Some(t), Some(m)));
+        let new = env_with_share(text.as_deref().unwrap_or(""), pct, pinned_limit)?;
         if c.original.is_none() {
-            c.original = Some(std::fs::read_to_string(path).ok());
+            note(HostChange::File {
+                path: path.clone(),
+                original: text.clone(),
+            })
+            .map_err(|e| format!("noting {} before writing it: {e}", path.display()))?;
+            c.original = Some(text);
         }
-        let mut text = format!("{VAR}={pct}\n");
-        if let Some(limit) = pinned_limit {
-            text.push_str(&format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limit}\n"));
-        }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        }
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        files::replace(&path, new.as_bytes(), meta.as_ref()).map_err(|e| e.to_string())?;
         c.published = Some(pct);
         c.pending = c.effective != Some(pct);
         Ok(())
     }
 
     /// Takes back a [`Self::publish`]: publishes `previous` again, or, when nothing had been
-    /// published, puts the environment file back as it was and drops the pending restart.
+    /// published, puts cohabit's lines of the environment file back as they were and drops
+    /// the pending restart.
     pub fn revert(
         &mut self,
         service: &str,
@@ -148,32 +327,27 @@ impl GpuActuator {
         let Some(c) = self.clients.get_mut(service) else {
             return Ok(());
         };
-        let path = &c.cfg.env_file;
-        match c.original.take() {
-            Some(Some(text)) => {
-                std::fs::write(path, text)
-                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
-            }
-            Some(None) => match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("removing {}: {e}", path.display())),
-            },
-            None => {}
+        if let Some(original) = &c.original {
+            restore_file(&c.cfg.env_file, original.as_deref()).map_err(|e| e.to_string())?;
+            c.original = None;
         }
         c.published = None;
         c.pending = false;
         Ok(())
     }
 
-    /// Restarts clients whose published share is not yet effective, if their minimum
-    /// interval since the last restart has passed. Before a restart, an MPS server that
-    /// serves only that service (its clients all among `pids[service]`) gets the share as its
-    /// limit too. Returns the services restarted.
+    /// Collects the restart hooks that ended (a success makes their share effective), then
+    /// starts the hook of each client whose published share is not yet effective, if none
+    /// of its is running and its minimum interval since the last restart has passed. Never
+    /// waits for a hook. Returns the services whose restart completed since the last call.
+    ///
+    /// Each hook runs on a thread of its own: first, an MPS server that serves only that
+    /// service (its clients all among `pids[service]`) gets the share as its limit; then the
+    /// hook, with its time-out.
     pub fn restart_due(&mut self, now: Instant, pids: &BTreeMap<String, Vec<u32>>) -> Vec<String> {
-        let mut done = Vec::new();
+        let done = self.poll_hooks();
         for (name, c) in &mut self.clients {
-            if !c.pending {
+            if !c.pending || c.hook.is_some() {
                 continue;
             }
             let wait = Duration::from_millis(c.cfg.min_restart_interval_ms);
@@ -181,30 +355,9 @@ impl GpuActuator {
                 continue;
             }
             c.last_restart = Some(now);
-            let mine = pids.get(name).map(Vec::as_slice).unwrap_or_default();
-            if let (Some(mps), Some(pct)) = (&self.mps, c.published) {
-                match mps.server_of(mine) {
-                    Ok(Some((server, clients))) if clients.iter().all(|p| mine.contains(p)) => {
-                        if let Err(e) = mps.set_active_thread_percentage(server, pct) {
-                            tracing::warn!(service = %name, error = %e, "MPS server limit not set");
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(service = %name, error = %e, "MPS server list unavailable; the environment file carries the share")
-                    }
-                }
-            }
-            match Command::new("sh").arg("-c").arg(&c.cfg.restart).status() {
-                Ok(s) if s.success() => {
-                    c.effective = c.published;
-                    c.pending = false;
-                    tracing::info!(service = %name, share = ?c.effective, "client restarted with its new MPS share");
-                    done.push(name.clone());
-                }
-                Ok(s) => {
-                    tracing::warn!(service = %name, status = %s, command = %c.cfg.restart, "restart hook failed; the new share stays pending")
-                }
+            let mine = pids.get(name).cloned().unwrap_or_default();
+            match start_hook(name, c, self.mps.clone(), mine) {
+                Ok(running) => c.hook = Some(running),
                 Err(e) => {
                     tracing::warn!(service = %name, error = %e, "restart hook could not run; the new share stays pending")
                 }
@@ -213,20 +366,86 @@ impl GpuActuator {
         done
     }
 
-    /// Puts every environment file back as it was (running clients keep their share until
-    /// they next restart).
-    pub fn restore(&mut self) {
-        for c in self.clients.values_mut() {
-            let path = &c.cfg.env_file;
-            let done = match c.original.take() {
-                Some(Some(text)) => std::fs::write(path, text),
-                Some(None) => std::fs::remove_file(path),
-                None => Ok(()),
-            };
-            if let Err(e) = done {
-                tracing::warn!(file = %path.display(), error = %e, "could not restore a GPU client's environment file");
+    /// True while a restart hook runs.
+    pub fn hooks_running(&self) -> bool {
+        self.clients.values().any(|c| c.hook.is_some())
+    }
+
+    /// Collects the hooks that ended, logging how; returns the services restarted.
+    fn poll_hooks(&mut self) -> Vec<String> {
+        let mut done = Vec::new();
+        for (name, c) in &mut self.clients {
+            if !c.hook.as_ref().is_some_and(|h| h.thread.is_finished()) {
+                continue;
+            }
+            let Some(run) = c.hook.take() else { continue };
+            let outcome = run.thread.join();
+            let restarted = matches!(&outcome, Ok(o) if o.succeeded());
+            match outcome {
+                Ok(o) => log_outcome(name, &c.cfg, &o),
+                Err(_) => tracing::error!(service = %name, "the restart hook's thread panicked"),
+            }
+            if restarted {
+                c.effective = run.share;
+                c.pending = c.published != c.effective;
+                tracing::info!(service = %name, share = ?c.effective, "client restarted with its new MPS share");
+                done.push(name.clone());
             }
         }
+        done
+    }
+
+    /// Waits up to [`SHUTDOWN_WAIT`] for running hooks, then kills the rest (their process
+    /// groups) and waits up to [`KILL_WAIT`] for them to report.
+    fn stop_hooks(&mut self) {
+        let until = |c: &Self, deadline: Instant| {
+            while c
+                .clients
+                .values()
+                .any(|c| c.hook.as_ref().is_some_and(|h| !h.thread.is_finished()))
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        if !self.hooks_running() {
+            return;
+        }
+        until(self, Instant::now() + SHUTDOWN_WAIT);
+        for (name, c) in &self.clients {
+            if let Some(h) = c.hook.as_ref().filter(|h| !h.thread.is_finished()) {
+                tracing::warn!(service = %name, "shutting down: killing the running restart hook");
+                h.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        until(self, Instant::now() + KILL_WAIT);
+        self.poll_hooks();
+        for (name, c) in &mut self.clients {
+            if c.hook.take().is_some() {
+                tracing::error!(service = %name, "a restart hook did not end after SIGKILL; not waited for");
+            }
+        }
+    }
+
+    /// Stops running hooks (see [`Self::stop_hooks`]) and puts cohabit's lines of every
+    /// environment file back as they were (running clients keep their share until they next
+    /// restart). Returns the files restored, whose [`HostChange::File`] notes can go.
+    pub fn restore(&mut self) -> Vec<PathBuf> {
+        self.stop_hooks();
+        let mut restored = Vec::new();
+        for c in self.clients.values_mut() {
+            let Some(original) = c.original.take() else {
+                continue;
+            };
+            let path = &c.cfg.env_file;
+            match restore_file(path, original.as_deref()) {
+                Ok(()) => restored.push(path.clone()),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "could not restore a GPU client's environment file");
+                }
+            }
+        }
+        restored
     }
 
     /// Whether a service is a GPU client cohabit manages.
@@ -240,24 +459,137 @@ impl GpuActuator {
     }
 }
 
+/// Starts `c`'s restart hook on a thread: the MPS server's limit first, then the hook.
+fn start_hook(
+    name: &str,
+    c: &Client,
+    mps: Option<MpsControl>,
+    mine: Vec<u32>,
+) -> std::io::Result<Running> {
+    let share = c.published;
+    let extra: Vec<(&str, String)> = share.map(|p| (VAR, p.to_string())).into_iter().collect();
+    let h = Hook {
+        command: c.cfg.restart.clone(),
+        env: hook::environment(std::env::vars_os(), &extra),
+        timeout: Duration::from_millis(c.cfg.hook_timeout_ms),
+    };
+    let cancel = Arc::new(AtomicBool::new(false));
+    let stop = Arc::clone(&cancel);
+    let service = name.to_string();
+    let thread = std::thread::Builder::new()
+        .name(format!("hook-{name}"))
+        .spawn(move || {
+            if let (Some(mps), Some(pct)) = (&mps, share) {
+                set_server_limit(mps, &service, &mine, pct);
+            }
+            hook::run(&h, &stop)
+        })?;
+    Ok(Running {
+        thread,
+        cancel,
+        share,
+    })
+}
+
+/// Logs how a restart hook ended, with what it printed.
+fn log_outcome(service: &str, cfg: &GpuConfig, o: &Outcome) {
+    let command = &cfg.restart;
+    match o {
+        Outcome::Exited { status, output } if status.success() => {
+            if !(output.stdout.is_empty() && output.stderr.is_empty()) {
+                tracing::info!(service, stdout = %output.stdout, stderr = %output.stderr, truncated = output.truncated, "restart hook output");
+            }
+        }
+        Outcome::Exited { status, output } => {
+            tracing::warn!(service, %status, %command, stdout = %output.stdout, stderr = %output.stderr, truncated = output.truncated, "restart hook failed; the new share stays pending");
+        }
+        Outcome::Killed {
+            cancelled: false,
+            after,
+            output,
+        } => {
+            tracing::warn!(service, %command, after_ms = after.as_millis(), stdout = %output.stdout, stderr = %output.stderr, "restart hook timed out (hook_timeout_ms) and its process group was killed; the new share stays pending");
+        }
+        Outcome::Killed {
+            cancelled: true, ..
+        } => {
+            tracing::warn!(service, %command, "restart hook killed at shutdown");
+        }
+        Outcome::NotStarted(e) => {
+            tracing::warn!(service, error = %e, "restart hook could not run; the new share stays pending");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
     use crate::daemon::config::Matcher;
+    use crate::daemon::hook::tests::live_members;
 
-    fn service(dir: &Path, restart: &str, interval_ms: u64) -> ServiceConfig {
+    fn service(dir: &Path, restart: &str, interval_ms: u64, hook_timeout_ms: u64) -> ServiceConfig {
         ServiceConfig {
             name: "llm".into(),
             p99_target_ms: Some(100.0),
             matcher: Matcher::ProcessName("llm".into()),
+            constraint: Default::default(),
+            placement: Default::default(),
             latency: None,
             gpu: Some(GpuConfig {
                 index: 0,
                 env_file: dir.join("llm.env"),
                 restart: restart.into(),
                 min_restart_interval_ms: interval_ms,
+                hook_timeout_ms,
             }),
         }
+    }
+
+    /// Waits for running hooks to end and collects them.
+    fn settle(g: &mut GpuActuator) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut done = Vec::new();
+        while g.hooks_running() {
+            assert!(Instant::now() < deadline, "a hook did not end");
+            std::thread::sleep(Duration::from_millis(10));
+            done.extend(g.poll_hooks());
+        }
+        done
+    }
+
+    #[test]
+    fn only_cohabits_lines_are_rewritten_in_place_and_restored() {
+        let text = "# the model\nMODEL=small\nexport CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30\nCUDA_MPS_PIPE_DIRECTORY=/run/mps\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=31\nTAIL=1";
+        let new = env_with_share(text, 50, Some("0=8G")).unwrap();
+        assert_eq!(
+            new,
+            "# the model\nMODEL=small\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\nCUDA_MPS_PIPE_DIRECTORY=/run/mps\nTAIL=1\nCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G\n"
+        );
+        assert_eq!(share_in(&new), Some(50));
+        // An edit made while cohabit ran survives the restore; cohabit's lines go back.
+        let edited = new.replace("MODEL=small", "MODEL=large");
+        assert_eq!(
+            env_restored(&edited, Some(text)).unwrap(),
+            "# the model\nMODEL=large\nexport CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30\nCUDA_MPS_PIPE_DIRECTORY=/run/mps\nTAIL=1\n"
+        );
+        // A file cohabit created goes, unless someone added to it.
+        assert_eq!(
+            env_restored("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n", None),
+            None
+        );
+        assert_eq!(
+            env_restored("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\nX=1\n", None).as_deref(),
+            Some("X=1\n")
+        );
+        // Without a limit, an existing limit line is left alone.
+        assert_eq!(
+            env_with_share("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G\n", 20, None).unwrap(),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20\n"
+        );
+        let e = env_with_share("", 20, Some("0=8G\nLD_PRELOAD=/tmp/x.so")).unwrap_err();
+        assert!(e.contains("would add lines"), "{e}");
     }
 
     #[test]
@@ -265,36 +597,61 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("llm.env"), "OTHER=1\n").unwrap();
         let log = dir.path().join("restarts");
-        let cmd = format!("echo x >> {}", log.display());
-        let mut g = GpuActuator::new(&[service(dir.path(), &cmd, 60_000)], None);
+        let cmd = format!(
+            "echo $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE >> {}",
+            log.display()
+        );
+        let mut g = GpuActuator::new(&[service(dir.path(), &cmd, 60_000, 10_000)], None);
         assert_eq!(g.effective("llm"), None, "unknown until a restart");
-        g.publish("llm", 50, Some("0=8G")).unwrap();
+        let mut notes = Vec::new();
+        g.publish_noted("llm", 50, Some("0=8G"), &mut |c| {
+            notes.push(c);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            notes,
+            vec![HostChange::File {
+                path: dir.path().join("llm.env"),
+                original: Some("OTHER=1\n".into())
+            }],
+            "the original is noted before the first write"
+        );
         let env = std::fs::read_to_string(dir.path().join("llm.env")).unwrap();
         assert_eq!(
             env,
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\nCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G\n"
+            "OTHER=1\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\nCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G\n"
         );
         assert_eq!((g.published("llm"), g.effective("llm")), (Some(50), None));
         let t0 = Instant::now();
-        assert_eq!(g.restart_due(t0, &BTreeMap::new()), vec!["llm"]);
+        assert!(
+            g.restart_due(t0, &BTreeMap::new()).is_empty(),
+            "started, not waited for"
+        );
+        assert_eq!(g.effective("llm"), None, "pending while the hook runs");
+        assert_eq!(settle(&mut g), vec!["llm"]);
         assert_eq!(g.effective("llm"), Some(50));
-        g.publish("llm", 70, None).unwrap();
+        g.publish_noted("llm", 70, None, &mut |c| panic!("noted again: {c:?}"))
+            .unwrap();
         assert!(
             g.restart_due(t0 + Duration::from_secs(10), &BTreeMap::new())
-                .is_empty(),
+                .is_empty()
+                && !g.hooks_running(),
             "too soon after the last restart"
         );
         assert_eq!(
             (g.published("llm"), g.effective("llm")),
             (Some(70), Some(50))
         );
-        assert_eq!(
-            g.restart_due(t0 + Duration::from_secs(61), &BTreeMap::new()),
-            vec!["llm"]
-        );
+        g.restart_due(t0 + Duration::from_secs(61), &BTreeMap::new());
+        assert_eq!(settle(&mut g), vec!["llm"]);
         assert_eq!(g.effective("llm"), Some(70));
-        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
-        g.restore();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "50\n70\n",
+            "the hook sees the share"
+        );
+        assert_eq!(g.restore(), vec![dir.path().join("llm.env")]);
         assert_eq!(
             std::fs::read_to_string(dir.path().join("llm.env")).unwrap(),
             "OTHER=1\n"
@@ -304,17 +661,137 @@ mod tests {
     #[test]
     fn a_failing_restart_hook_keeps_the_share_pending_and_a_known_share_needs_none() {
         let dir = tempfile::tempdir().unwrap();
-        let mut g = GpuActuator::new(&[service(dir.path(), "exit 3", 0)], None);
+        let mut g = GpuActuator::new(&[service(dir.path(), "exit 3", 0, 10_000)], None);
         g.publish("llm", 40, None).unwrap();
-        assert!(g.restart_due(Instant::now(), &BTreeMap::new()).is_empty());
+        g.restart_due(Instant::now(), &BTreeMap::new());
+        assert!(settle(&mut g).is_empty());
         assert_eq!((g.published("llm"), g.effective("llm")), (Some(40), None));
         // A client started from a file that already holds the share has it.
-        let again = GpuActuator::new(&[service(dir.path(), "exit 3", 0)], None);
+        let again = GpuActuator::new(&[service(dir.path(), "exit 3", 0, 10_000)], None);
         assert_eq!(again.effective("llm"), Some(40));
         g.restore();
         assert!(
             !dir.path().join("llm.env").exists(),
             "a file cohabit created is removed"
         );
+    }
+
+    #[test]
+    fn a_hanging_hook_never_holds_a_tick_and_is_killed_with_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgids = dir.path().join("pgids");
+        let cmd = format!("echo $$ >> {}; sleep 3600", pgids.display());
+        let mut g = GpuActuator::new(&[service(dir.path(), &cmd, 100, 500)], None);
+        g.publish("llm", 40, None).unwrap();
+        // Ticks every 100 ms for 1.5 s: none waits for the hook.
+        let start = Instant::now();
+        let mut ticks = 0;
+        while start.elapsed() < Duration::from_millis(1500) {
+            let t = Instant::now();
+            g.restart_due(t, &BTreeMap::new());
+            assert!(
+                t.elapsed() < Duration::from_millis(250),
+                "a tick waited for the hook"
+            );
+            ticks += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(ticks >= 8, "{ticks}");
+        assert_eq!((g.published("llm"), g.effective("llm")), (Some(40), None));
+        let first: u32 = std::fs::read_to_string(&pgids)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            live_members(first),
+            Vec::<u32>::new(),
+            "the first hook's group is gone"
+        );
+        // Shutdown does not wait for the one running now beyond a bounded time.
+        let t = Instant::now();
+        g.restore();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        for pgid in std::fs::read_to_string(&pgids).unwrap().lines() {
+            assert_eq!(live_members(pgid.parse().unwrap()), Vec::<u32>::new());
+        }
+        assert!(!g.hooks_running());
+    }
+
+    #[test]
+    fn a_symlinked_env_file_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("shadow");
+        std::fs::write(&target, "root:x:0:0\n").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("llm.env")).unwrap();
+        let services = [service(dir.path(), "true", 0, 1000)];
+        let e = check_env_files(&services, false).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let mut g = GpuActuator::new(&services, None);
+        let e = g.publish("llm", 40, None).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(g.published("llm"), None);
+        g.restore();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:x:0:0\n");
+    }
+
+    #[test]
+    fn an_env_file_in_a_directory_others_can_write_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let services = [service(&shared, "true", 0, 1000)];
+        let e = check_env_files(&services, false).unwrap_err().to_string();
+        assert!(
+            e.contains(&shared.display().to_string()) && e.contains("0777"),
+            "{e}"
+        );
+        let mut g = GpuActuator::new(&services, None);
+        assert!(g.publish("llm", 40, None).is_err());
+        assert!(!shared.join("llm.env").exists());
+        // A missing directory is created private; in a dry run nothing is created.
+        let fresh = [service(&dir.path().join("new"), "true", 0, 1000)];
+        check_env_files(&fresh, true).unwrap();
+        assert!(!dir.path().join("new").exists());
+        check_env_files(&fresh, false).unwrap();
+        let mode = std::fs::metadata(dir.path().join("new"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+    }
+
+    #[test]
+    fn a_failed_note_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("llm.env"), "OTHER=1\n").unwrap();
+        let mut g = GpuActuator::new(&[service(dir.path(), "true", 0, 1000)], None);
+        let e = g
+            .publish_noted("llm", 40, None, &mut |_| Err("disk full".into()))
+            .unwrap_err();
+        assert!(e.contains("disk full"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("llm.env")).unwrap(),
+            "OTHER=1\n"
+        );
+        assert_eq!(g.published("llm"), None);
+    }
+
+    #[test]
+    fn restore_file_puts_back_a_noted_original_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("llm.env");
+        std::fs::write(&path, "MODEL=small\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n").unwrap();
+        restore_file(&path, Some("MODEL=small\n")).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "MODEL=small\n");
+        std::fs::write(&path, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n").unwrap();
+        restore_file(&path, None).unwrap();
+        assert!(!path.exists());
+        restore_file(&path, None).unwrap();
+        restore_file(&path, Some("A=1\n")).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "A=1\n");
     }
 }

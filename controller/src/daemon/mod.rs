@@ -2,114 +2,177 @@
 //!
 //! The loop is the simulator's ([`cohabit_policy::control::step`]) on a tokio interval: ticks are
 //! scheduled from the start time, so they do not drift; a tick whose collection is still
-//! running when the next is due is skipped with a log line. SIGTERM and SIGINT end the
-//! loop, after which every change is undone.
+//! running when the next is due is skipped with a log line.
+//!
+//! Start-up, in this order (docs/DESIGN.md 7: a crash never leaves a host worse than before):
+//! 1. listen for the stop signals ([`signals`]), so none is lost during the start;
+//! 2. take the state directory's lock ([`state`]): a second instance, `--dry-run` included,
+//!    exits with "another cohabit is running (pid N)";
+//! 3. load the state file; if a previous run left changes in force, restore the host from
+//!    it alone; a state file this build cannot read stops the start unless
+//!    `--discard-state` (`--dry-run` only reports what it would restore);
+//! 4. remove leftover cohabit groups, then save an empty record;
+//! 5. only then open the host, build the policy and apply its initial plan (checked against
+//!    the host). From here every change is saved to the state file before it is made.
+//!
+//! Every plan is checked against the host before it is applied, and after
+//! `fail_safe_after_ticks` consecutive failed ticks the fair-share plan is put back
+//! ([`supervise`]). SIGTERM, SIGINT, SIGHUP and SIGQUIT end the loop; the host is restored
+//! and the daemon exits 0. Shutdown waits a bounded time for a tick in flight, then restores
+//! from the state file instead. A tick that panics ends the loop the same way, but the
+//! daemon exits non-zero, so that the service manager restarts it.
 
 pub mod config;
 pub mod exporter;
+mod files;
 pub mod gpu;
+mod hook;
 pub mod host;
+pub mod log;
 pub mod probe;
+pub mod signals;
+pub mod state;
+pub mod supervise;
 
-use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use cohabit_core::{log::last_header, Collector as _, DecisionLogWriter, LogHeader};
+use cohabit_core::{
+    Actuator as _, ApplyOutcome, Collector as _, DecisionLogWriter, LogHeader, Plan,
+};
 use tokio::time::MissedTickBehavior;
 
 use self::config::DaemonConfig;
 use self::exporter::{ErrorKind, Exporter};
+use self::host::changes::{ChangeLog, HostChanges, InMemory};
 use self::host::RealHost;
+use self::log::{LogFile, LogLimits, RotatingLog};
+use self::signals::{Signals, Stop};
+use self::state::StateDir;
+use self::supervise::{panic_message, Checked, FailSafe};
 use cohabit_policy::control;
 use cohabit_policy::{HostContext, Policy, PolicyKind};
 
 struct Loop {
-    host: RealHost,
+    host: Checked<RealHost>,
     policy: Box<dyn Policy>,
-    log: Option<DecisionLogWriter<File>>,
+    log: Option<DecisionLogWriter<RotatingLog>>,
     dry_run: bool,
+    /// The policy's fair-share initial plan, which the fail-safe puts back.
+    fair_share: Plan,
 }
 
-/// Continues the decision log at `path`, already opened for appending as `file`, with
-/// records described by `header`:
-///
-/// - a new (empty) log starts with `header`;
-/// - a log whose last header is `header` (the daemon restarted on the same host with the
-///   same policy) is continued without a second one;
-/// - any other log (another host, policy or version, or a version-1 log without a header)
-///   gets `header` appended: the reader takes a header to describe the records after it,
-///   so one file holds the runs one after the other, each with its own host.
-///
-/// A last line cut short (the daemon killed mid-write) is ended first, so that it stays
-/// one bad line instead of swallowing the next record. A log this build cannot read (a
-/// newer version, a broken header) is an error: move it aside to start a new one.
-fn continue_log(file: File, path: &Path, header: &LogHeader) -> Result<DecisionLogWriter<File>> {
-    let mut existing = File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let len = existing
-        .metadata()
-        .with_context(|| format!("reading {}", path.display()))?
-        .len();
-    if len == 0 {
-        return DecisionLogWriter::new(file, header)
-            .with_context(|| format!("writing the decision log {}", path.display()));
-    }
-    let mut last_byte = [0u8];
-    existing
-        .seek(SeekFrom::End(-1))
-        .and_then(|_| existing.read_exact(&mut last_byte))
-        .and_then(|()| existing.rewind())
-        .with_context(|| format!("reading {}", path.display()))?;
-    let last = last_header(BufReader::new(existing)).with_context(|| {
-        format!(
-            "cannot continue the decision log {}; move it aside to start a new one",
-            path.display()
-        )
-    })?;
-    let new_header = last.as_ref() != Some(header);
-    let mut log = DecisionLogWriter::continuing(file);
-    let mut write = || -> std::io::Result<()> {
-        if last_byte[0] != b'\n' {
-            log.get_mut().write_all(b"\n")?;
-        }
-        if new_header {
-            log.write_header(header)?;
-        }
-        Ok(())
-    };
-    write().with_context(|| format!("writing the decision log {}", path.display()))?;
-    if new_header {
-        tracing::info!(
-            log = %path.display(),
-            "the decision log was written by another policy, host or version; continuing it under a new header"
-        );
-    }
-    Ok(log)
+/// How `cohabit run` was asked to run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Collect, decide and log, but change nothing on the host (nor restore a previous
+    /// run's changes).
+    pub dry_run: bool,
+    /// Stop after this many ticks (then restore, as on SIGTERM).
+    pub max_ticks: Option<u64>,
+    /// Move the state file aside unread instead of restoring from it (or refusing to start
+    /// over one this build cannot read).
+    pub discard_state: bool,
 }
 
-/// Runs the daemon until `shutdown` resolves (or SIGTERM/SIGINT when `None`), then
-/// restores the host. Returns the number of ticks run.
+/// How long shutdown waits for a tick still in flight before it restores the host from the
+/// state file instead.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// [`run_with`] on a runtime of its own, for the command line. When the daemon ends, a tick
+/// stuck in the kernel is not waited for: the runtime is shut down in the background.
+pub fn run_blocking(cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = rt.block_on(run_with(cfg, opts));
+    rt.shutdown_background();
+    result
+}
+
+/// [`run_with`] without `--discard-state`.
 pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Result<u64> {
-    let interval_ms = cfg.interval_ms;
-    let timeout = Duration::from_millis(cfg.collect_timeout_ms.max(interval_ms));
-    let log = match &cfg.log {
-        Some(path) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening decision log {}", path.display()))?;
-            Some((path.clone(), f))
-        }
-        None => None,
+    let opts = RunOptions {
+        dry_run,
+        max_ticks,
+        discard_state: false,
     };
+    run_with(cfg, opts).await
+}
+
+/// Runs the daemon until a stop signal (or `max_ticks`), then restores the host. Returns the
+/// number of ticks run; an error when the start failed, a tick panicked (after the host was
+/// restored) or the host could not be restored.
+pub async fn run_with(cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
+    // Before anything else, so that a signal during the start is not lost.
+    let mut signals = Signals::new().context("listening for signals")?;
+    let (state, change_log) = take_over(&cfg, opts)?;
+    let interval = Duration::from_millis(cfg.interval_ms);
+    let timeout = Duration::from_millis(cfg.collect_timeout_ms.max(cfg.interval_ms));
+    let (fail_safe_after, metrics_addr) = (cfg.fail_safe_after_ticks, cfg.metrics_addr);
+    let host_cfg = cfg.clone();
+    let looped = start(cfg, opts.dry_run, change_log)?;
+    let exporter = Arc::new(Mutex::new(Exporter::default()));
+    let _metrics = serve_metrics(metrics_addr, &exporter).await;
+    let ticker = Ticker {
+        state: Arc::new(Mutex::new(looped)),
+        exporter,
+        stopping: Arc::new(AtomicBool::new(false)),
+        timeout,
+    };
+    let (ticks, exit) = ticker
+        .run(&mut signals, interval, opts.max_ticks, fail_safe_after)
+        .await;
+    let restored = ticker.shutdown(&host_cfg, &state, opts.dry_run).await;
+    match exit {
+        Exit::Panic(msg) => Err(anyhow::anyhow!(
+            "a tick panicked ({msg}); {}; exiting non-zero so that the service manager restarts cohabit",
+            match &restored {
+                Ok(()) => "the host was restored".to_string(),
+                Err(e) => format!("{e:#}"),
+            }
+        )),
+        Exit::Signal(stop) => {
+            restored?;
+            tracing::info!(signal = stop.name(), ticks, "host restored; exiting");
+            Ok(ticks)
+        }
+        Exit::Ticks => restored.map(|()| ticks),
+    }
+}
+
+/// Start-up steps 2 to 4 (see the module doc): the lock, then the host put back as a
+/// previous run left it. Returns the locked state directory and where the host keeps its
+/// record from now on.
+fn take_over(cfg: &DaemonConfig, opts: RunOptions) -> Result<(StateDir, Box<dyn ChangeLog>)> {
+    let state = StateDir::open(&cfg.state_dir)?;
+    if opts.dry_run {
+        check_left_state(&state, opts.discard_state)?;
+        return Ok((state, Box::new(InMemory)));
+    }
+    reconcile(cfg, &state, opts.discard_state)?;
+    let log = state.change_log();
+    Ok((state, Box::new(log)))
+}
+
+/// Start-up step 5: the decision log, the model, the host, the policy and its initial plan
+/// (checked against the host).
+fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Result<Loop> {
+    let interval_ms = cfg.interval_ms;
+    let limits = LogLimits {
+        max_bytes: cfg.log_max_bytes,
+        keep: cfg.log_keep,
+    };
+    let log = cfg
+        .log
+        .as_deref()
+        .map(|path| LogFile::open(path, limits))
+        .transpose()?;
+    gpu::check_env_files(&cfg.services, dry_run).context("a GPU client's environment file")?;
     let policy_kind = cfg.policy;
     // A model that does not load stops the start, naming the file: an operator who asked
     // for ml should not silently get something else.
@@ -119,23 +182,26 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         )),
         _ => None,
     };
-    let metrics_addr = cfg.metrics_addr;
-    let mut host = RealHost::open(cfg, dry_run).context("opening the host")?;
+    let mut host = Checked::real(open_host(cfg, dry_run, change_log).context("opening the host")?);
     let ctx = HostContext {
-        host: host.capacity().clone(),
-        specs: host.specs(),
+        host: host.host().capacity().clone(),
+        specs: host.host().specs(),
     };
     let mut policy: Box<dyn Policy> = policy_kind.build(ctx, model)?;
     let log = match log {
-        Some((path, file)) => {
-            let header = LogHeader::new(policy.name(), host.simulated(), host.capacity().clone());
-            Some(continue_log(file, &path, &header)?)
+        Some(file) => {
+            let header = LogHeader::new(
+                policy.name(),
+                host.simulated(),
+                host.host().capacity().clone(),
+            );
+            Some(file.start(&header)?)
         }
         None => None,
     };
     let initial = policy.initial();
     if let Err(e) = host.launch(&initial.plan) {
-        host.restore();
+        host.host_mut().restore();
         return Err(anyhow::Error::new(e).context("applying the initial plan"));
     }
     tracing::info!(
@@ -144,198 +210,419 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
         interval_ms,
         "cohabit running"
     );
-    let state = Arc::new(Mutex::new(Loop {
+    Ok(Loop {
         host,
         policy,
         log,
         dry_run,
-    }));
-    let exporter = Arc::new(Mutex::new(Exporter::default()));
-    let _metrics = match metrics_addr {
-        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                let bound = l.local_addr().map_or(addr, |a| a);
-                tracing::info!(addr = %bound, "serving Prometheus metrics on /metrics");
-                Some(tokio::spawn(exporter::serve(l, Arc::clone(&exporter))))
-            }
-            Err(e) => {
-                tracing::warn!(%addr, error = %e, "cannot serve metrics; running without them");
-                None
-            }
-        },
-        None => None,
-    };
-    let mut interval = tokio::time::interval(Duration::from_millis(interval_ms));
-    interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    interval.tick().await;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut ticks = 0u64;
-    loop {
-        tokio::select! {
-            _ = interval.tick() => {}
-            _ = term.recv() => { tracing::info!("SIGTERM: restoring the host"); break; }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: restoring the host"); break; }
+        fair_share: initial.plan,
+    })
+}
+
+/// Serves the metrics on `addr`, if any (a port that cannot be bound is logged, not fatal).
+async fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+    exporter: &Arc<Mutex<Exporter>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let addr = addr?;
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => {
+            let bound = l.local_addr().map_or(addr, |a| a);
+            tracing::info!(addr = %bound, "serving Prometheus metrics on /metrics");
+            Some(tokio::spawn(exporter::serve(l, Arc::clone(exporter))))
         }
-        let st = Arc::clone(&state);
-        let ex = Arc::clone(&exporter);
-        let work = tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            let Ok(mut guard) = st.try_lock() else {
-                return Err("the previous tick is still running".to_string());
-            };
-            let Loop {
-                host,
-                policy,
-                log,
-                dry_run,
-            } = &mut *guard;
-            let record =
-                control::step(host, policy.as_mut(), *dry_run).map_err(|e| e.to_string())?;
-            let mut logged = Ok(());
-            if let Some(log) = log {
-                logged = log.write(&record).and_then(|()| log.flush());
+        Err(e) => {
+            tracing::warn!(%addr, error = %e, "cannot serve metrics; running without them");
+            None
+        }
+    }
+}
+
+/// Why the loop ended.
+#[derive(Debug)]
+enum Exit {
+    /// `--ticks` were run.
+    Ticks,
+    /// A stop signal arrived.
+    Signal(Stop),
+    /// A tick panicked.
+    Panic(String),
+}
+
+/// What one tick came to.
+#[derive(Debug)]
+enum TickEnd {
+    /// It collected and decided; its plan was applied, needed nothing, or was `refused`.
+    Done {
+        /// The host (or the check against it) refused the plan.
+        refused: bool,
+        /// The record could not be logged.
+        log_error: Option<String>,
+    },
+    /// Collection failed.
+    Failed(String),
+    /// The previous tick still holds the loop's state.
+    Busy,
+    /// It ran past the time-out (it goes on in the background and holds the state).
+    Overran,
+    /// It panicked, or an earlier one did (the state is poisoned).
+    Panicked(String),
+}
+
+impl TickEnd {
+    /// True when the tick ended with its plan (or the last good one) in force.
+    fn completed(&self) -> bool {
+        matches!(self, TickEnd::Done { .. })
+    }
+
+    /// True when the tick put the policy's plan in force (what the fail-safe counts).
+    fn in_force(&self) -> bool {
+        matches!(self, TickEnd::Done { refused: false, .. })
+    }
+}
+
+impl Loop {
+    /// One control interval: collect, decide, apply (checked), log, export.
+    fn tick(&mut self, exporter: &Mutex<Exporter>) -> TickEnd {
+        let started = std::time::Instant::now();
+        let record = match control::step(&mut self.host, self.policy.as_mut(), self.dry_run) {
+            Ok(r) => r,
+            Err(e) => return TickEnd::Failed(e.to_string()),
+        };
+        let mut logged = Ok(());
+        if let Some(log) = &mut self.log {
+            logged = log.write(&record).and_then(|()| log.flush());
+        }
+        if let Ok(mut ex) = exporter.lock() {
+            ex.observe(&record, started.elapsed().as_secs_f64());
+            for (service, r) in self.host.host_mut().take_push_rejections() {
+                export_push_rejections(&mut ex, &service, r);
             }
-            if let Ok(mut ex) = ex.lock() {
-                ex.observe(&record, started.elapsed().as_secs_f64());
-                if logged.is_err() {
-                    ex.error(ErrorKind::Log);
+            if logged.is_err() {
+                ex.error(ErrorKind::Log);
+            }
+        }
+        if self.dry_run && !record.changes.is_empty() {
+            tracing::info!(changes = ?record.changes, "dry run: would apply");
+        }
+        TickEnd::Done {
+            refused: matches!(record.apply, Some(ApplyOutcome::Refused { .. })),
+            log_error: logged
+                .err()
+                .map(|e| format!("writing the decision log: {e}")),
+        }
+    }
+}
+
+/// Adds a push socket's refusals to `cohabit_push_rejected_total` (every reason, so each
+/// series exists from the first tick).
+fn export_push_rejections(
+    ex: &mut Exporter,
+    service: &str,
+    r: cohabit_collectors::latency::PushRejections,
+) {
+    use self::exporter::PushRejectReason as Why;
+    for (why, n) in [
+        (Why::Credentials, r.credentials),
+        (Why::Malformed, r.malformed),
+        (Why::Truncated, r.truncated),
+        (Why::OverCap, r.over_cap),
+    ] {
+        ex.push_rejected(service, why, n);
+    }
+}
+
+/// The loop's shared state and how ticks reach it.
+struct Ticker {
+    state: Arc<Mutex<Loop>>,
+    exporter: Arc<Mutex<Exporter>>,
+    /// Set when the loop ends: a tick not yet started does not start.
+    stopping: Arc<AtomicBool>,
+    /// Longest a tick is waited for.
+    timeout: Duration,
+}
+
+impl Ticker {
+    /// Ticks every `interval` until a stop signal, `max_ticks` or a panic.
+    async fn run(
+        &self,
+        signals: &mut Signals,
+        interval: Duration,
+        max_ticks: Option<u64>,
+        fail_safe_after: u32,
+    ) -> (u64, Exit) {
+        let mut interval = tokio::time::interval(interval);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        interval.tick().await;
+        let mut fail_safe = FailSafe::new(fail_safe_after);
+        let mut ticks = 0u64;
+        loop {
+            let end = tokio::select! {
+                biased;
+                stop = signals.recv() => return (ticks, self.stop(stop)),
+                _ = interval.tick() => tokio::select! {
+                    biased;
+                    stop = signals.recv() => return (ticks, self.stop(stop)),
+                    end = self.tick() => end,
+                },
+            };
+            ticks += 1;
+            if let TickEnd::Panicked(msg) = end {
+                tracing::error!(panic = %msg, "a tick panicked; restoring the host and exiting");
+                return (ticks, Exit::Panic(msg));
+            }
+            self.report(&end);
+            if fail_safe.note(end.in_force()) {
+                self.fail_safe(fail_safe.failed()).await;
+            }
+            if max_ticks.is_some_and(|m| ticks >= m) {
+                return (ticks, Exit::Ticks);
+            }
+        }
+    }
+
+    fn stop(&self, stop: Stop) -> Exit {
+        tracing::info!(signal = stop.name(), "stopping: restoring the host");
+        Exit::Signal(stop)
+    }
+
+    /// Runs one tick on a blocking thread, waiting at most the time-out for it.
+    async fn tick(&self) -> TickEnd {
+        let st = Arc::clone(&self.state);
+        let ex = Arc::clone(&self.exporter);
+        let stopping = Arc::clone(&self.stopping);
+        let work = tokio::task::spawn_blocking(move || {
+            if stopping.load(Ordering::Acquire) {
+                return TickEnd::Busy;
+            }
+            match st.try_lock() {
+                Ok(mut guard) => guard.tick(&ex),
+                Err(TryLockError::WouldBlock) => TickEnd::Busy,
+                Err(TryLockError::Poisoned(_)) => {
+                    TickEnd::Panicked("an earlier tick panicked while it held the host".into())
                 }
             }
-            logged.map_err(|e| format!("writing the decision log: {e}"))?;
-            if *dry_run && !record.changes.is_empty() {
-                tracing::info!(changes = ?record.changes, "dry run: would apply");
-            }
-            Ok(())
         });
-        let failed = match tokio::time::timeout(timeout, work).await {
-            Ok(Ok(Ok(()))) => false,
-            Ok(Ok(Err(e))) => {
-                tracing::warn!(error = %e, "tick skipped");
-                !e.starts_with("writing the decision log")
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "tick failed");
-                true
-            }
-            Err(_) => {
-                tracing::warn!("tick took longer than {} ms; skipped", timeout.as_millis());
-                true
-            }
-        };
-        if failed {
-            if let Ok(mut ex) = exporter.lock() {
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(end)) => end,
+            Ok(Err(e)) if e.is_panic() => TickEnd::Panicked(panic_message(e.into_panic().as_ref())),
+            Ok(Err(e)) => TickEnd::Failed(e.to_string()),
+            Err(_) => TickEnd::Overran,
+        }
+    }
+
+    /// Logs a tick's end and exports it.
+    fn report(&self, end: &TickEnd) {
+        match end {
+            TickEnd::Done {
+                log_error: Some(e), ..
+            } => tracing::warn!(error = %e, "tick's record not logged"),
+            TickEnd::Done { .. } | TickEnd::Panicked(_) => {}
+            TickEnd::Failed(e) => tracing::warn!(error = %e, "tick failed"),
+            TickEnd::Busy => tracing::warn!("the previous tick is still running; tick skipped"),
+            TickEnd::Overran => tracing::warn!(
+                "tick took longer than {} ms; skipped",
+                self.timeout.as_millis()
+            ),
+        }
+        if let Ok(mut ex) = self.exporter.lock() {
+            if end.completed() {
+                ex.tick_succeeded(SystemTime::now());
+            } else {
                 ex.error(ErrorKind::Tick);
             }
         }
-        ticks += 1;
-        if max_ticks.is_some_and(|m| ticks >= m) {
-            break;
+    }
+
+    /// Puts the policy's fair-share initial plan in force after `failed` consecutive failed
+    /// ticks (unless a tick still holds the host; then the next failure tries again).
+    async fn fail_safe(&self, failed: u32) {
+        let st = Arc::clone(&self.state);
+        let work = tokio::task::spawn_blocking(move || {
+            let Ok(mut guard) = st.try_lock() else {
+                return Err("a tick still holds the host".to_string());
+            };
+            let Loop {
+                host,
+                dry_run,
+                fair_share,
+                ..
+            } = &mut *guard;
+            if *dry_run {
+                return Ok(());
+            }
+            host.apply(fair_share, &[]).map_err(|e| e.to_string())
+        });
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(Ok(()))) => tracing::error!(
+                failed,
+                "fail-safe: consecutive ticks failed or were refused; the policy's fair-share plan is in force"
+            ),
+            Ok(Ok(Err(e))) => {
+                tracing::error!(failed, error = %e, "fail-safe: the fair-share plan could not be applied");
+            }
+            Ok(Err(e)) => {
+                tracing::error!(failed, error = %e, "fail-safe: the fair-share plan could not be applied");
+            }
+            Err(_) => tracing::error!(failed, "fail-safe: applying the fair-share plan overran"),
         }
     }
-    // Wait for a tick still in flight, then undo everything.
-    let st = Arc::clone(&state);
-    tokio::task::spawn_blocking(move || {
-        let mut guard = st.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(log) = &mut guard.log {
-            let _ = log.flush();
+
+    /// Ends the loop and undoes every change: waits (at most [`SHUTDOWN_GRACE`]) for a tick
+    /// still in flight, then restores through the host; if the tick never lets go, restores
+    /// from the state file instead (write-ahead, so it lists every change in force).
+    async fn shutdown(&self, cfg: &DaemonConfig, state: &StateDir, dry_run: bool) -> Result<()> {
+        self.stopping.store(true, Ordering::Release);
+        let st = Arc::clone(&self.state);
+        let work = tokio::task::spawn_blocking(move || {
+            let mut guard = st.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(log) = &mut guard.log {
+                let _ = log.flush();
+            }
+            let host = guard.host.host_mut();
+            std::panic::catch_unwind(AssertUnwindSafe(|| host.restore()))
+                .map_err(|p| panic_message(p.as_ref()))
+        });
+        let restored = match tokio::time::timeout(SHUTDOWN_GRACE, work).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(msg))) => Err(anyhow::anyhow!(
+                "restoring the host panicked ({msg}); {} keeps what is left for the next start",
+                state.changes_path().display()
+            )),
+            Ok(Err(e)) => Err(anyhow::Error::new(e).context("restoring the host")),
+            Err(_) if dry_run => Ok(()),
+            Err(_) => {
+                tracing::error!(
+                    grace_s = SHUTDOWN_GRACE.as_secs(),
+                    "a tick still holds the host; restoring it from the state file"
+                );
+                restore_from_state(cfg, state)
+            }
+        };
+        if !dry_run {
+            if let Ok(Some(left)) = state.load() {
+                if !left.changes.is_empty() {
+                    tracing::warn!(
+                        changes = left.changes.changes.len(),
+                        file = %state.changes_path().display(),
+                        "some changes are still recorded; the next start restores them"
+                    );
+                }
+            }
         }
-        guard.host.restore();
-    })
-    .await?;
-    Ok(ticks)
+        restored
+    }
+}
+
+/// Restores every change the state file lists and saves what is left.
+fn restore_from_state(cfg: &DaemonConfig, state: &StateDir) -> Result<()> {
+    let Some(saved) = state.load()? else {
+        return Ok(());
+    };
+    let left = restore_recorded(cfg, &saved.changes)?;
+    state.save(&left)?;
+    anyhow::ensure!(
+        left.is_empty(),
+        "{} changes could not be undone; {} keeps them",
+        left.changes.len(),
+        state.changes_path().display()
+    );
+    Ok(())
+}
+
+/// Start-up, before the host is opened: restores what a previous run left in force (the
+/// state file, then any leftover cohabit groups), and starts a new, empty record.
+fn reconcile(cfg: &DaemonConfig, state: &StateDir, discard: bool) -> Result<()> {
+    let started = std::time::Instant::now();
+    let saved = if discard {
+        if let Some(to) = state.discard()? {
+            tracing::warn!(
+                file = %to.display(),
+                "--discard-state: the state file was moved aside unread; what it recorded is not restored"
+            );
+        }
+        None
+    } else {
+        state.load()?
+    };
+    let mut restored = 0;
+    if let Some(saved) = saved.filter(|s| !s.changes.is_empty()) {
+        let n = saved.changes.changes.len();
+        tracing::warn!(
+            pid = saved.pid,
+            changes = n,
+            file = %state.changes_path().display(),
+            "a previous cohabit did not end cleanly; restoring what it changed"
+        );
+        let left = restore_recorded(cfg, &saved.changes)?;
+        if !left.is_empty() {
+            state.save(&left)?;
+            anyhow::bail!(
+                "{} of the {n} changes recorded in {} could not be undone (see the warnings above); fix them by hand, or start with --discard-state",
+                left.changes.len(),
+                state.changes_path().display()
+            );
+        }
+        restored = n;
+    }
+    clean_leftovers(cfg)?;
+    state.save(&HostChanges::default())?;
+    tracing::info!(
+        restored,
+        reconcile_ms = started.elapsed().as_secs_f64() * 1e3,
+        "host reconciled with the state file"
+    );
+    Ok(())
+}
+
+/// `--dry-run` changes nothing, so it restores nothing either: it only says what a real
+/// start would restore.
+fn check_left_state(state: &StateDir, discard: bool) -> Result<()> {
+    match state.load() {
+        Ok(Some(saved)) if !saved.changes.is_empty() => tracing::warn!(
+            changes = saved.changes.changes.len(),
+            file = %state.changes_path().display(),
+            "a previous cohabit left changes in force; a start without --dry-run restores them first"
+        ),
+        Ok(_) => {}
+        Err(e) if discard => {
+            tracing::warn!(error = %e, "dry run: the state file would be moved aside")
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+// The host's side of crash safety (`host/`): the only places this module reaches into it.
+
+/// Opens the host with `changes` as the place it keeps its record of every change (saved
+/// before each write).
+fn open_host(
+    cfg: DaemonConfig,
+    dry_run: bool,
+    changes: Box<dyn ChangeLog>,
+) -> Result<RealHost, host::HostError> {
+    let mut host = RealHost::open(cfg, dry_run)?;
+    host.set_change_log(changes)?;
+    Ok(host)
+}
+
+/// Restores the host from a record alone (the state file of a run that did not end
+/// cleanly); returns the changes that could not be undone (a process or group that is gone
+/// counts as undone).
+fn restore_recorded(cfg: &DaemonConfig, recorded: &HostChanges) -> Result<HostChanges> {
+    host::restore_recorded(cfg, recorded).context("restoring the host from the state file")
+}
+
+/// Removes cohabit groups no record knows of (a run older than the state file, or one whose
+/// state was discarded).
+fn clean_leftovers(cfg: &DaemonConfig) -> Result<()> {
+    host::clean_leftovers(cfg).context("removing groups a previous run left")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn host(cores: u32) -> cohabit_core::HostCapacity {
-        cohabit_core::HostCapacity {
-            name: "test".into(),
-            cores,
-            freq_ghz: 2.0,
-            llc_ways: 11,
-            llc_way_bytes: 1 << 20,
-            mem_bw_bytes_per_s: 20e9,
-            gpus: vec![],
-            closids: 16,
-            mba_min_pct: 10,
-            mba_gran_pct: 10,
-        }
-    }
-
-    /// Opens `path` as the daemon does and continues it under `header`.
-    fn start(path: &Path, header: &LogHeader) {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap();
-        continue_log(file, path, header).unwrap();
-    }
-
-    fn headers(path: &Path) -> Vec<(usize, LogHeader)> {
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| l.starts_with("{\"cohabit_decision_log\""))
-            .map(|(i, l)| (i + 1, serde_json::from_str(l).unwrap()))
-            .collect()
-    }
-
-    #[test]
-    fn a_restart_on_the_same_host_continues_the_log_and_another_host_adds_a_header() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        let parties = LogHeader::new("parties", false, host(8));
-        start(&path, &parties);
-        assert_eq!(headers(&path), vec![(1, parties.clone())]);
-        start(&path, &parties);
-        assert_eq!(headers(&path).len(), 1, "no second header for the same run");
-        let bigger = LogHeader::new("parties", false, host(16));
-        start(&path, &bigger);
-        let ml = LogHeader::new("ml", false, host(16));
-        start(&path, &ml);
-        assert_eq!(
-            headers(&path),
-            vec![(1, parties), (2, bigger), (3, ml.clone())]
-        );
-        // The reader takes the latest.
-        let last = last_header(BufReader::new(File::open(&path).unwrap())).unwrap();
-        assert_eq!(last, Some(ml));
-    }
-
-    #[test]
-    fn a_version_1_log_or_a_cut_line_gets_a_header_on_a_line_of_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        std::fs::write(&path, "{\"schema_version\":1,\"policy\":\"par").unwrap();
-        let header = LogHeader::new("parties", false, host(8));
-        start(&path, &header);
-        assert_eq!(headers(&path), vec![(2, header)]);
-    }
-
-    #[test]
-    fn a_log_from_a_newer_version_is_not_continued() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        std::fs::write(&path, "{\"cohabit_decision_log\":99}\n").unwrap();
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap();
-        let e = continue_log(file, &path, &LogHeader::new("parties", false, host(8))).unwrap_err();
-        let msg = format!("{e:#}");
-        assert!(
-            msg.contains("move it aside") && msg.contains("version 99"),
-            "{msg}"
-        );
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "{\"cohabit_decision_log\":99}\n"
-        );
-    }
 
     #[test]
     fn ml_with_a_model_that_does_not_load_stops_before_touching_the_host() {
@@ -343,9 +630,10 @@ mod tests {
         let bad = dir.path().join("qos.json");
         std::fs::write(&bad, "{\"format\": \"something else\"}").unwrap();
         let text = format!(
-            "policy = \"ml\"\nmodel = \"{}\"\n[paths]\ncgroup = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:9400\" }}\n",
+            "policy = \"ml\"\nmodel = \"{}\"\n[paths]\ncgroup = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:9400\", unauthenticated = true }}\n",
             bad.display(),
-            dir.path().join("no-cgroups").display()
+            dir.path().join("no-cgroups").display(),
+            dir.path().join("state").display()
         );
         let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -357,5 +645,235 @@ mod tests {
         assert!(msg.contains("loading the model for policy ml"), "{msg}");
         assert!(msg.contains("qos.json"), "{msg}");
         assert!(!dir.path().join("no-cgroups").exists());
+    }
+
+    mod supervised {
+        use std::os::unix::fs::MetadataExt;
+        use std::path::Path;
+
+        use cohabit_collectors::resctrl::fake::FakeResctrl;
+        use cohabit_core::{Observation, WayRange};
+        use cohabit_policy::{Decision, StaticPolicy};
+
+        use super::*;
+
+        /// A real host over a fake resctrl (12 ways) and a proc tree without cgroups: only
+        /// the fake is written. One service (this test process) and one job.
+        fn host(fake: &FakeResctrl, dir: &Path) -> (DaemonConfig, RealHost, StateDir) {
+            let pid_file = dir.join("kv.pid");
+            std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
+            let text = format!(
+                "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ prometheus = \"http://127.0.0.1:1/metrics\", metric = \"x\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+                fake.root().display(),
+                fake.base().join("proc").display(),
+                dir.join("state").display(),
+                pid_file.display()
+            );
+            let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+            let host = RealHost::open_with(cfg.clone(), false, Arc::new(fake.clone())).unwrap();
+            let uid = std::fs::metadata(dir).unwrap().uid();
+            let state = StateDir::open_owned_by(&cfg.state_dir, uid).unwrap();
+            (cfg, host, state)
+        }
+
+        fn ticker(mut host: RealHost, policy: Box<dyn Policy>, fair_share: Plan) -> Ticker {
+            host.launch(&fair_share).unwrap();
+            Ticker {
+                state: Arc::new(Mutex::new(Loop {
+                    host: Checked::real(host),
+                    policy,
+                    log: None,
+                    dry_run: false,
+                    fair_share,
+                })),
+                exporter: Arc::new(Mutex::new(Exporter::default())),
+                stopping: Arc::new(AtomicBool::new(false)),
+                timeout: Duration::from_secs(5),
+            }
+        }
+
+        fn fair(host: &RealHost) -> (StaticPolicy, Plan) {
+            let mut p = StaticPolicy::new(HostContext {
+                host: host.capacity().clone(),
+                specs: host.specs(),
+            });
+            let plan = p.initial().plan;
+            (p, plan)
+        }
+
+        fn kv_schemata(fake: &FakeResctrl) -> String {
+            std::fs::read_to_string(fake.root().join("cohabit-kv/schemata")).unwrap_or_default()
+        }
+
+        fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(f)
+        }
+
+        /// The loop tests listen for this process's signals, and one sends SIGINT to it.
+        fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+            static ONE: Mutex<()> = Mutex::new(());
+            ONE.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        /// Panics in its first decision.
+        struct Boom(StaticPolicy);
+
+        impl Policy for Boom {
+            fn name(&self) -> &'static str {
+                "boom"
+            }
+            fn initial(&mut self) -> Decision {
+                self.0.initial()
+            }
+            fn decide(&mut self, _: &Observation, _: u64) -> Decision {
+                panic!("boom in decide");
+            }
+        }
+
+        #[test]
+        fn a_tick_that_panics_ends_the_loop_and_the_host_is_restored() {
+            let _one = one_at_a_time();
+            let fake = FakeResctrl::builder().ways(12).build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, host, state) = host(&fake, dir.path());
+            let (inner, plan) = fair(&host);
+            let t = ticker(host, Box::new(Boom(inner)), plan);
+            assert!(kv_schemata(&fake).contains("L3:0=3f"), "launched");
+            block_on(async {
+                let mut signals = Signals::new().unwrap();
+                let (ticks, exit) = t
+                    .run(&mut signals, Duration::from_millis(10), Some(5), 20)
+                    .await;
+                assert_eq!(ticks, 1);
+                let Exit::Panic(msg) = exit else {
+                    panic!("{exit:?}");
+                };
+                assert_eq!(msg, "boom in decide");
+                // The state is poisoned: no later tick runs on it, none loops silently.
+                let TickEnd::Panicked(later) = t.tick().await else {
+                    panic!("a tick ran on poisoned state");
+                };
+                assert!(later.contains("earlier tick panicked"), "{later}");
+                t.shutdown(&cfg, &state, false).await.unwrap();
+            });
+            assert!(!fake.root().join("cohabit-kv").exists(), "restored");
+        }
+
+        /// Moves kv to 8 ways first, then asks for plans that give it no core.
+        struct Flip {
+            inner: StaticPolicy,
+            decided: u32,
+        }
+
+        impl Policy for Flip {
+            fn name(&self) -> &'static str {
+                "flip"
+            }
+            fn initial(&mut self) -> Decision {
+                self.inner.initial()
+            }
+            fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+                self.decided += 1;
+                let mut d = self.inner.decide(obs, now_ms);
+                let kv = d.plan.services.get_mut("kv").unwrap();
+                if self.decided == 1 {
+                    kv.llc_ways = WayRange::new(0, 8);
+                    d.plan.best_effort.llc_ways = WayRange::new(8, 4);
+                } else {
+                    kv.cores = 0;
+                }
+                d
+            }
+        }
+
+        #[test]
+        fn after_n_failed_ticks_the_fair_share_plan_is_put_back() {
+            let _one = one_at_a_time();
+            let fake = FakeResctrl::builder().ways(12).build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, host, state) = host(&fake, dir.path());
+            let (inner, plan) = fair(&host);
+            let policy = Flip { inner, decided: 0 };
+            let t = ticker(host, Box::new(policy), plan);
+            block_on(async {
+                let mut signals = Signals::new().unwrap();
+                let every = Duration::from_millis(10);
+                t.run(&mut signals, every, Some(1), 3).await;
+                assert!(kv_schemata(&fake).contains("L3:0=ff"), "moved");
+                let text = t.exporter.lock().unwrap().render();
+                let stamp: f64 = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cohabit_last_successful_tick_timestamp_seconds "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no timestamp in:\n{text}"));
+                assert!(stamp > 1e9, "{stamp}");
+                // Two refused plans: the last good one stays.
+                t.run(&mut signals, every, Some(2), 3).await;
+                assert!(kv_schemata(&fake).contains("L3:0=ff"), "kept");
+                // Three in a row: the fair share is back.
+                t.run(&mut signals, every, Some(3), 3).await;
+                assert!(kv_schemata(&fake).contains("L3:0=3f"), "fair share");
+                t.shutdown(&cfg, &state, false).await.unwrap();
+            });
+        }
+
+        /// Takes 300 ms to decide.
+        struct Slow(StaticPolicy);
+
+        impl Policy for Slow {
+            fn name(&self) -> &'static str {
+                "slow"
+            }
+            fn initial(&mut self) -> Decision {
+                self.0.initial()
+            }
+            fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+                std::thread::sleep(Duration::from_millis(300));
+                self.0.decide(obs, now_ms)
+            }
+        }
+
+        #[test]
+        fn sigint_during_a_tick_stops_the_loop_and_the_host_is_restored() {
+            let _one = one_at_a_time();
+            let fake = FakeResctrl::builder().ways(12).build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, host, state) = host(&fake, dir.path());
+            let (inner, plan) = fair(&host);
+            let t = ticker(host, Box::new(Slow(inner)), plan);
+            let started = std::time::Instant::now();
+            block_on(async {
+                let mut signals = Signals::new().unwrap();
+                let run = t.run(&mut signals, Duration::from_millis(100), None, 20);
+                let interrupt = async {
+                    // Inside the first tick (100 ms in, 300 ms long).
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let pid = std::process::id().to_string();
+                    let sent = std::process::Command::new("kill")
+                        .args(["-INT", &pid])
+                        .status()
+                        .unwrap();
+                    assert!(sent.success());
+                    std::future::pending::<()>().await;
+                };
+                let (ticks, exit) = tokio::select! {
+                    r = run => r,
+                    () = interrupt => unreachable!(),
+                };
+                assert!(matches!(exit, Exit::Signal(Stop::Int)), "{exit:?}");
+                assert_eq!(ticks, 0, "the tick in flight was not waited for");
+                t.shutdown(&cfg, &state, false).await.unwrap();
+            });
+            assert!(
+                started.elapsed() < Duration::from_millis(900),
+                "stopped within an interval of the tick's end: {:?}",
+                started.elapsed()
+            );
+            assert!(!fake.root().join("cohabit-kv").exists(), "restored");
+        }
     }
 }

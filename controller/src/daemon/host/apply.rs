@@ -1,52 +1,144 @@
 //! Host writes → the kernel, in a safe order, undone when a later write fails; processes
-//! into their groups; everything back on exit.
+//! moved where the configuration asks; everything put back on exit, from the record of
+//! changes alone.
 //!
 //! Order of [`apply`] (firecracker's jailer: every value first, processes last):
 //! 1. resctrl: create the control groups that are missing, then write each group's
 //!    schemata (only the lines that differ from the kernel's);
-//! 2. cgroups: create the groups that are missing; CPU sets in the order of
-//!    [`layout::cpu_steps`] (shrink before grow, so groups do not hold the same CPU in
-//!    between); then CPU limits; values are compared with what the kernel holds and only
-//!    the differences written;
+//! 2. cgroups, into every target of each plan group (`host::placement`: the cgroups the
+//!    processes are in, and cohabit's own groups for processes it moves): create the own
+//!    groups that are missing; CPU sets in the order of [`layout::cpu_steps`] (shrink before
+//!    grow; two latency-critical groups never share a CPU in between); then CPU limits and
+//!    weights; values are compared with what the kernel holds and only the differences
+//!    written;
 //! 3. GPU shares (environment files);
 //! 4. commit: the writes become the [`Record`]; resctrl groups no longer used are removed
-//!    (their threads fall back to the root group until [`attach`] moves them).
+//!    (their threads fall back to the root group until [`attach_resctrl`] moves them).
 //!
-//! Processes join their groups afterwards ([`attach`]), when the values are in place.
+//! Processes are moved afterwards ([`move_processes`]), when the values are in place.
 //!
-//! Rollback: before each write the value it replaces is noted (read from the kernel), or
-//! "remove" for a group created in this apply. When a write fails, the notes are played
-//! back in reverse order (the forward order reversed, so still safe) and the error is
-//! returned: the host is as it was, the record and the plan the loop keeps are unchanged.
-//! Unused groups are removed only after every write succeeded, because a removal cannot be
-//! undone (the kernel moves the group's threads). An undo that fails is logged; since every
-//! apply compares with the kernel, the next one rewrites whatever was left.
+//! The record of changes ([`HostChanges`]) is write-ahead: before cohabit first writes a
+//! control file of a cgroup it did not create, the file's content is noted; before it
+//! creates a cgroup or a resctrl group, or moves a process, that is noted; each time the
+//! record grows it is saved through the [`ChangeLog`] before the write it describes. A
+//! control file of a group cohabit created is not noted: the group goes on restore. When
+//! the layout asks for no CPU limit, an owner's cgroup gets its own limit back (the noted
+//! original) rather than "none": cohabit only lifts what it imposed.
+//!
+//! A cgroup that stops being a target (the service's processes left it) gets its noted
+//! originals back at once.
+//!
+//! Rollback: before each write the value it replaces is noted in a journal (read from the
+//! kernel), or "remove" for a group created in this apply. When a write fails, the journal
+//! is played back in reverse order (the forward order reversed, so still safe) and the
+//! error is returned: the host is as it was, the record and the plan the loop keeps are
+//! unchanged. Unused groups are removed only after every write succeeded, because a
+//! removal cannot be undone (the kernel moves the group's threads). An undo that fails is
+//! logged; since every apply compares with the kernel, the next one rewrites whatever was
+//! left.
+//!
+//! Restore ([`restore_changes`]) needs nothing but a [`HostChanges`] record, so the same
+//! function serves the exit path and the start after a crash: processes moved go back
+//! where they were (if the same process, by start time, still exists); cohabit's groups
+//! are emptied (a process forked inside goes where the moved processes came from) and
+//! removed; owners' control files get their original content back, newest first; resctrl
+//! groups are removed; GPU environment files are put back. What could not be restored is
+//! returned, to be kept and retried.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
-use cohabit_collectors::cgroup::{Cgroups, CpuList, CpuMax};
+use cohabit_collectors::cgroup::{Cgroups, Controller, CpuList};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{Resctrl, Schemata};
+use cohabit_core::BEST_EFFORT_GROUP;
 
+use super::changes::{Change, ChangeLog, HostChanges, InMemory};
 use super::layout::{self, HostWrites};
+use super::placement::{Move, Target, Targets};
 use super::{HostError, Throttle};
-use crate::daemon::gpu::GpuActuator;
+use crate::daemon::gpu::{self, GpuActuator};
 
 /// The kernel interfaces cohabit writes to (each absent when the host lacks it or it is not
 /// writable).
 #[derive(Debug)]
-pub(super) struct Kernel {
+pub struct Kernel {
+    /// cgroups, when CPU sets or limits can be written.
     pub cgroups: Option<Cgroups>,
+    /// resctrl, when mounted.
     pub resctrl: Option<Resctrl>,
 }
 
 /// What cohabit has put in force on the host, and what it must undo on exit.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Record {
     /// The writes of the last apply that succeeded.
     pub writes: HostWrites,
-    /// Where each process cohabit moved was before (`/proc/PID/cgroup` lines).
-    originals: BTreeMap<u32, Vec<(u32, String, String)>>,
+    /// The cgroups they went to.
+    pub targets: Targets,
+    /// Every change in force, with the originals (write-ahead, see the module doc).
+    pub changes: HostChanges,
+    /// Where `changes` is kept.
+    log: Box<dyn ChangeLog>,
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Self {
+            writes: HostWrites::default(),
+            targets: Targets::default(),
+            changes: HostChanges::default(),
+            log: Box::new(InMemory),
+        }
+    }
+}
+
+impl Record {
+    /// Keeps the record through `log` from now on (saved at once).
+    pub fn set_log(&mut self, log: Box<dyn ChangeLog>) -> Result<(), HostError> {
+        self.log = log;
+        self.save()
+    }
+
+    fn save(&mut self) -> Result<(), HostError> {
+        self.log.save(&self.changes).map_err(HostError::ChangeLog)
+    }
+
+    /// Notes `change` and, when the record grew, saves it: call before the write it
+    /// describes, and do not write when this fails.
+    pub fn note(&mut self, change: Change) -> Result<(), HostError> {
+        if self.changes.note(change) {
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// Drops the changes `done` selects and saves the record if it shrank (a failed save
+    /// only leaves extra notes, which restore treats as already done).
+    pub fn forget(&mut self, done: impl FnMut(&Change) -> bool) {
+        if self.changes.forget(done) {
+            if let Err(e) = self.save() {
+                tracing::warn!(error = %e, "could not save the record of changes");
+            }
+        }
+    }
+
+    /// The original content of control file `file` of the owner's cgroup `dir`, if noted.
+    fn original(&self, dir: &Path, file: &str) -> Option<&str> {
+        self.changes.changes.iter().find_map(|c| match c {
+            Change::CgroupFile {
+                dir: d,
+                file: f,
+                original,
+            } if d == dir && f == file => Some(original.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The resctrl group in force for plan group `group`.
+    pub fn resctrl_group_of(&self, group: &str) -> Option<&str> {
+        self.writes.resctrl_group_of(group)
+    }
 }
 
 /// How to take one write back.
@@ -57,14 +149,11 @@ enum Undo {
         group: String,
         previous: Schemata,
     },
-    RemoveCgroup(String),
-    Cpus {
-        group: String,
-        previous: CpuList,
-    },
-    CpuMax {
-        group: String,
-        previous: CpuMax,
+    RemoveCgroup(PathBuf),
+    File {
+        dir: PathBuf,
+        file: String,
+        previous: String,
     },
     Gpu {
         service: String,
@@ -77,27 +166,42 @@ enum Undo {
 struct Journal(Vec<Undo>);
 
 impl Journal {
-    /// Plays the notes back, newest first; failures are logged and counted.
-    fn roll_back(self, k: &Kernel, gpu: &mut GpuActuator, pinned: Option<&str>) -> usize {
+    /// Plays the notes back, newest first; failures are logged and counted. Groups it
+    /// removes leave the record too.
+    fn roll_back(
+        self,
+        k: &Kernel,
+        record: &mut Record,
+        gpu: &mut GpuActuator,
+        pinned: Option<&str>,
+    ) -> usize {
         let mut failed = 0;
         for undo in self.0.into_iter().rev() {
             let what = format!("{undo:?}");
             let result: Result<(), String> = match undo {
-                Undo::RemoveResctrlGroup(g) => {
-                    resctrl(k).and_then(|r| r.remove_group(&g).map_err(|e| e.to_string()))
-                }
+                Undo::RemoveResctrlGroup(g) => resctrl(k)
+                    .and_then(|r| r.remove_group(&g).map_err(|e| e.to_string()))
+                    .map(|()| {
+                        record.forget(|c| matches!(c, Change::ResctrlGroup { name } if *name == g))
+                    }),
                 Undo::Schemata { group, previous } => resctrl(k).and_then(|r| {
                     r.apply(&group, &previous)
                         .map(drop)
                         .map_err(|e| e.to_string())
                 }),
-                Undo::RemoveCgroup(g) => {
-                    cgroups(k).and_then(|c| c.remove(&g).map_err(|e| e.to_string()))
-                }
-                Undo::Cpus { group, previous } => cgroups(k)
-                    .and_then(|c| c.set_cpus(&group, &previous).map_err(|e| e.to_string())),
-                Undo::CpuMax { group, previous } => cgroups(k)
-                    .and_then(|c| c.set_cpu_max(&group, previous).map_err(|e| e.to_string())),
+                Undo::RemoveCgroup(d) => cgroups(k)
+                    .and_then(|c| c.remove_dir(&d).map_err(|e| e.to_string()))
+                    .map(|()| {
+                        record.forget(|c| matches!(c, Change::CreatedCgroup { dir } if *dir == d))
+                    }),
+                Undo::File {
+                    dir,
+                    file,
+                    previous,
+                } => cgroups(k).and_then(|c| {
+                    c.write_control(&dir, &file, &previous)
+                        .map_err(|e| e.to_string())
+                }),
                 Undo::Gpu { service, previous } => gpu.revert(&service, previous, pinned),
             };
             if let Err(e) = result {
@@ -123,21 +227,23 @@ fn cgroups(k: &Kernel) -> Result<&Cgroups, String> {
         .ok_or_else(|| "cgroups are not in use".to_string())
 }
 
-/// Writes `next` to the host (see the module doc for the order and the rollback rule).
+/// Writes `next` to `targets` on the host (see the module doc for the order, the record
+/// and the rollback rule).
 pub(super) fn apply(
     k: &Kernel,
     record: &mut Record,
     next: HostWrites,
+    targets: &Targets,
     gpu: &mut GpuActuator,
     pinned: Option<&str>,
 ) -> Result<(), HostError> {
     let mut journal = Journal::default();
-    let written = write_resctrl(k, &next, &mut journal)
-        .and_then(|()| write_cgroups(k, &next, &mut journal))
-        .and_then(|()| write_gpu(&next, gpu, pinned, &mut journal));
+    let written = write_resctrl(k, record, &next, &mut journal)
+        .and_then(|()| write_cgroups(k, record, &next, targets, &mut journal))
+        .and_then(|()| write_gpu(record, &next, gpu, pinned, &mut journal));
     if let Err(e) = written {
         let notes = journal.0.len();
-        let failed = journal.roll_back(k, gpu, pinned);
+        let failed = journal.roll_back(k, record, gpu, pinned);
         tracing::info!(
             undone = notes - failed,
             failed,
@@ -152,22 +258,79 @@ pub(super) fn apply(
         .filter(|old| !next.resctrl.iter().any(|g| g.name == old.name))
         .map(|g| g.name.clone())
         .collect();
+    let dropped = dropped_owner_cgroups(&record.targets, targets);
     record.writes = next;
+    record.targets = targets.clone();
+    give_back(k, record, &dropped);
     if let Some(r) = &k.resctrl {
         for g in unused {
-            if let Err(e) = r.remove_group(&g) {
-                tracing::warn!(group = %g, error = %e, "could not remove a resctrl group no longer used");
+            match r.remove_group(&g) {
+                Ok(()) => {
+                    record.forget(|c| matches!(c, Change::ResctrlGroup { name } if *name == g))
+                }
+                Err(e) => {
+                    tracing::warn!(group = %g, error = %e, "could not remove a resctrl group no longer used");
+                }
             }
         }
     }
     Ok(())
 }
 
-fn write_resctrl(k: &Kernel, next: &HostWrites, journal: &mut Journal) -> Result<(), HostError> {
+/// Owners' cgroups that were targets and are no longer (the service's processes left
+/// them): their values go back to the owner.
+fn dropped_owner_cgroups(before: &Targets, after: &Targets) -> BTreeSet<PathBuf> {
+    let dirs = |t: &Targets| -> BTreeSet<PathBuf> {
+        t.values()
+            .flatten()
+            .filter(|t| !t.own)
+            .map(|t| t.dir.clone())
+            .collect()
+    };
+    dirs(before).difference(&dirs(after)).cloned().collect()
+}
+
+/// Puts the noted originals of the cgroups `dirs` back (newest first) and forgets them.
+fn give_back(k: &Kernel, record: &mut Record, dirs: &BTreeSet<PathBuf>) {
+    let notes: Vec<Change> = record
+        .changes
+        .changes
+        .iter()
+        .rev()
+        .filter(|c| matches!(c, Change::CgroupFile { dir, .. } if dirs.contains(dir)))
+        .cloned()
+        .collect();
+    for c in notes {
+        let Change::CgroupFile {
+            dir,
+            file,
+            original,
+        } = &c
+        else {
+            continue;
+        };
+        match restore_file(k, dir, file, original) {
+            Ok(()) => record.forget(|x| *x == c),
+            Err(e) => {
+                tracing::warn!(cgroup = %dir.display(), file = %file, error = %e, "could not give a cgroup its value back; kept for the restore on exit");
+            }
+        }
+    }
+}
+
+fn write_resctrl(
+    k: &Kernel,
+    record: &mut Record,
+    next: &HostWrites,
+    journal: &mut Journal,
+) -> Result<(), HostError> {
     let Some(r) = &k.resctrl else { return Ok(()) };
     let existing: BTreeSet<String> = r.groups()?.into_iter().collect();
     for g in &next.resctrl {
         if !existing.contains(&g.name) {
+            record.note(Change::ResctrlGroup {
+                name: g.name.clone(),
+            })?;
             r.ensure_group(&g.name)?;
             journal.0.push(Undo::RemoveResctrlGroup(g.name.clone()));
         }
@@ -184,60 +347,130 @@ fn write_resctrl(k: &Kernel, next: &HostWrites, journal: &mut Journal) -> Result
     Ok(())
 }
 
-fn write_cgroups(k: &Kernel, next: &HostWrites, journal: &mut Journal) -> Result<(), HostError> {
-    let Some(cg) = &k.cgroups else { return Ok(()) };
-    let existing: BTreeSet<String> = cg.leftovers().into_iter().collect();
-    for c in &next.cgroups {
-        if !existing.contains(&c.name) {
-            cg.create(&c.name)?;
-            journal.0.push(Undo::RemoveCgroup(c.name.clone()));
-        }
+/// Writes `value` to control file `file` of cgroup `dir` unless the kernel already holds
+/// it; the original is noted first for a cgroup cohabit did not create.
+fn write_file(
+    cg: &Cgroups,
+    record: &mut Record,
+    journal: &mut Journal,
+    t: &Target,
+    file: &str,
+    value: &str,
+) -> Result<(), HostError> {
+    let current = cg.read_control(&t.dir, file)?;
+    let same = if file == "cpuset.cpus" {
+        current.parse::<CpuList>().ok() == value.parse::<CpuList>().ok()
+    } else {
+        current.trim() == value.trim()
+    };
+    if same {
+        return Ok(());
     }
-    // CPU sets: what the kernel holds (groups just created hold their parent's and are
-    // simply set), then the writes in a safe order.
-    let mut current = BTreeMap::new();
-    let mut desired = BTreeMap::new();
-    for c in &next.cgroups {
-        let Some(want) = &c.cpus else { continue };
-        desired.insert(c.name.clone(), want.clone());
-        if existing.contains(&c.name) {
-            if let Some(have) = cg.cpus(&c.name)? {
-                current.insert(c.name.clone(), have);
-            }
-        }
+    if !t.own {
+        record.note(Change::CgroupFile {
+            dir: t.dir.clone(),
+            file: file.to_string(),
+            original: current.clone(),
+        })?;
     }
-    let mut now = current.clone();
-    for (name, cpus) in layout::cpu_steps(&current, &desired) {
-        cg.set_cpus(&name, &cpus)?;
-        if let Some(previous) = now.insert(name.clone(), cpus) {
-            journal.0.push(Undo::Cpus {
-                group: name,
-                previous,
-            });
-        }
-    }
-    for c in &next.cgroups {
-        let Some(want) = c.cpu_max else { continue };
-        let previous = if existing.contains(&c.name) {
-            cg.cpu_max(&c.name)?
-        } else {
-            None
-        };
-        if previous == Some(want) {
+    cg.write_control(&t.dir, file, value)?;
+    journal.0.push(Undo::File {
+        dir: t.dir.clone(),
+        file: file.to_string(),
+        previous: current,
+    });
+    Ok(())
+}
+
+/// Creates cohabit's own group `dir` (and its parent) where missing, noting each first.
+fn ensure_own(
+    cg: &Cgroups,
+    record: &mut Record,
+    journal: &mut Journal,
+    dir: &Path,
+) -> Result<(), HostError> {
+    for d in [dir.parent().unwrap_or(dir), dir] {
+        if cg.exists(d) {
             continue;
         }
-        cg.set_cpu_max(&c.name, want)?;
-        if let Some(previous) = previous {
-            journal.0.push(Undo::CpuMax {
-                group: c.name.clone(),
-                previous,
-            });
+        record.note(Change::CreatedCgroup {
+            dir: d.to_path_buf(),
+        })?;
+        cg.make_dir(d)?;
+        journal.0.push(Undo::RemoveCgroup(d.to_path_buf()));
+    }
+    Ok(())
+}
+
+fn write_cgroups(
+    k: &Kernel,
+    record: &mut Record,
+    next: &HostWrites,
+    targets: &Targets,
+    journal: &mut Journal,
+) -> Result<(), HostError> {
+    let Some(cg) = &k.cgroups else { return Ok(()) };
+    let each = || {
+        next.cgroups.iter().flat_map(|v| {
+            targets
+                .get(&v.group)
+                .into_iter()
+                .flatten()
+                .map(move |t| (v, t))
+        })
+    };
+    for (_, t) in each().filter(|(_, t)| t.own) {
+        ensure_own(cg, record, journal, &t.dir)?;
+    }
+    // CPU sets: what the kernel holds, then the writes in a safe order.
+    let mut current = BTreeMap::new();
+    let mut desired = BTreeMap::new();
+    let mut latency_critical = BTreeSet::new();
+    let mut by_key = BTreeMap::new();
+    for (v, t) in each().filter(|(_, t)| t.controller == Controller::Cpuset) {
+        let Some(want) = &v.cpus else { continue };
+        let key = t.dir.display().to_string();
+        current.insert(key.clone(), cg.cpus_at(&t.dir)?);
+        desired.insert(key.clone(), want.clone());
+        if v.group != BEST_EFFORT_GROUP {
+            latency_critical.insert(key.clone());
+        }
+        by_key.insert(key, t);
+    }
+    for (key, cpus) in layout::cpu_steps(&current, &desired, &latency_critical) {
+        write_file(
+            cg,
+            record,
+            journal,
+            by_key[&key],
+            "cpuset.cpus",
+            &cpus.to_string(),
+        )?;
+    }
+    for (v, t) in each().filter(|(_, t)| t.controller == Controller::Cpu) {
+        if let Some(max) = v.cpu_max {
+            for (file, value) in cg.cpu_max_files(max) {
+                // No limit asked: an owner's cgroup keeps (or gets back) its own.
+                let value = match (max.quota_us, t.own) {
+                    (None, false) => match record.original(&t.dir, file) {
+                        Some(original) => original.to_string(),
+                        None => continue,
+                    },
+                    _ => value,
+                };
+                write_file(cg, record, journal, t, file, &value)?;
+            }
+        }
+        if let Some(w) = v.weight {
+            let (file, value) = cg.weight_file(w);
+            write_file(cg, record, journal, t, file, &value)?;
         }
     }
     Ok(())
 }
 
 fn write_gpu(
+    record: &mut Record,
     next: &HostWrites,
     gpu: &mut GpuActuator,
     pinned: Option<&str>,
@@ -248,8 +481,10 @@ fn write_gpu(
         if previous == Some(share.pct) {
             continue;
         }
-        gpu.publish(&share.service, share.pct, pinned)
-            .map_err(HostError::Gpu)?;
+        gpu.publish_noted(&share.service, share.pct, pinned, &mut |c| {
+            record.note(c).map_err(|e| e.to_string())
+        })
+        .map_err(HostError::Gpu)?;
         journal.0.push(Undo::Gpu {
             service: share.service.clone(),
             previous,
@@ -258,14 +493,63 @@ fn write_gpu(
     Ok(())
 }
 
-impl Record {
-    /// The resctrl group in force for plan group `group`.
-    pub fn resctrl_group_of(&self, group: &str) -> Option<&str> {
-        self.writes.resctrl_group_of(group)
+/// Moves processes into cohabit's groups (`placement = "move"`), each noted first with
+/// its pid, start time and the cgroups it leaves. A process that exited meanwhile is
+/// skipped (and its note dropped).
+pub(super) fn move_processes(
+    k: &Kernel,
+    record: &mut Record,
+    procfs: &Procfs,
+    service: &str,
+    moves: &[Move],
+) {
+    let Some(cg) = &k.cgroups else { return };
+    for m in moves {
+        if procfs.stat(m.pid).map(|s| s.start_ticks) != Some(m.start_time) {
+            continue;
+        }
+        let note = Change::MovedProcess {
+            pid: m.pid,
+            start_time: m.start_time,
+            from: m.hops.iter().map(|(from, _)| from.clone()).collect(),
+        };
+        if let Err(e) = record.note(note) {
+            tracing::warn!(service, pid = m.pid, error = %e, "not moving a process whose origin could not be recorded");
+            continue;
+        }
+        for (_, to) in &m.hops {
+            match cg.move_process(to, m.pid) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let (pid, start) = (m.pid, m.start_time);
+                    record.forget(|c| matches!(c, Change::MovedProcess { pid: p, start_time: s, .. } if *p == pid && *s == start));
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(service, pid = m.pid, error = %e, "could not move a process into cohabit's group");
+                }
+            }
+        }
+        tracing::info!(
+            service,
+            pid = m.pid,
+            "moved into cohabit's group (placement = \"move\")"
+        );
     }
 }
 
-/// One service's processes, to be placed in its groups.
+/// Drops the notes of moved processes that no longer exist (pid gone, or reused by a
+/// process with another start time): there is nothing to put back.
+pub(super) fn forget_vanished(record: &mut Record, procfs: &Procfs) {
+    record.forget(|c| match c {
+        Change::MovedProcess {
+            pid, start_time, ..
+        } => procfs.stat(*pid).map(|s| s.start_ticks) != Some(*start_time),
+        _ => false,
+    });
+}
+
+/// One service's processes, to be placed in its resctrl group.
 #[derive(Debug)]
 pub(super) struct Members<'a> {
     /// Service name (for logs).
@@ -274,36 +558,16 @@ pub(super) struct Members<'a> {
     pub group: &'a str,
     /// Every process it has now.
     pub found: &'a BTreeSet<u32>,
-    /// Those that appeared since the last look.
-    pub new: &'a [u32],
 }
 
-/// Puts a service's new processes in its cgroup (remembering where they were) and every
-/// thread of its processes in its resctrl group.
-pub(super) fn attach(
+/// Puts every thread of a service's processes in its resctrl group.
+pub(super) fn attach_resctrl(
     k: &Kernel,
-    record: &mut Record,
+    record: &Record,
     procfs: &Procfs,
     m: &Members<'_>,
     warn: &mut Throttle,
 ) {
-    if let Some(cg) = &k.cgroups {
-        let name = layout::cgroup_name(m.group);
-        for &pid in m.new {
-            let Some(orig) = procfs.cgroups(pid) else {
-                continue;
-            };
-            match cg.add_process(&name, pid) {
-                Ok(true) => {
-                    record.originals.entry(pid).or_insert(orig);
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(service = %m.service, pid, error = %e, "could not move process into its cgroup");
-                }
-            }
-        }
-    }
     let (Some(r), Some(rg)) = (&k.resctrl, record.resctrl_group_of(m.group)) else {
         return;
     };
@@ -329,7 +593,9 @@ pub(super) fn attach(
     }
 }
 
-/// Removes what a crashed run left behind (its processes go to each hierarchy's root).
+/// Removes what a run left behind without a record (its processes go to each hierarchy's
+/// root: cohabit only moves processes out of a root, or, on v2, out of a cgroup without
+/// the controller, whose path only a record keeps).
 pub(super) fn clean_leftovers(k: &Kernel) {
     if let Some(cg) = &k.cgroups {
         for g in cg.leftovers() {
@@ -346,9 +612,14 @@ pub(super) fn clean_leftovers(k: &Kernel) {
                 }
             }
         }
+        cg.remove_parent();
     }
     if let Some(r) = &k.resctrl {
-        for g in own_groups(r) {
+        let own = r.own_groups().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not list resctrl groups; none removed");
+            vec![]
+        });
+        for g in own {
             match r.remove_group(&g) {
                 Ok(()) => {
                     tracing::warn!(group = %g, "removed a resctrl group a previous run left behind");
@@ -361,85 +632,219 @@ pub(super) fn clean_leftovers(k: &Kernel) {
     }
 }
 
-fn own_groups(r: &Resctrl) -> Vec<String> {
-    r.own_groups().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "could not list resctrl groups; none removed");
-        vec![]
-    })
+/// Puts the host back as `record` says (see [`restore_changes`]) after the GPU clients'
+/// environment files, and keeps in the record only what could not be restored.
+pub(super) fn restore(k: &Kernel, record: &mut Record, gpu: &mut GpuActuator, procfs: &Procfs) {
+    let files = gpu.restore();
+    record.forget(|c| matches!(c, Change::File { path, .. } if files.contains(path)));
+    let before = record.changes.changes.len();
+    let left = restore_changes(k, &record.changes, procfs);
+    record.changes = left;
+    if let Err(e) = record.save() {
+        tracing::warn!(error = %e, "could not save the record of changes");
+    }
+    record.writes = HostWrites::default();
+    record.targets = Targets::default();
+    let kept = record.changes.changes.len();
+    if kept == 0 {
+        tracing::info!(restored = before, "host restored");
+    } else {
+        tracing::error!(restored = before - kept, left = ?record.changes.changes, "host partly restored; what is left stays in the record");
+    }
 }
 
-/// Puts every process back where it was, removes every group cohabit created and restores
-/// the GPU clients' environment files.
-pub(super) fn restore(k: &Kernel, record: &mut Record, gpu: &mut GpuActuator) {
-    let mut restored = 0;
-    if let Some(cg) = &k.cgroups {
-        for (pid, orig) in std::mem::take(&mut record.originals) {
-            match cg.restore_process(pid, &orig) {
-                Ok(true) => restored += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(pid, error = %e, "could not put a process back in its cgroup");
+/// Puts the host back from a record of changes alone (on exit, and on start after a
+/// crash), in this order: moved processes go back where they were, if the same process
+/// (pid and start time) still exists; cohabit's groups are emptied, newest first (a process
+/// cohabit did not move, forked inside, goes where the moved processes of that hierarchy
+/// came from when they all came from one place, else to the hierarchy's root) and removed;
+/// owners' control files get their originals back, newest first; resctrl groups are
+/// removed; GPU environment files are put back. A change whose object is gone (process
+/// exited, cgroup removed by its owner) is done. Returns the changes that could not be
+/// restored, oldest first.
+pub fn restore_changes(k: &Kernel, changes: &HostChanges, procfs: &Procfs) -> HostChanges {
+    let mut left: Vec<Change> = Vec::new();
+    let origins = origins(k, changes);
+    let created: Vec<&PathBuf> = changes
+        .changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::CreatedCgroup { dir } => Some(dir),
+            _ => None,
+        })
+        .collect();
+    let newest_first = || changes.changes.iter().rev();
+    for c in newest_first() {
+        if let Change::MovedProcess { .. } = c {
+            if let Err(e) = restore_moved(k, c, procfs) {
+                tracing::warn!(change = ?c, error = %e, "could not put a process back");
+                left.push(c.clone());
+            }
+        }
+    }
+    for c in newest_first() {
+        if let Change::CreatedCgroup { dir } = c {
+            if let Err(e) = remove_created(k, dir, &origins) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove a cgroup cohabit created");
+                left.push(c.clone());
+            }
+        }
+    }
+    for c in newest_first() {
+        let result = match c {
+            Change::CgroupFile {
+                dir,
+                file,
+                original,
+            } if !created.iter().any(|d| dir.starts_with(d)) => {
+                restore_file(k, dir, file, original)
+            }
+            Change::ResctrlGroup { name } => {
+                resctrl(k).and_then(|r| r.remove_group(name).map_err(|e| e.to_string()))
+            }
+            Change::File { path, original } => {
+                gpu::restore_file(path, original.as_deref()).map_err(|e| e.to_string())
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(change = ?c, error = %e, "could not restore");
+            left.push(c.clone());
+        }
+    }
+    // Oldest first, as the record keeps them.
+    let mut out = HostChanges::default();
+    for c in changes.changes.iter().filter(|c| left.contains(c)) {
+        out.note(c.clone());
+    }
+    out
+}
+
+/// Where a process found in a created group of a hierarchy goes: the one place the moved
+/// processes of that hierarchy came from, if there is exactly one.
+fn origins(k: &Kernel, changes: &HostChanges) -> BTreeMap<PathBuf, PathBuf> {
+    let Some(cg) = &k.cgroups else {
+        return BTreeMap::new();
+    };
+    let mut seen: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    for c in &changes.changes {
+        if let Change::MovedProcess { from, .. } = c {
+            for f in from {
+                if let Some(m) = cg.mounts.values().find(|m| f.starts_with(m)) {
+                    seen.entry(m.clone()).or_default().insert(f.clone());
                 }
             }
         }
-        for g in cg.leftovers() {
-            if let Err(e) = cg.evacuate(&g) {
-                tracing::warn!(group = %g, error = %e, "could not move the last processes out of a cgroup");
-            }
-            if let Err(e) = cg.remove(&g) {
-                tracing::warn!(group = %g, error = %e, "could not remove cgroup");
-            }
-        }
-        cg.remove_parent();
     }
-    if let Some(r) = &k.resctrl {
-        for g in own_groups(r) {
-            if let Err(e) = r.remove_group(&g) {
-                tracing::warn!(group = %g, error = %e, "could not remove resctrl group");
-            }
+    seen.into_iter()
+        .filter(|(_, from)| from.len() == 1)
+        .filter_map(|(m, from)| Some((m, from.into_iter().next()?)))
+        .collect()
+}
+
+fn restore_moved(k: &Kernel, c: &Change, procfs: &Procfs) -> Result<(), String> {
+    let Change::MovedProcess {
+        pid,
+        start_time,
+        from,
+    } = c
+    else {
+        return Ok(());
+    };
+    if procfs.stat(*pid).map(|s| s.start_ticks) != Some(*start_time) {
+        return Ok(()); // exited, or the pid is another process's now
+    }
+    let cg = cgroups(k)?;
+    for dir in from {
+        if !cg.move_process(dir, *pid).map_err(|e| e.to_string())? {
+            return Ok(()); // exited meanwhile
         }
     }
-    record.writes = HostWrites::default();
-    gpu.restore();
-    tracing::info!(restored, "host restored");
+    Ok(())
+}
+
+fn remove_created(
+    k: &Kernel,
+    dir: &Path,
+    origins: &BTreeMap<PathBuf, PathBuf>,
+) -> Result<(), String> {
+    let cg = cgroups(k)?;
+    if !cg.is_own(dir) {
+        return Err(format!(
+            "{} is not under cohabit's parent; left alone",
+            dir.display()
+        ));
+    }
+    if !cg.exists(dir) {
+        return Ok(());
+    }
+    let mount = cg
+        .mounts
+        .values()
+        .find(|m| dir.starts_with(m))
+        .ok_or_else(|| format!("{} is in no hierarchy in use", dir.display()))?;
+    let to = origins.get(mount).unwrap_or(mount);
+    for pid in cg.processes_in(dir).map_err(|e| e.to_string())? {
+        tracing::info!(pid, to = %to.display(), "a process cohabit did not move leaves its group");
+        cg.move_process(to, pid).map_err(|e| e.to_string())?;
+    }
+    cg.remove_dir(dir).map_err(|e| e.to_string())
+}
+
+fn restore_file(k: &Kernel, dir: &Path, file: &str, original: &str) -> Result<(), String> {
+    let cg = cgroups(k)?;
+    if !cg.exists(dir) {
+        return Ok(()); // its owner removed it
+    }
+    let current = cg.read_control(dir, file).map_err(|e| e.to_string())?;
+    if current.trim() == original.trim() {
+        return Ok(());
+    }
+    cg.write_control(dir, file, original)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
-    use cohabit_collectors::cgroup::{Version, PARENT};
+    use cohabit_collectors::cgroup::fake::FakeCgroup2;
     use cohabit_collectors::perf::PerfSupport;
     use cohabit_collectors::resctrl::fake::FakeResctrl;
     use cohabit_core::{Allocation, Plan, ServiceClass, ServiceSpec, WayRange};
 
     use super::*;
+    use crate::daemon::config::Placement;
     use crate::daemon::host::discover::{self, CapacityInput, HostFacts};
+    use crate::daemon::host::placement;
 
-    /// A fake resctrl (12 ways, MBA) and a v2 cgroup tree in a temporary directory.
+    /// A fake resctrl (12 ways, MBA) and a fake cgroup v2 tree (8 CPUs) where systemd
+    /// delegates cpuset, cpu and memory to `system.slice`; kv (pid 40) and batch (pid 50)
+    /// run in their units.
     struct Host {
-        fake: FakeResctrl,
-        _cg: tempfile::TempDir,
-        unified: PathBuf,
+        resctrl_fake: FakeResctrl,
+        cg: FakeCgroup2,
         kernel: Kernel,
         facts: HostFacts,
         gpu: GpuActuator,
+        procfs: Procfs,
     }
 
+    const KV: &str = "/system.slice/kv.service";
+    const BATCH: &str = "/system.slice/batch.service";
+
     fn host() -> Host {
-        let fake = FakeResctrl::builder().ways(12).build().unwrap();
-        let resctrl = Resctrl::discover(&fake.paths(), Arc::new(fake.clone()))
+        let resctrl_fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let resctrl = Resctrl::discover(&resctrl_fake.paths(), Arc::new(resctrl_fake.clone()))
             .unwrap()
             .unwrap();
-        let cg = tempfile::tempdir().unwrap();
-        let unified = cg.path().join("unified");
-        std::fs::create_dir_all(&unified).unwrap();
-        let cgroups = Cgroups {
-            version: Version::V2,
-            mounts: [("unified".to_string(), unified.clone())].into(),
-            v2_controllers: vec!["cpuset".into(), "cpu".into()],
-        };
+        let cg = FakeCgroup2::builder().build().unwrap();
+        cg.mkdir_owner("/system.slice", &["cpuset", "cpu", "memory"])
+            .unwrap();
+        for (pid, unit) in [(40, KV), (50, BATCH)] {
+            cg.mkdir_owner(unit, &[]).unwrap();
+            cg.add_process(pid, 1000 + u64::from(pid), unit).unwrap();
+        }
         let info = resctrl.info().clone();
         let facts = HostFacts {
             capacity: discover::capacity(&CapacityInput {
@@ -461,26 +866,16 @@ mod tests {
             clk_tck: 100.0,
         };
         Host {
-            fake,
-            _cg: cg,
-            unified,
+            procfs: Procfs::new(cg.base().join("proc")),
             kernel: Kernel {
-                cgroups: Some(cgroups),
+                cgroups: Some(cg.cgroups().unwrap()),
                 resctrl: Some(resctrl),
             },
+            resctrl_fake,
+            cg,
             facts,
             gpu: GpuActuator::new(&[], None),
         }
-    }
-
-    /// Lays out a group as the kernel would on mkdir (v2: empty `cpuset.cpus`, no limit).
-    fn cgroup(unified: &Path, name: &str) -> PathBuf {
-        let dir = unified.join(PARENT).join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("cpuset.cpus"), "").unwrap();
-        std::fs::write(dir.join("cpu.max"), "max 100000\n").unwrap();
-        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
-        dir
     }
 
     fn specs() -> Vec<ServiceSpec> {
@@ -515,8 +910,33 @@ mod tests {
         layout::layout(p, &h.facts, &specs(), &BTreeSet::new()).unwrap()
     }
 
-    fn read(path: PathBuf) -> String {
-        std::fs::read_to_string(path).unwrap()
+    /// Where kv's and batch's values go, with batch's placement.
+    fn targets(h: &Host, batch: &[u32], placement: Placement) -> Targets {
+        let cg = h.kernel.cgroups.as_ref().unwrap();
+        let all = [Controller::Cpuset, Controller::Cpu];
+        let kv = placement::place(
+            cg,
+            &h.procfs,
+            &[40].into(),
+            "lc-kv",
+            Placement::InPlace,
+            &all,
+        );
+        let be = placement::place(
+            cg,
+            &h.procfs,
+            &batch.iter().copied().collect(),
+            BEST_EFFORT_GROUP,
+            placement,
+            &all,
+        );
+        let (t, conflicts) = placement::group_targets([("kv", &kv), (BEST_EFFORT_GROUP, &be)]);
+        assert!(conflicts.is_empty());
+        t
+    }
+
+    fn read(h: &Host, rel: &str, file: &str) -> String {
+        std::fs::read_to_string(h.cg.dir(rel).join(file)).unwrap()
     }
 
     fn resctrl_state(h: &Host) -> Vec<(String, String)> {
@@ -531,16 +951,35 @@ mod tests {
             .collect()
     }
 
+    /// A change log that remembers, for each save, how many cgroup writes the fake had
+    /// accepted by then.
+    #[derive(Debug, Clone)]
+    struct Saves {
+        cg: FakeCgroup2,
+        saves: Arc<Mutex<Vec<(usize, HostChanges)>>>,
+    }
+
+    impl ChangeLog for Saves {
+        fn save(&mut self, changes: &HostChanges) -> std::io::Result<()> {
+            let n = self.cg.writes().len();
+            self.saves.lock().unwrap().push((n, changes.clone()));
+            Ok(())
+        }
+    }
+
     #[test]
-    fn a_plan_is_written_whole_and_recorded() {
+    fn values_go_into_the_owners_cgroups_with_every_original_noted_first() {
         let mut h = host();
-        let (kv, be) = (
-            cgroup(&h.unified, "lc-kv"),
-            cgroup(&h.unified, "best-effort"),
-        );
+        let saves = Saves {
+            cg: h.cg.clone(),
+            saves: Arc::default(),
+        };
         let mut record = Record::default();
+        record.set_log(Box::new(saves.clone())).unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let setup = h.cg.writes().len();
         let w = writes(&h, &plan(2, 6, 6));
-        apply(&h.kernel, &mut record, w.clone(), &mut h.gpu, None).unwrap();
+        apply(&h.kernel, &mut record, w.clone(), &t, &mut h.gpu, None).unwrap();
         assert_eq!(record.writes, w);
         assert_eq!(
             resctrl_state(&h),
@@ -550,50 +989,120 @@ mod tests {
             ]
         );
         assert_eq!(
-            (read(kv.join("cpuset.cpus")), read(be.join("cpuset.cpus"))),
+            (read(&h, KV, "cpuset.cpus"), read(&h, BATCH, "cpuset.cpus")),
             ("0-1".into(), "2-7".into())
         );
+        assert_eq!(read(&h, KV, "cpu.weight"), "10000");
+        assert_eq!(read(&h, BATCH, "cpu.weight"), "1");
         assert_eq!(
-            read(kv.join("cpu.max")),
-            "max 100000\n",
-            "unchanged, so not written"
+            read(&h, KV, "cpu.max"),
+            "max 100000",
+            "no limit asked, none written"
         );
-        // kv takes two CPUs and the pool's ways, the pool pauses.
+        assert_eq!(h.cg.cgroup_of(40).as_deref(), Some(KV), "nobody moved");
+        assert_eq!(h.cg.cgroup_of(50).as_deref(), Some(BATCH));
+        // Write-ahead: each write to an owner's file comes after a save that holds it.
+        let saves = saves.saves.lock().unwrap().clone();
+        let written = h.cg.writes();
+        assert!(written.len() > setup);
+        for (i, (path, _)) in written.iter().enumerate().skip(setup) {
+            let (dir, file) = (path.parent().unwrap(), path.file_name().unwrap());
+            let noted = saves.iter().any(|(n, r)| {
+                *n <= i
+                    && r.changes.iter().any(|c| matches!(c, Change::CgroupFile { dir: d, file: f, .. } if d == dir && f.as_str() == file))
+            });
+            assert!(
+                noted,
+                "{} written before its original was saved",
+                path.display()
+            );
+        }
+        // kv grows, the pool has no cores of its own: an idle class on what is left, with
+        // no quota (the lowest weight holds it back), and its owner's limit stays.
         let w2 = writes(&h, &plan(4, 8, 0));
-        apply(&h.kernel, &mut record, w2, &mut h.gpu, None).unwrap();
+        apply(&h.kernel, &mut record, w2, &t, &mut h.gpu, None).unwrap();
         assert_eq!(
-            (read(kv.join("cpuset.cpus")), read(be.join("cpuset.cpus"))),
+            (read(&h, KV, "cpuset.cpus"), read(&h, BATCH, "cpuset.cpus")),
             ("0-3".into(), "4-7".into())
         );
-        assert_eq!(read(be.join("cpu.max")), "5000 100000");
-        assert!(read(h.fake.root().join("cohabit-kv/schemata")).contains("L3:0=ff"));
+        assert_eq!(read(&h, BATCH, "cpu.max"), "max 100000");
+        apply(&h.kernel, &mut record, w.clone(), &t, &mut h.gpu, None).unwrap();
+        assert_eq!(read(&h, BATCH, "cpu.max"), "max 100000");
+        // Restore: every original back, nothing left in the record.
+        restore(&h.kernel, &mut record, &mut h.gpu, &h.procfs);
+        for unit in [KV, BATCH] {
+            assert_eq!(read(&h, unit, "cpuset.cpus"), "");
+            assert_eq!(read(&h, unit, "cpu.weight"), "100");
+            assert_eq!(read(&h, unit, "cpu.max"), "max 100000");
+        }
+        assert!(resctrl_state(&h).is_empty());
+        assert!(record.changes.is_empty(), "{:?}", record.changes);
+        assert!(
+            !h.cg.root().join("cohabit").exists(),
+            "no group of cohabit's was needed"
+        );
+    }
+
+    #[test]
+    fn a_cgroup_the_service_left_gets_its_values_back_at_once() {
+        let mut h = host();
+        let mut record = Record::default();
+        let w = writes(&h, &plan(2, 6, 6));
+        apply(
+            &h.kernel,
+            &mut record,
+            w.clone(),
+            &targets(&h, &[50], Placement::InPlace),
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(read(&h, BATCH, "cpu.weight"), "1");
+        // The batch job is gone from its unit: only kv's cgroup is a target now.
+        apply(
+            &h.kernel,
+            &mut record,
+            w,
+            &targets(&h, &[], Placement::InPlace),
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(read(&h, BATCH, "cpu.weight"), "100");
+        assert_eq!(read(&h, BATCH, "cpuset.cpus"), "");
+        assert!(record
+            .changes
+            .changes
+            .iter()
+            .all(|c| !matches!(c, Change::CgroupFile { dir, .. } if *dir == h.cg.dir(BATCH))));
+        assert_eq!(read(&h, KV, "cpu.weight"), "10000", "kv's stay");
     }
 
     #[test]
     fn a_failure_at_the_cgroup_step_leaves_resctrl_and_the_cpu_sets_as_before() {
         let mut h = host();
-        let (kv, be) = (
-            cgroup(&h.unified, "lc-kv"),
-            cgroup(&h.unified, "best-effort"),
-        );
         let mut record = Record::default();
+        let t = targets(&h, &[50], Placement::InPlace);
         let first = writes(&h, &plan(2, 6, 6));
-        apply(&h.kernel, &mut record, first.clone(), &mut h.gpu, None).unwrap();
+        apply(&h.kernel, &mut record, first.clone(), &t, &mut h.gpu, None).unwrap();
         let resctrl_before = resctrl_state(&h);
-        // The pool's CPU limit cannot be read or written (the kernel would say EIO or
-        // EACCES; a directory in place of the file fails the same way).
-        std::fs::remove_file(be.join("cpu.max")).unwrap();
-        std::fs::create_dir(be.join("cpu.max")).unwrap();
+        // kv's CPU list cannot be read or written (the kernel would say EIO; a directory in
+        // place of the file fails the same way), after the masks were written.
+        let cpus = h.cg.dir(KV).join("cpuset.cpus");
+        std::fs::remove_file(&cpus).unwrap();
+        std::fs::create_dir(&cpus).unwrap();
         let next = writes(&h, &plan(4, 8, 0));
-        let e = apply(&h.kernel, &mut record, next, &mut h.gpu, None).unwrap_err();
-        assert!(e.to_string().contains("cpu.max"), "{e}");
+        let e = apply(&h.kernel, &mut record, next, &t, &mut h.gpu, None).unwrap_err();
+        assert!(e.to_string().contains("cpuset.cpus"), "{e}");
+        std::fs::remove_dir(&cpus).unwrap();
+        std::fs::write(&cpus, "0-1").unwrap();
         assert_eq!(
             resctrl_state(&h),
             resctrl_before,
             "the masks written first are undone"
         );
         assert_eq!(
-            (read(kv.join("cpuset.cpus")), read(be.join("cpuset.cpus"))),
+            (read(&h, KV, "cpuset.cpus"), read(&h, BATCH, "cpuset.cpus")),
             ("0-1".into(), "2-7".into()),
             "so are the CPU sets"
         );
@@ -604,27 +1113,147 @@ mod tests {
     }
 
     #[test]
-    fn groups_created_by_a_failed_apply_are_removed() {
+    fn a_bare_process_is_left_alone_unless_move_is_configured_then_moved_and_put_back() {
         let mut h = host();
-        // No cgroup exists yet; the unified tree creates directories but, unlike the
-        // kernel, no files in them, so the first CPU write fails.
+        h.cg.add_process(60, 2000, "/").unwrap();
+        let cg = h.kernel.cgroups.as_ref().unwrap();
+        let all = [Controller::Cpuset, Controller::Cpu];
+        let stay = placement::place(
+            cg,
+            &h.procfs,
+            &[60].into(),
+            BEST_EFFORT_GROUP,
+            Placement::InPlace,
+            &all,
+        );
+        assert!(stay.targets.is_empty() && stay.moves.is_empty());
+        assert!(
+            stay.left[&Controller::Cpuset].contains("root"),
+            "{:?}",
+            stay.left
+        );
+
         let mut record = Record::default();
+        let t = targets(&h, &[50, 60], Placement::Move);
+        let own = h.cg.dir("/cohabit/best-effort");
+        assert!(t[BEST_EFFORT_GROUP].iter().any(|t| t.dir == own && t.own));
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 6, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            read(&h, "/cohabit/best-effort", "cpuset.cpus"),
+            "2-7",
+            "values first"
+        );
+        let cg = h.kernel.cgroups.as_ref().unwrap();
+        let be = placement::place(
+            cg,
+            &h.procfs,
+            &[50, 60].into(),
+            BEST_EFFORT_GROUP,
+            Placement::Move,
+            &all,
+        );
+        move_processes(&h.kernel, &mut record, &h.procfs, "batch", &be.moves);
+        assert_eq!(h.cg.cgroup_of(60).as_deref(), Some("/cohabit/best-effort"));
+        assert_eq!(
+            h.cg.cgroup_of(50).as_deref(),
+            Some(BATCH),
+            "the unit's process stays"
+        );
+        assert!(
+            h.cg.writes()
+                .iter()
+                .all(|(p, _)| p != &h.cg.root().join("cgroup.subtree_control")),
+            "the mount root's subtree_control is never written"
+        );
+        // A child forked in cohabit's group, and the record alone restores everything.
+        h.cg.add_process(61, 2100, "/cohabit/best-effort").unwrap();
+        let saved = record.changes.clone();
+        let fresh = Kernel {
+            cgroups: Some(h.cg.cgroups().unwrap()),
+            resctrl: Resctrl::discover(&h.resctrl_fake.paths(), Arc::new(h.resctrl_fake.clone()))
+                .unwrap(),
+        };
+        let left = restore_changes(&fresh, &saved, &h.procfs);
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(
+            h.cg.cgroup_of(60).as_deref(),
+            Some("/"),
+            "back where it was"
+        );
+        assert_eq!(
+            h.cg.cgroup_of(61).as_deref(),
+            Some("/"),
+            "the child goes where its parent came from"
+        );
+        assert!(!h.cg.root().join("cohabit").exists());
+        assert_eq!(read(&h, BATCH, "cpuset.cpus"), "");
+        assert!(resctrl_state(&h).is_empty());
+    }
+
+    #[test]
+    fn a_reused_pid_is_never_moved_back_and_a_failed_restore_is_kept() {
+        let h = host();
+        let mut changes = HostChanges::default();
+        changes.note(Change::MovedProcess {
+            pid: 40,
+            start_time: 999, // pid 40 is another process now (it started at 1040)
+            from: vec![h.cg.dir("/elsewhere")],
+        });
+        changes.note(Change::CgroupFile {
+            dir: h.cg.dir(KV),
+            file: "cpu.weight".into(),
+            original: "0".into(), // the kernel refuses it
+        });
+        changes.note(Change::CgroupFile {
+            dir: h.cg.dir("/system.slice/gone.service"),
+            file: "cpu.weight".into(),
+            original: "100".into(),
+        });
+        let left = restore_changes(&h.kernel, &changes, &h.procfs);
+        assert_eq!(h.cg.cgroup_of(40).as_deref(), Some(KV));
+        assert_eq!(left.changes, vec![changes.changes[1].clone()]);
+    }
+
+    #[test]
+    fn groups_created_by_a_failed_apply_are_removed_and_forgotten() {
+        let mut h = host();
+        h.cg.add_process(60, 2000, "/").unwrap();
+        let mut record = Record::default();
+        let t = targets(&h, &[50, 60], Placement::Move);
+        // kv's weight cannot be written: the apply fails after cohabit's groups were made.
+        let weight = h.cg.dir(KV).join("cpu.weight");
+        std::fs::remove_file(&weight).unwrap();
+        std::fs::create_dir(&weight).unwrap();
         let e = apply(
             &h.kernel,
             &mut record,
             writes(&h, &plan(2, 6, 6)),
+            &t,
             &mut h.gpu,
             None,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("cpuset.cpus"), "{e}");
+        assert!(e.to_string().contains("cpu.weight"), "{e}");
         assert!(
-            resctrl_state(&h).is_empty(),
-            "resctrl groups created for it are gone"
+            !h.cg.root().join("cohabit").exists(),
+            "created groups are gone"
         );
+        assert!(resctrl_state(&h).is_empty(), "and the resctrl groups");
         assert!(
-            h.kernel.cgroups.as_ref().unwrap().leftovers().is_empty(),
-            "and the cgroups"
+            !record.changes.changes.iter().any(|c| matches!(
+                c,
+                Change::CreatedCgroup { .. } | Change::ResctrlGroup { .. }
+            )),
+            "{:?}",
+            record.changes
         );
         assert_eq!(record.writes, HostWrites::default());
     }
@@ -632,13 +1261,13 @@ mod tests {
     #[test]
     fn groups_no_longer_used_are_removed_after_the_writes_succeed() {
         let mut h = host();
-        cgroup(&h.unified, "lc-kv");
-        cgroup(&h.unified, "best-effort");
         let mut record = Record::default();
+        let t = targets(&h, &[50], Placement::InPlace);
         apply(
             &h.kernel,
             &mut record,
             writes(&h, &plan(2, 6, 6)),
+            &t,
             &mut h.gpu,
             None,
         )
@@ -650,6 +1279,7 @@ mod tests {
             &h.kernel,
             &mut record,
             writes(&h, &shared),
+            &t,
             &mut h.gpu,
             None,
         )
@@ -659,33 +1289,154 @@ mod tests {
             vec![("cohabit-kv".into(), "L3:0=3f\nMB:0=100\n".into())]
         );
         assert_eq!(record.resctrl_group_of("best-effort"), Some("cohabit-kv"));
+        assert!(!record
+            .changes
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::ResctrlGroup { name } if name == "cohabit-best-effort")));
+    }
+
+    /// Every latency-critical pair that shares an effective CPU, read from the fake.
+    fn lc_sharing(cg: &FakeCgroup2, units: &[&str]) -> Vec<(String, String)> {
+        let sets: Vec<(String, CpuList)> = units
+            .iter()
+            .map(|u| {
+                let t = std::fs::read_to_string(cg.dir(u).join("cpuset.cpus.effective")).unwrap();
+                ((*u).to_string(), t.parse().unwrap())
+            })
+            .collect();
+        let mut out = vec![];
+        for (i, (a, ca)) in sets.iter().enumerate() {
+            for (b, cb) in &sets[i + 1..] {
+                if ca.overlaps(cb) {
+                    out.push((a.clone(), b.clone()));
+                }
+            }
+        }
+        out
     }
 
     #[test]
-    fn restore_removes_every_group_and_forgets_the_record() {
+    fn growing_a_service_between_two_others_never_makes_them_share_a_cpu() {
         let mut h = host();
-        cgroup(&h.unified, "lc-kv");
-        cgroup(&h.unified, "best-effort");
+        let units = [
+            "/system.slice/a.service",
+            "/system.slice/b.service",
+            "/system.slice/c.service",
+        ];
+        for (i, u) in units.iter().enumerate() {
+            h.cg.mkdir_owner(u, &[]).unwrap();
+            let pid = 70 + u32::try_from(i).unwrap();
+            h.cg.add_process(pid, 3000, u).unwrap();
+        }
+        let lc = |n: &str| ServiceSpec {
+            name: n.into(),
+            class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
+            gpu: None,
+        };
+        let specs = vec![lc("a"), lc("b"), lc("c"), specs()[1].clone()];
+        let cg = h.kernel.cgroups.as_ref().unwrap();
+        let all = [Controller::Cpuset, Controller::Cpu];
+        let placed: Vec<(String, placement::ServicePlacement)> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let pid = 70 + u32::try_from(i).unwrap();
+                (
+                    (*n).to_string(),
+                    placement::place(
+                        cg,
+                        &h.procfs,
+                        &[pid].into(),
+                        &layout::cgroup_name(n),
+                        Placement::InPlace,
+                        &all,
+                    ),
+                )
+            })
+            .chain([(
+                BEST_EFFORT_GROUP.to_string(),
+                placement::place(
+                    cg,
+                    &h.procfs,
+                    &[50].into(),
+                    BEST_EFFORT_GROUP,
+                    Placement::InPlace,
+                    &all,
+                ),
+            )])
+            .collect();
+        let (t, _) = placement::group_targets(placed.iter().map(|(g, p)| (g.as_str(), p)));
+        let a = |cores| Allocation {
+            cores,
+            llc_ways: WayRange::new(0, 12),
+            mba_pct: 100,
+            gpu_mps_pct: None,
+        };
+        let plan = |b| Plan {
+            services: [("a".into(), a(1)), ("b".into(), a(b)), ("c".into(), a(1))].into(),
+            best_effort: a(5 - (b - 1)),
+        };
+        let w = |p: &Plan| layout::layout(p, &h.facts, &specs, &BTreeSet::new()).unwrap();
         let mut record = Record::default();
-        apply(
+        apply(&h.kernel, &mut record, w(&plan(1)), &t, &mut h.gpu, None).unwrap();
+        assert_eq!(lc_sharing(&h.cg, &units), Vec::<(String, String)>::new());
+        let before = h.cg.writes().len();
+        apply(&h.kernel, &mut record, w(&plan(2)), &t, &mut h.gpu, None).unwrap();
+        // Replay the CPU-set writes one at a time on a copy of the state.
+        let mut state: BTreeMap<String, CpuList> = units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| ((*u).to_string(), CpuList(vec![u32::try_from(i).unwrap()])))
+            .collect();
+        let mut steps = 0;
+        for (path, value) in &h.cg.writes()[before..] {
+            let Some(u) = units
+                .iter()
+                .find(|u| path == &h.cg.dir(u).join("cpuset.cpus"))
+            else {
+                continue;
+            };
+            state.insert((*u).to_string(), value.parse().unwrap());
+            steps += 1;
+            let sets: Vec<&CpuList> = state.values().collect();
+            for (i, x) in sets.iter().enumerate() {
+                assert!(
+                    sets[i + 1..].iter().all(|y| !x.overlaps(y)),
+                    "after {u} = {value}: {state:?}"
+                );
+            }
+        }
+        assert_eq!(steps, 2, "b grows, c shifts; a stays");
+        assert_eq!(read(&h, units[1], "cpuset.cpus"), "1-2");
+        assert_eq!(read(&h, units[2], "cpuset.cpus"), "3");
+        assert_eq!(read(&h, BATCH, "cpuset.cpus"), "4-7");
+    }
+
+    #[test]
+    fn an_unwritable_record_stops_the_write_it_describes() {
+        #[derive(Debug)]
+        struct Full;
+        impl ChangeLog for Full {
+            fn save(&mut self, _: &HostChanges) -> std::io::Result<()> {
+                Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+            }
+        }
+        let mut h = host();
+        let mut record = Record::default();
+        assert!(record.set_log(Box::new(Full)).is_err());
+        let t = targets(&h, &[50], Placement::InPlace);
+        let e = apply(
             &h.kernel,
             &mut record,
             writes(&h, &plan(2, 6, 6)),
+            &t,
             &mut h.gpu,
             None,
         )
-        .unwrap();
-        // A plain directory keeps its files, so rmdir fails where the kernel's would not:
-        // remove them as the kernel would once the group is empty.
-        for g in ["lc-kv", "best-effort"] {
-            let d = h.unified.join(PARENT).join(g);
-            for f in ["cpuset.cpus", "cpu.max", "cgroup.procs"] {
-                std::fs::remove_file(d.join(f)).unwrap();
-            }
-        }
-        restore(&h.kernel, &mut record, &mut h.gpu);
+        .unwrap_err();
+        assert!(e.to_string().contains("record of changes"), "{e}");
+        assert_eq!(read(&h, KV, "cpuset.cpus"), "", "nothing written");
         assert!(resctrl_state(&h).is_empty());
-        assert!(!h.unified.join(PARENT).exists());
-        assert_eq!(record.writes, HostWrites::default());
     }
 }

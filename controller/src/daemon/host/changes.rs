@@ -164,7 +164,13 @@ mod tests {
         };
         assert!(r.note(moved(100)));
         assert!(r.note(moved(200)));
-        assert!(r.forget(|c| matches!(c, Change::MovedProcess { start_time: 100, .. })));
+        assert!(r.forget(|c| matches!(
+            c,
+            Change::MovedProcess {
+                start_time: 100,
+                ..
+            }
+        )));
         assert_eq!(r.changes, vec![moved(200)]);
     }
 }

@@ -2,14 +2,19 @@
 //!
 //! Plan, then apply: a plan becomes CPU sets and quotas (cgroups) and, where the host has
 //! RDT, control groups with masks and MBA values (resctrl), written only where they
-//! differ from what the kernel holds. Everything changed is remembered: on
-//! [`RealHost::restore`] every process goes back to the cgroups it came from and every group
-//! cohabit created is removed. On start, groups a crashed run left behind are cleaned
-//! first. A resource the host lacks is skipped with one log line.
+//! differ from what the kernel holds. CPU values go into the cgroups the services'
+//! processes already are in (their owners'), and processes stay there unless configured
+//! otherwise (`placement`). Everything changed is recorded, write-ahead, in a
+//! [`changes::HostChanges`] kept through a [`changes::ChangeLog`]: on [`RealHost::restore`]
+//! (or, after a crash, from the saved record alone, [`RealHost::restore_changes`]) every
+//! original value comes back, every moved process goes back and every group cohabit
+//! created is removed. On launch, groups a run left without a record are cleaned first. A
+//! resource the host lacks is skipped with one log line.
 //!
 //! This module only composes; each job has its own:
 //! - [`discover`]: what the host offers, once at start ([`HostFacts`]);
 //! - [`layout`]: plan + facts → every value to write ([`HostWrites`]), pure;
+//! - `placement`: which cgroups each plan group's values go to, and which processes move;
 //! - `apply`: those writes → the kernel in a safe order, rolled back when a later write
 //!   fails, so the host and the plan in force never disagree; processes join afterwards;
 //! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings.
@@ -17,8 +22,12 @@
 pub mod changes;
 pub mod discover;
 pub mod layout;
+mod placement;
+#[cfg(test)]
+mod real_tests;
 
 mod apply;
+mod find;
 mod sample;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -27,18 +36,22 @@ use std::time::{Duration, Instant};
 
 use cohabit_collectors::cgroup::Cgroups;
 use cohabit_collectors::kfs::{KernelFs, RealFs};
+use cohabit_collectors::latency::PushRejections;
 use cohabit_collectors::nvml::Gpus;
 use cohabit_collectors::perf::PerfSupport;
-use cohabit_collectors::procfs::Procfs;
+use cohabit_collectors::procfs::{ProcIndex, Procfs};
 use cohabit_collectors::resctrl::BandwidthRate;
 use cohabit_core::{
     Actuator, Allocation, Change, Collector, HostCapacity, Observation, Plan, ServiceClass,
     ServiceObservation, ServiceSpec,
 };
 
-use self::apply::{Kernel, Members, Record};
+pub use self::apply::{restore_changes, Kernel};
+use self::apply::{Members, Record};
+use self::changes::{ChangeLog, HostChanges};
 pub use self::discover::HostFacts;
 pub use self::layout::{HostWrites, TooManyGroups};
+use self::placement::{ServicePlacement, Targets};
 use self::sample::{Sources, Telemetry};
 use super::config::{DaemonConfig, Matcher, ServiceConfig};
 
@@ -62,13 +75,23 @@ pub enum HostError {
         /// Why.
         source: cohabit_collectors::latency::LatencyError,
     },
-    /// A latency probe could not be started (its service did not answer, or the thread).
-    #[error("latency probe of {service}: {source}")]
-    Probe {
+    /// A configured user or group does not exist.
+    #[error("{service}: {source}")]
+    User {
         /// Service.
         service: String,
         /// Why.
-        source: cohabit_collectors::probe::ProbeError,
+        source: cohabit_collectors::users::UserError,
+    },
+    /// A latency probe could not be started (its service did not answer, or the thread).
+    /// The probe's error is part of the message, not a `source`, so a printed error chain
+    /// says it once.
+    #[error("latency probe of {service}: {error}")]
+    Probe {
+        /// Service.
+        service: String,
+        /// Why (it names the URL).
+        error: cohabit_collectors::probe::ProbeError,
     },
     /// A GPU share could not be published.
     #[error("GPU share: {0}")]
@@ -76,6 +99,9 @@ pub enum HostError {
     /// The plan needs more resctrl groups than the host has CLOSIDs.
     #[error(transparent)]
     TooManyGroups(#[from] TooManyGroups),
+    /// The record of changes could not be saved, so the write it describes was not made.
+    #[error("saving the record of changes: {0}")]
+    ChangeLog(std::io::Error),
 }
 
 /// How often a warning that could fire every tick is repeated.
@@ -110,6 +136,9 @@ struct Service {
     pids: BTreeSet<u32>,
     telemetry: Telemetry,
     missing_logged: bool,
+    /// Controllers for which a process of it was left alone, already logged.
+    unplaced_logged: BTreeSet<cohabit_collectors::cgroup::Controller>,
+    vetting: find::Vetting,
 }
 
 /// A real Linux host driven by cohabit.
@@ -123,17 +152,27 @@ pub struct RealHost {
     gpu: super::gpu::GpuActuator,
     services: Vec<Service>,
     record: Record,
+    /// A plan has been applied (until then no value is in force, and nothing moves).
+    applied: bool,
     plan: Plan,
     dry_run: bool,
     start: Instant,
     last_collect: Instant,
     bw: BandwidthRate,
     warn: Throttle,
+    /// The last tick's process index (name matchers), and when /proc was last read whole.
+    proc_index: ProcIndex,
+    last_full_scan: Option<Instant>,
 }
 
+/// How often name matchers read every process's `stat` again (between, only new pids are
+/// read: a process that renames itself or `exec`s is seen within this time).
+const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
+
 impl RealHost {
-    /// Opens the host: finds what it offers (logging each missing resource once), binds the
-    /// latency sources, and unless `dry_run` cleans what a crashed run left behind.
+    /// Opens the host: finds what it offers (logging each missing resource once) and binds
+    /// the latency sources. Nothing is written before [`Self::launch`], so a record a
+    /// crashed run left can be restored first ([`Self::restore_changes`]).
     pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
         Self::open_with(cfg, dry_run, Arc::new(RealFs))
     }
@@ -161,6 +200,13 @@ impl RealHost {
                     pids: BTreeSet::new(),
                     telemetry: Telemetry::bind(s, timeout)?,
                     missing_logged: false,
+                    unplaced_logged: BTreeSet::new(),
+                    vetting: find::Vetting::new(&s.name, &s.matcher, &s.constraint).map_err(
+                        |source| HostError::User {
+                            service: s.name.clone(),
+                            source,
+                        },
+                    )?,
                 })
             })
             .collect::<Result<Vec<_>, HostError>>()?;
@@ -182,6 +228,7 @@ impl RealHost {
             gpu,
             services,
             record: Record::default(),
+            applied: false,
             // Until the first plan is applied, nothing is in force.
             plan: Plan {
                 services: BTreeMap::new(),
@@ -196,10 +243,9 @@ impl RealHost {
             start: now,
             last_collect: now,
             warn: Throttle::default(),
+            proc_index: ProcIndex::default(),
+            last_full_scan: None,
         };
-        if !dry_run {
-            apply::clean_leftovers(&host.kernel);
-        }
         Ok(host)
     }
 
@@ -213,11 +259,148 @@ impl RealHost {
         self.services.iter().map(|s| s.spec.clone()).collect()
     }
 
-    /// Applies the first plan and starts managing processes.
+    /// Cleans what a run left without a record, finds the processes, applies the first
+    /// plan and starts managing them.
     pub fn launch(&mut self, plan: &Plan) -> Result<(), HostError> {
+        if !self.dry_run {
+            apply::clean_leftovers(&self.kernel);
+        }
+        self.refresh_processes();
         self.apply_plan(plan)?;
         self.refresh_processes();
         Ok(())
+    }
+
+    /// Keeps the record of changes through `log` from now on (the state file), saving it
+    /// at once.
+    pub fn set_change_log(&mut self, log: Box<dyn ChangeLog>) -> Result<(), HostError> {
+        self.record.set_log(log)
+    }
+
+    /// Every change cohabit has in force, with what was there before.
+    pub fn changes(&self) -> &HostChanges {
+        &self.record.changes
+    }
+
+    /// Puts the host back from `changes` alone (a crashed run's record); returns what could
+    /// not be restored. See [`restore_changes`].
+    pub fn restore_changes(&self, changes: &HostChanges) -> HostChanges {
+        restore_changes(&self.kernel, changes, &self.procfs)
+    }
+
+    /// The controllers whose values cohabit writes on this host.
+    fn controllers(&self) -> Vec<cohabit_collectors::cgroup::Controller> {
+        use cohabit_collectors::cgroup::Controller;
+        let mut out = Vec::new();
+        if self.facts.can_cpuset {
+            out.push(Controller::Cpuset);
+        }
+        if self.facts.can_quota {
+            out.push(Controller::Cpu);
+        }
+        out
+    }
+
+    /// Where each service's processes get their values (in configuration order), and the
+    /// cgroups of each plan group; logs each new reason a process is left alone once.
+    fn targets(&mut self) -> (Targets, Vec<ServicePlacement>) {
+        let Some(cg) = &self.kernel.cgroups else {
+            return (Targets::new(), vec![]);
+        };
+        let controllers = self.controllers();
+        let placements: Vec<ServicePlacement> = self
+            .services
+            .iter()
+            .map(|s| {
+                let own = layout::cgroup_name(layout::plan_group(&s.spec));
+                placement::place(
+                    cg,
+                    &self.procfs,
+                    &s.pids,
+                    &own,
+                    s.cfg.placement,
+                    &controllers,
+                )
+            })
+            .collect();
+        for (svc, p) in self.services.iter_mut().zip(&placements) {
+            for (c, why) in &p.left {
+                if svc.unplaced_logged.insert(*c) {
+                    tracing::warn!(service = %svc.spec.name, controller = c.name(), "a process is left unmanaged for this controller: {why}");
+                }
+            }
+        }
+        let (targets, conflicts) = placement::group_targets(
+            self.services
+                .iter()
+                .map(|s| layout::plan_group(&s.spec))
+                .zip(&placements),
+        );
+        for (dir, kept, wanted) in conflicts {
+            if self.warn.allow(&format!("claimed:{}", dir.display())) {
+                tracing::warn!(cgroup = %dir.display(), kept = %kept, wanted = %wanted, "two groups' processes share a cgroup; it keeps the first group's values (logged once a minute)");
+            }
+        }
+        (targets, placements)
+    }
+
+    /// After the processes were found: where a service's processes moved to new cgroups,
+    /// the values in force are written there; processes are moved where configured;
+    /// notes of vanished processes go; threads join their resctrl groups.
+    fn place_and_attach(&mut self) {
+        if self.dry_run || !self.applied {
+            return;
+        }
+        let (targets, placements) = self.targets();
+        if targets != self.record.targets {
+            let writes = self.record.writes.clone();
+            let pinned = self.cfg.mps.pinned_mem_limit.clone();
+            if let Err(e) = apply::apply(
+                &self.kernel,
+                &mut self.record,
+                writes,
+                &targets,
+                &mut self.gpu,
+                pinned.as_deref(),
+            ) {
+                if self.warn.allow("reapply") {
+                    tracing::warn!(error = %e, "the values in force could not be written to a service's new cgroups (logged once a minute)");
+                }
+            }
+        }
+        for (svc, p) in self.services.iter().zip(&placements) {
+            apply::move_processes(
+                &self.kernel,
+                &mut self.record,
+                &self.procfs,
+                &svc.spec.name,
+                &p.moves,
+            );
+        }
+        apply::forget_vanished(&mut self.record, &self.procfs);
+        for svc in &self.services {
+            let members = Members {
+                service: &svc.spec.name,
+                group: layout::plan_group(&svc.spec),
+                found: &svc.pids,
+            };
+            apply::attach_resctrl(
+                &self.kernel,
+                &self.record,
+                &self.procfs,
+                &members,
+                &mut self.warn,
+            );
+        }
+    }
+
+    /// The cgroup whose hardware counters stand for a service: its first process's cgroup
+    /// in the perf_event hierarchy (v2: its cgroup), unless that is a hierarchy's root.
+    fn perf_dir(&self, svc: &Service) -> Option<std::path::PathBuf> {
+        let cg = self.kernel.cgroups.as_ref()?;
+        let lines = self.procfs.cgroups(*svc.pids.first()?)?;
+        let dir = cg.home("perf_event", &lines)?;
+        (!cg.mounts.values().any(|m| *m == dir)).then_some(dir)
     }
 
     /// Every write for `plan` (pure; nothing is touched).
@@ -236,35 +419,44 @@ impl RealHost {
             return Ok(());
         }
         let writes = self.layout(plan)?;
+        let (targets, _) = self.targets();
         let pinned = self.cfg.mps.pinned_mem_limit.clone();
         apply::apply(
             &self.kernel,
             &mut self.record,
             writes,
+            &targets,
             &mut self.gpu,
             pinned.as_deref(),
         )?;
         self.plan = plan.clone();
+        self.applied = true;
         Ok(())
     }
 
-    /// Puts every process back where it was and removes every group cohabit created.
+    /// Puts every value back, every moved process back where it was, and removes every
+    /// group cohabit created; what could not be restored stays in the record.
     pub fn restore(&mut self) {
         if self.dry_run {
             return;
         }
-        apply::restore(&self.kernel, &mut self.record, &mut self.gpu);
+        apply::restore(&self.kernel, &mut self.record, &mut self.gpu, &self.procfs);
+        self.applied = false;
     }
 
-    fn find_pids(&mut self, m: &Matcher) -> Vec<u32> {
-        let found = match m {
-            Matcher::ProcessName(n) => self.procfs.pids_named(n).map_err(|e| e.to_string()),
-            Matcher::PidFile(p) => Ok(std::fs::read_to_string(p)
-                .ok()
-                .and_then(|t| t.trim().parse::<u32>().ok())
-                .filter(|pid| self.procfs.alive(*pid))
-                .into_iter()
-                .collect()),
+    /// Service `i`'s processes now: its matcher's candidates (names looked up in this
+    /// tick's scan `index`), each vetted ([`find`]).
+    fn find_pids(&mut self, i: usize, index: &ProcIndex) -> BTreeSet<u32> {
+        let m = self.services[i].cfg.matcher.clone();
+        let tick = find::Tick {
+            procfs: &self.procfs,
+            index,
+            cohabit_pid: std::process::id(),
+            clk_tck: cohabit_collectors::procfs::clock_ticks_per_second(),
+        };
+        let found: Result<Vec<u32>, String> = match &m {
+            Matcher::ProcessName(n) => Ok(index.named(n).map(|p| p.pid).collect()),
+            Matcher::PidFile(p) => Ok(self.services[i].vetting.pid_file(p, &tick)),
             Matcher::Cgroup(path) => Ok(self
                 .cgroups_any()
                 .map(|c| c.processes_at(path))
@@ -280,12 +472,28 @@ impl RealHost {
                 })
                 .unwrap_or_default()),
         };
-        found.unwrap_or_else(|e| {
+        let candidates = found.unwrap_or_else(|e| {
             if self.warn.allow("find_pids") {
                 tracing::warn!(error = %e, "processes could not be listed (logged once a minute)");
             }
             vec![]
-        })
+        });
+        let svc = &mut self.services[i];
+        let kept = svc.vetting.keep(candidates, &tick);
+        let pid_file = match &m {
+            Matcher::PidFile(p) => Some(p.as_path()),
+            _ => None,
+        };
+        svc.vetting.log(&svc.spec.name, pid_file);
+        kept
+    }
+
+    /// The pushed latencies each push socket refused since the last call, by service.
+    pub fn take_push_rejections(&mut self) -> Vec<(String, PushRejections)> {
+        self.services
+            .iter_mut()
+            .filter_map(|s| Some((s.spec.name.clone(), s.telemetry.take_rejections()?)))
+            .collect()
     }
 
     fn cgroups_any(&self) -> Option<Cgroups> {
@@ -297,9 +505,33 @@ impl RealHost {
 
     /// Finds each service's processes; puts new ones in its groups; forgets vanished ones.
     fn refresh_processes(&mut self) {
+        // One pass over /proc serves every matcher of this tick; only name matchers need
+        // it, and between full scans (once a second) only new pids are read.
+        let by_name = self
+            .services
+            .iter()
+            .any(|s| matches!(s.cfg.matcher, Matcher::ProcessName(_)));
+        let index = if by_name {
+            let full = self
+                .last_full_scan
+                .is_none_or(|t| t.elapsed() >= FULL_SCAN_EVERY);
+            let scanned = if full {
+                self.last_full_scan = Some(Instant::now());
+                self.procfs.scan()
+            } else {
+                self.procfs.scan_since(&self.proc_index)
+            };
+            scanned.unwrap_or_else(|e| {
+                if self.warn.allow("scan") {
+                    tracing::warn!(error = %e, "processes could not be listed (logged once a minute)");
+                }
+                ProcIndex::default()
+            })
+        } else {
+            ProcIndex::default()
+        };
         for i in 0..self.services.len() {
-            let matcher = self.services[i].cfg.matcher.clone();
-            let found: BTreeSet<u32> = self.find_pids(&matcher).into_iter().collect();
+            let found = self.find_pids(i, &index);
             let svc = &self.services[i];
             let name = svc.spec.name.clone();
             if found.is_empty() && !svc.missing_logged {
@@ -308,27 +540,49 @@ impl RealHost {
             for gone in svc.pids.difference(&found) {
                 tracing::info!(service = %name, pid = gone, "process vanished");
             }
-            let new: Vec<u32> = found.difference(&svc.pids).copied().collect();
-            if !self.dry_run {
-                let members = Members {
-                    service: &name,
-                    group: layout::plan_group(&svc.spec),
-                    found: &found,
-                    new: &new,
-                };
-                apply::attach(
-                    &self.kernel,
-                    &mut self.record,
-                    &self.procfs,
-                    &members,
-                    &mut self.warn,
-                );
-            }
             let svc = &mut self.services[i];
             svc.missing_logged = found.is_empty();
             svc.pids = found;
         }
+        self.proc_index = index;
+        self.place_and_attach();
     }
+}
+
+/// The kernel interfaces `cfg` names, found without opening the host (no latency source
+/// bound, nothing written): what restoring a record and cleaning leftovers need.
+fn kernel_of(cfg: &DaemonConfig) -> Result<Kernel, HostError> {
+    let resctrl = cohabit_collectors::resctrl::Resctrl::discover(&cfg.paths, Arc::new(RealFs))
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "resctrl unreadable; its groups are not restored");
+            None
+        });
+    Ok(Kernel {
+        cgroups: Cgroups::detect(&cfg.paths)?,
+        resctrl,
+    })
+}
+
+/// Puts the host `cfg` describes back from `recorded` alone (a run that did not end
+/// cleanly), before anything else is opened; returns what could not be restored. See
+/// [`restore_changes`].
+pub fn restore_recorded(
+    cfg: &DaemonConfig,
+    recorded: &HostChanges,
+) -> Result<HostChanges, HostError> {
+    let kernel = kernel_of(cfg)?;
+    Ok(restore_changes(
+        &kernel,
+        recorded,
+        &Procfs::new(&cfg.paths.proc),
+    ))
+}
+
+/// Removes cohabit's groups that no record knows of (a run older than the record, or one
+/// whose record was discarded): their processes go to each hierarchy's root.
+pub fn clean_leftovers(cfg: &DaemonConfig) -> Result<(), HostError> {
+    apply::clean_leftovers(&kernel_of(cfg)?);
+    Ok(())
 }
 
 fn spec_of(s: &ServiceConfig) -> ServiceSpec {
@@ -360,18 +614,20 @@ impl Collector for RealHost {
             self.gpu.restart_due(now, &pids);
         }
         let readings = self.gpus.as_mut().map(Gpus::read);
+        // Every scrape of this tick ends by then.
+        let deadline = now + Duration::from_millis(self.cfg.collect_timeout_ms);
         let counters = matches!(self.facts.perf, PerfSupport::Supported) && !self.dry_run;
+        let perf_dirs: Vec<Option<std::path::PathBuf>> = self
+            .services
+            .iter()
+            .map(|s| self.perf_dir(s).filter(|_| counters))
+            .collect();
         let mut services = Vec::with_capacity(self.services.len());
-        for svc in &mut self.services {
+        for (svc, perf_dir) in self.services.iter_mut().zip(perf_dirs) {
             let group = layout::plan_group(&svc.spec);
             let src = Sources {
                 procfs: &self.procfs,
-                perf_dir: self
-                    .kernel
-                    .cgroups
-                    .as_ref()
-                    .filter(|_| counters)
-                    .and_then(|cg| cg.dir("perf_event", &layout::cgroup_name(group))),
+                perf_dir,
                 cpus: &self.facts.cpus,
                 resctrl: self
                     .kernel
@@ -382,6 +638,7 @@ impl Collector for RealHost {
                     .as_ref()
                     .zip(svc.spec.gpu)
                     .and_then(|(r, g)| r.get(g as usize)),
+                deadline,
             };
             let sample = svc.telemetry.sample(
                 &src,
@@ -431,7 +688,7 @@ mod tests {
     /// is touched, never this machine's cgroups.
     fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
         let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
             fake.root().display(),
             fake.base().join("proc").display(),
             pid_file.display()

@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use cohabit_collectors::latency::{PromHistogram, PushListener};
+use cohabit_collectors::latency::{PromHistogram, PushListener, PushRejections, UnixAccess};
 use cohabit_collectors::nvml::GpuReading;
 use cohabit_collectors::perf::{CgroupCounters, PerfTotals};
 use cohabit_collectors::probe::{Probe, ProbeSettings};
@@ -22,7 +22,7 @@ use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl};
 use cohabit_core::Sample;
 
 use super::{HostError, Throttle};
-use crate::daemon::config::{LatencySource, ServiceConfig};
+use crate::daemon::config::{LatencySource, PushAccess, ServiceConfig};
 
 /// Where a service's latency comes from.
 enum LatencyReader {
@@ -133,6 +133,8 @@ pub(super) struct Sources<'a> {
     pub resctrl: Option<(&'a Resctrl, &'a str)>,
     /// The reading of its GPU, if it uses one and NVML answered.
     pub gpu: Option<&'a GpuReading>,
+    /// When every scrape of this tick must have ended.
+    pub deadline: Instant,
 }
 
 /// The telemetry state of one service: its latency source, its counters, its last readings.
@@ -141,18 +143,45 @@ pub(super) struct Telemetry {
     latency: Option<LatencyReader>,
     counters: Option<CgroupCounters>,
     last: Option<Readings>,
+    /// Pushed latencies refused since [`Self::take_rejections`].
+    rejected: PushRejections,
+}
+
+/// A Unix push socket's access with every user and group name resolved.
+fn resolve_access(a: &PushAccess) -> Result<UnixAccess, cohabit_collectors::users::UserError> {
+    Ok(UnixAccess {
+        owner: a.owner.as_ref().map(|u| u.resolve()).transpose()?,
+        group: a.group.as_ref().map(|g| g.resolve()).transpose()?,
+        mode: a.mode,
+        allowed_uids: a
+            .allowed_users
+            .iter()
+            .map(|u| u.resolve())
+            .collect::<Result<_, _>>()?,
+        allowed_gids: a
+            .allowed_groups
+            .iter()
+            .map(|g| g.resolve())
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 impl Telemetry {
     /// Binds the service's latency source (a push socket is bound now).
     pub fn bind(s: &ServiceConfig, timeout: Duration) -> Result<Self, HostError> {
         let latency = match &s.latency {
-            Some(LatencySource::Push(addr)) => Some(LatencyReader::Push(
-                PushListener::bind(addr).map_err(|e| HostError::Latency {
+            Some(LatencySource::Push { addr, access }) => {
+                let access = resolve_access(access).map_err(|source| HostError::User {
                     service: s.name.clone(),
-                    source: e,
-                })?,
-            )),
+                    source,
+                })?;
+                Some(LatencyReader::Push(
+                    PushListener::bind(addr, &access).map_err(|e| HostError::Latency {
+                        service: s.name.clone(),
+                        source: e,
+                    })?,
+                ))
+            }
             Some(LatencySource::Prometheus {
                 url,
                 metric,
@@ -172,9 +201,9 @@ impl Telemetry {
                     rate_hz: *rate_hz,
                     timeout: Duration::from_millis(*timeout_ms),
                 };
-                let probe = Probe::start(url, &settings).map_err(|e| HostError::Probe {
+                let probe = Probe::start(url, &settings).map_err(|error| HostError::Probe {
                     service: s.name.clone(),
-                    source: e,
+                    error,
                 })?;
                 Some(LatencyReader::Probe(probe))
             }
@@ -184,6 +213,7 @@ impl Telemetry {
             latency,
             counters: None,
             last: None,
+            rejected: PushRejections::default(),
         })
     }
 
@@ -236,7 +266,7 @@ impl Telemetry {
                 }
             }
         }
-        r.latency = self.read_latency(service, warn);
+        r.latency = self.read_latency(service, pids, src.deadline, warn);
         if let Some(g) = src.gpu {
             let util: Vec<f64> = pids
                 .iter()
@@ -277,35 +307,65 @@ impl Telemetry {
         }
     }
 
-    /// What the latency source saw since the last tick.
-    fn read_latency(&mut self, service: &str, warn: &mut Throttle) -> LatencyWindow {
+    /// Pushed latencies refused since the last call, by reason (`None`: not a push source).
+    pub fn take_rejections(&mut self) -> Option<PushRejections> {
+        matches!(self.latency, Some(LatencyReader::Push(_)))
+            .then(|| std::mem::take(&mut self.rejected))
+    }
+
+    /// What the latency source saw since the last tick. A push socket learns the
+    /// service's processes (`pids`), whose datagrams it accepts from now on; scrapes end
+    /// by `deadline`.
+    fn read_latency(
+        &mut self,
+        service: &str,
+        pids: &BTreeSet<u32>,
+        deadline: Instant,
+        warn: &mut Throttle,
+    ) -> LatencyWindow {
         match &mut self.latency {
             Some(LatencyReader::Push(l)) => {
+                l.set_pids(pids.iter().copied());
                 let w = l.take();
+                self.rejected += w.rejected;
+                if w.rejected.total() > 0 && warn.allow(&format!("push-rejected:{service}")) {
+                    let x = w.rejected;
+                    tracing::warn!(service, credentials = x.credentials, malformed = x.malformed, truncated = x.truncated, over_cap = x.over_cap, "pushed latencies refused (logged once a minute; counted in cohabit_push_rejected_total)");
+                }
                 LatencyWindow {
                     p99_ms: w.p99_ms,
                     count: Some(w.count as f64),
                 }
             }
-            Some(LatencyReader::Prom(p)) => match p.poll() {
-                Ok(Some((p99, n))) => LatencyWindow {
-                    p99_ms: Some(p99),
-                    count: Some(n),
-                },
-                Ok(None) => LatencyWindow::default(),
-                Err(e) => {
-                    if warn.allow(&format!("latency:{service}")) {
-                        tracing::warn!(service, error = %e, "latency unavailable (logged once a minute)");
-                    }
-                    LatencyWindow::default()
+            Some(LatencyReader::Prom(p)) => {
+                let polled = p.poll(deadline);
+                if p.bad_lines() > 0 && warn.allow(&format!("prom-lines:{service}")) {
+                    tracing::warn!(service, lines = p.bad_lines(), "lines of the histogram in the scrape could not be read and were skipped (logged once a minute)");
                 }
-            },
+                match polled {
+                    Ok(Some((p99, n))) => LatencyWindow {
+                        p99_ms: Some(p99),
+                        count: Some(n),
+                    },
+                    Ok(None) => LatencyWindow::default(),
+                    Err(e) => {
+                        if warn.allow(&format!("latency:{service}")) {
+                            tracing::warn!(service, error = %e, "latency unavailable (logged once a minute)");
+                        }
+                        LatencyWindow::default()
+                    }
+                }
+            }
             Some(LatencyReader::Probe(p)) => {
                 let w = p.take();
-                if let Some(e) = &w.last_error {
-                    if warn.allow(&format!("probe:{service}")) {
-                        tracing::warn!(service, timeouts = w.timeouts, errors = w.errors, error = %e, "latency probe requests failed (logged once a minute)");
-                    }
+                if (w.timeouts > 0 || w.last_error.is_some())
+                    && warn.allow(&format!("probe:{service}"))
+                {
+                    let error = w.last_error.as_deref().unwrap_or("none");
+                    tracing::warn!(service, timeouts = w.timeouts, errors = w.errors, error, "latency probe requests timed out or failed; each counts at the time-out (logged once a minute)");
+                }
+                if warn.allow(&format!("probe-cpu:{service}")) {
+                    tracing::info!(service, url = %p.url(), requests = w.count, cpu_ms = w.cpu_s * 1000.0, "the latency probe's own CPU time in the last interval (logged once a minute)");
                 }
                 LatencyWindow {
                     p99_ms: w.p99_ms,

@@ -1,0 +1,130 @@
+//! `cohabit-realbench`: parses arguments and calls [`cohabit_realbench::bench::run`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use cohabit_realbench::antagonists::Scenario;
+use cohabit_realbench::bench::{self, Options, ServiceSetup};
+use cohabit_realbench::policies::Policy;
+
+/// cohabit on real services (memcached, nginx, redis) under stress-ng batch jobs, judged by
+/// an independent open-loop client. Needs root and the Debian packages memcached,
+/// nginx-light, stress-ng (and redis-server for redis).
+#[derive(Debug, Parser)]
+#[command(name = "cohabit-realbench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    /// Where results.json, results.txt and each run's configurations and logs go.
+    #[arg(long, default_value = "realbench-out")]
+    out: PathBuf,
+    /// The short version CI runs (the CPU batch job; none and parties; 6 s runs).
+    #[arg(long)]
+    quick: bool,
+    /// Batch jobs, comma-separated: cpu, membw, cache.
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Option<Vec<Scenario>>,
+    /// Policies, comma-separated: none, cap, static, parties, ml.
+    #[arg(long, value_delimiter = ',')]
+    policies: Option<Vec<Policy>>,
+    /// A service as KIND[:RPS[:P99_MS]] (repeat; default memcached:2000:1 and nginx:500:2).
+    #[arg(long = "service")]
+    services: Vec<ServiceSetup>,
+    /// Seconds measured per run.
+    #[arg(long)]
+    duration_s: Option<u32>,
+    /// Seconds at the start of each run left out of the summary.
+    #[arg(long)]
+    warmup_s: Option<u32>,
+    /// cohabit's control interval.
+    #[arg(long)]
+    interval_ms: Option<u64>,
+    /// cohabit's probe requests per second per service.
+    #[arg(long)]
+    probe_rate_hz: Option<u32>,
+    /// cohabit's probe time-out.
+    #[arg(long)]
+    probe_timeout_ms: Option<u64>,
+    /// The cohabit binary (default: beside this one, then PATH).
+    #[arg(long)]
+    cohabit: Option<PathBuf>,
+    /// The model for ml (default: cohabit's built-in one).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Skip the runs of the services alone and of each batch job alone.
+    #[arg(long)]
+    no_baselines: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Stop what a killed run left (processes in its cgroups) and remove its cgroups.
+    Cleanup,
+}
+
+fn options(cli: Cli) -> Options {
+    let mut o = if cli.quick {
+        Options::quick(cli.out)
+    } else {
+        Options::full(cli.out)
+    };
+    if let Some(s) = cli.scenarios {
+        o.scenarios = s;
+    }
+    if let Some(p) = cli.policies {
+        o.policies = p;
+    }
+    if !cli.services.is_empty() {
+        o.services = cli.services;
+    }
+    o.duration_s = cli.duration_s.unwrap_or(o.duration_s);
+    o.warmup_s = cli.warmup_s.unwrap_or(o.warmup_s);
+    o.interval_ms = cli.interval_ms.unwrap_or(o.interval_ms);
+    o.probe_rate_hz = cli.probe_rate_hz.unwrap_or(o.probe_rate_hz);
+    o.probe_timeout_ms = cli.probe_timeout_ms.unwrap_or(o.probe_timeout_ms);
+    o.cohabit = cli.cohabit;
+    o.model = cli.model;
+    o.baselines = !cli.no_baselines;
+    o
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Cmd::Cleanup) = cli.command {
+        let done = cohabit_realbench::cgroups::Tree::detect(std::path::Path::new("/proc"))
+            .and_then(|t| {
+                cohabit_realbench::procs::cleanup_leftovers(
+                    &t,
+                    std::path::Path::new(cohabit_realbench::procs::STATE_DIR),
+                )
+            });
+        return match done {
+            Ok(n) => {
+                println!("stopped {n} leftover processes; the benchmark's cgroups are gone");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let opts = options(cli);
+    let mut err = std::io::stderr();
+    match bench::run(&opts, &mut err) {
+        Ok(report) => {
+            print!("{}", report.table());
+            println!("results: {}", opts.out.join("results.json").display());
+            ExitCode::SUCCESS
+        }
+        Err(e @ cohabit_realbench::Error::Interrupted) => {
+            eprintln!("{e}");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

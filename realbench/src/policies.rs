@@ -1,0 +1,240 @@
+//! The policies compared: no control, a cap an operator would set by hand, and cohabit's
+//! three policies run by the real daemon with a generated configuration.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::cgroups::Tree;
+use crate::services::Kind;
+use crate::Error;
+
+/// One way of sharing the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Nothing: services and batch jobs share every CPU at equal weight.
+    None,
+    /// By hand: the batch jobs pinned to the upper half of the CPUs with the lowest CPU
+    /// weight; the services left alone.
+    Cap,
+    /// `cohabit run` with `policy = "static"`.
+    Static,
+    /// `cohabit run` with `policy = "parties"`.
+    Parties,
+    /// `cohabit run` with `policy = "ml"` and the built-in model.
+    Ml,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Policy::None),
+            "cap" => Ok(Policy::Cap),
+            "static" => Ok(Policy::Static),
+            "parties" => Ok(Policy::Parties),
+            "ml" => Ok(Policy::Ml),
+            _ => Err(format!(
+                "unknown policy {s:?}: none, cap, static, parties or ml"
+            )),
+        }
+    }
+}
+
+impl Policy {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::None => "none",
+            Policy::Cap => "cap",
+            Policy::Static => "static",
+            Policy::Parties => "parties",
+            Policy::Ml => "ml",
+        }
+    }
+
+    /// The `policy` of cohabit's configuration, if cohabit runs.
+    pub fn cohabit(self) -> Option<&'static str> {
+        match self {
+            Policy::None | Policy::Cap => None,
+            Policy::Static => Some("static"),
+            Policy::Parties => Some("parties"),
+            Policy::Ml => Some("ml"),
+        }
+    }
+}
+
+/// Online CPUs from a list like `0-3,6`.
+pub fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    out.extend(a..=b);
+                }
+            }
+            None => out.extend(part.parse::<u32>().ok()),
+        }
+    }
+    out
+}
+
+/// The CPUs of this host.
+pub fn online_cpus() -> Vec<u32> {
+    let cpus = parse_cpu_list(
+        &std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default(),
+    );
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        (0..u32::try_from(n).unwrap_or(1)).collect()
+    } else {
+        cpus
+    }
+}
+
+/// The hand-set cap's CPUs: the upper half of `cpus` (at least one).
+pub fn cap_cpus(cpus: &[u32]) -> Vec<u32> {
+    let keep = cpus.len().div_ceil(2).max(1);
+    cpus[cpus.len().saturating_sub(keep)..].to_vec()
+}
+
+/// A CPU list as cpuset writes it.
+pub fn cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Writes the hand-set cap on the batch jobs' cgroup.
+pub fn apply_cap(tree: &Tree, group: &str, cpus: &[u32]) -> Result<(), Error> {
+    tree.set_cpus(group, &cpu_list(&cap_cpus(cpus)))?;
+    tree.set_lowest_weight(group)
+}
+
+/// One latency-critical service in cohabit's configuration.
+#[derive(Debug, Clone)]
+pub struct LcEntry {
+    /// Which service.
+    pub kind: Kind,
+    /// Its port.
+    pub port: u16,
+    /// Its p99 target.
+    pub p99_target_ms: f64,
+}
+
+/// What cohabit's configuration says.
+#[derive(Debug, Clone)]
+pub struct CohabitConfig<'a> {
+    /// `static`, `parties` or `ml`.
+    pub policy: &'a str,
+    /// Control interval.
+    pub interval_ms: u64,
+    /// The model, for `ml`.
+    pub model: Option<&'a Path>,
+    /// The decision log.
+    pub log: &'a Path,
+    /// The daemon's lock and record of changes (kept in the run directory, so nothing is
+    /// left in `/run/cohabit`).
+    pub state_dir: &'a Path,
+    /// The services.
+    pub services: &'a [LcEntry],
+    /// Process names of the batch jobs' workers.
+    pub batch_names: &'a [String],
+    /// Probe requests per second.
+    pub probe_rate_hz: u32,
+    /// Probe time-out.
+    pub probe_timeout_ms: u64,
+}
+
+fn quoted(s: &str) -> String {
+    // TOML basic strings: escape backslashes and quotes (paths and names have nothing else).
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// cohabit's configuration: the services found by process name, their latency from
+/// cohabit's own probe, the batch jobs by their workers' names.
+pub fn cohabit_toml(c: &CohabitConfig<'_>) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# Written by cohabit-realbench.");
+    let _ = writeln!(t, "interval_ms = {}", c.interval_ms);
+    let _ = writeln!(t, "policy = {}", quoted(c.policy));
+    if let Some(m) = c.model {
+        let _ = writeln!(t, "model = {}", quoted(&m.display().to_string()));
+    }
+    let _ = writeln!(t, "log = {}", quoted(&c.log.display().to_string()));
+    let _ = writeln!(t, "metrics_addr = \"\"");
+    let _ = writeln!(t, "\n[host]\nname = \"realbench\"");
+    let _ = writeln!(
+        t,
+        "\n[paths]\nstate_dir = {}",
+        quoted(&c.state_dir.display().to_string())
+    );
+    for s in c.services {
+        let _ = writeln!(
+            t,
+            "\n[[service]]\nname = {}\np99_target_ms = {}\nmatch = {{ process_name = {} }}\nlatency = {{ probe = {}, rate_hz = {}, timeout_ms = {} }}",
+            quoted(s.kind.name()),
+            s.p99_target_ms,
+            quoted(s.kind.comm()),
+            quoted(&s.kind.probe_url(s.port)),
+            c.probe_rate_hz,
+            c.probe_timeout_ms,
+        );
+    }
+    for (i, n) in c.batch_names.iter().enumerate() {
+        let _ = writeln!(
+            t,
+            "\n[[best_effort]]\nname = \"batch-{i}\"\nmatch = {{ process_name = {} }}",
+            quoted(n)
+        );
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_takes_the_upper_half_of_the_cpus() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), vec![0, 1, 2, 3, 6]);
+        assert_eq!(cap_cpus(&[0, 1]), vec![1]);
+        assert_eq!(cap_cpus(&[0, 1, 2, 3, 4]), vec![2, 3, 4]);
+        assert_eq!(cap_cpus(&[5]), vec![5]);
+        assert_eq!(cpu_list(&[2, 3]), "2,3");
+    }
+
+    #[test]
+    fn the_generated_config_names_probes_and_process_names() {
+        let services = [LcEntry {
+            kind: Kind::Memcached,
+            port: 11311,
+            p99_target_ms: 1.5,
+        }];
+        let names = ["stress-ng-cpu".to_string()];
+        let t = cohabit_toml(&CohabitConfig {
+            policy: "parties",
+            interval_ms: 500,
+            model: None,
+            log: Path::new("/tmp/run/decisions.jsonl"),
+            state_dir: Path::new("/tmp/run/cohabit-state"),
+            services: &services,
+            batch_names: &names,
+            probe_rate_hz: 200,
+            probe_timeout_ms: 100,
+        });
+        assert!(t.contains("policy = \"parties\""));
+        assert!(t.contains(
+            "latency = { probe = \"memcached://127.0.0.1:11311\", rate_hz = 200, timeout_ms = 100 }"
+        ));
+        assert!(t.contains("match = { process_name = \"rb-memcached\" }"));
+        assert!(t.contains("match = { process_name = \"stress-ng-cpu\" }"));
+        assert!(t.contains("p99_target_ms = 1.5"));
+        assert!(t.contains("[paths]\nstate_dir = \"/tmp/run/cohabit-state\""));
+        assert!(!t.contains("model"));
+        assert_eq!("ml".parse::<Policy>().unwrap().cohabit(), Some("ml"));
+        assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
+    }
+}

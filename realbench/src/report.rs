@@ -1,0 +1,340 @@
+//! Results: per run and service, the windows the client measured and what they add up to
+//! (share of windows meeting the target, the distribution of window p99s); per batch job,
+//! throughput relative to running alone; the table people read and the JSON programs read.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use crate::antagonists::Throughput;
+use crate::client::WindowStat;
+
+/// What kind of run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunKind {
+    /// The services under load, nothing else: what they can do on this host.
+    ServicesAlone,
+    /// The batch job alone: the throughput the others are compared with.
+    BatchAlone,
+    /// Services under load and the batch job together, under a policy.
+    Colocated,
+}
+
+/// A distribution of per-window p99s, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Spread {
+    /// Median window.
+    pub p50_ms: f64,
+    /// 90th percentile window.
+    pub p90_ms: f64,
+    /// Worst window.
+    pub max_ms: f64,
+}
+
+/// What the client measured on one service in one run, summed up.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Summary {
+    /// Windows counted (after the warm-up).
+    pub windows: usize,
+    /// Of which met the target: p99 at most the target (a failed request counts as 10 s).
+    pub met: usize,
+    /// `met / windows`.
+    pub met_share: f64,
+    /// The window p99s.
+    pub window_p99: Spread,
+    /// p99 of every request counted, ms.
+    pub overall_p99_ms: f64,
+    /// Median of every request counted, ms.
+    pub overall_p50_ms: f64,
+    /// Requests counted.
+    pub requests: u64,
+    /// Of which failed (no answer, an error, a broken connection).
+    pub failed: u64,
+    /// Requests per second achieved.
+    pub achieved_rps: f64,
+}
+
+/// One service in one run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServiceResult {
+    /// Its name.
+    pub service: String,
+    /// Its p99 target, ms.
+    pub p99_target_ms: f64,
+    /// Offered requests per second.
+    pub rate_rps: f64,
+    /// Leading windows left out of the summary.
+    pub warmup_windows: usize,
+    /// The summary of the other windows.
+    pub summary: Summary,
+    /// Every window, warm-up included.
+    pub windows: Vec<WindowStat>,
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Nearest-rank quantile of sorted values.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil();
+    let i = crate::whole(rank).saturating_sub(1);
+    sorted[usize::try_from(i).unwrap_or(0).min(sorted.len() - 1)]
+}
+
+/// Sums up the windows after `warmup` against `target_ms`; `total` is the merged
+/// distribution of those windows' requests.
+pub fn summarize(
+    windows: &[WindowStat],
+    warmup: usize,
+    target_ms: f64,
+    total: &WindowStat,
+) -> Summary {
+    let counted = &windows[warmup.min(windows.len())..];
+    let mut p99s: Vec<f64> = counted
+        .iter()
+        .filter(|w| w.requests > 0)
+        .map(|w| ms(w.p99_us))
+        .collect();
+    p99s.sort_by(f64::total_cmp);
+    let met = counted
+        .iter()
+        .filter(|w| w.requests > 0 && ms(w.p99_us) <= target_ms)
+        .count();
+    let n = counted.len();
+    Summary {
+        windows: n,
+        met,
+        met_share: if n == 0 { 0.0 } else { met as f64 / n as f64 },
+        window_p99: Spread {
+            p50_ms: quantile(&p99s, 0.5),
+            p90_ms: quantile(&p99s, 0.9),
+            max_ms: p99s.last().copied().unwrap_or(f64::NAN),
+        },
+        overall_p99_ms: ms(total.p99_us),
+        overall_p50_ms: ms(total.p50_us),
+        requests: total.requests,
+        failed: total.failed,
+        achieved_rps: if n == 0 {
+            0.0
+        } else {
+            total.requests as f64 / n as f64
+        },
+    }
+}
+
+/// One batch job's throughput in one run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BatchResult {
+    /// What stress-ng reported.
+    pub throughput: Throughput,
+    /// The same stressor alone, bogo-ops/s.
+    pub alone_ops_per_s: Option<f64>,
+    /// `ops_per_s / alone_ops_per_s`.
+    pub relative: Option<f64>,
+}
+
+/// How the daemon behaved in one run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CohabitResult {
+    /// Its exit code after `SIGTERM` (`None`: it had to be killed).
+    pub exit_code: Option<i32>,
+    /// It said it restored the host and left none of its cgroups behind.
+    pub restored: bool,
+    /// CPU seconds it used (probes included).
+    pub cpu_s: Option<f64>,
+    /// Decisions it logged.
+    pub decisions: usize,
+    /// Its configuration.
+    pub config: PathBuf,
+    /// Its decision log.
+    pub log: PathBuf,
+    /// Its stderr and stdout.
+    pub output: PathBuf,
+}
+
+/// One run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunResult {
+    /// What kind.
+    pub kind: RunKind,
+    /// The batch job, if one ran.
+    pub scenario: Option<String>,
+    /// The policy.
+    pub policy: String,
+    /// Where its files are.
+    pub dir: PathBuf,
+    /// The services.
+    pub services: Vec<ServiceResult>,
+    /// The batch jobs.
+    pub batch: Vec<BatchResult>,
+    /// The daemon, if it ran.
+    pub cohabit: Option<CohabitResult>,
+}
+
+impl RunResult {
+    /// Mean relative throughput of the batch jobs.
+    pub fn batch_relative(&self) -> Option<f64> {
+        let r: Vec<f64> = self.batch.iter().filter_map(|b| b.relative).collect();
+        (!r.is_empty()).then(|| r.iter().sum::<f64>() / r.len() as f64)
+    }
+}
+
+/// The machine the runs were on.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Machine {
+    /// CPU model.
+    pub cpu_model: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Memory, GiB.
+    pub memory_gib: f64,
+    /// Kernel release.
+    pub kernel: String,
+    /// cgroup version.
+    pub cgroup: String,
+    /// Versions of the programs.
+    pub tools: Vec<(String, String)>,
+}
+
+/// Everything one benchmark produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// The machine.
+    pub machine: Machine,
+    /// The settings, as given.
+    pub settings: serde_json::Value,
+    /// Every run, in the order run.
+    pub runs: Vec<RunResult>,
+}
+
+fn f2(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        "-".into()
+    }
+}
+
+impl Report {
+    /// The table people read.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            t,
+            "machine: {} × {}, {:.0} GiB, Linux {}, cgroup {}",
+            m.cpus, m.cpu_model, m.memory_gib, m.kernel, m.cgroup
+        );
+        let _ = writeln!(
+            t,
+            "{:<8} {:<14} {:<10} {:>7} {:>11} {:>22} {:>8} {:>7} {:>9}",
+            "batch",
+            "policy",
+            "service",
+            "target",
+            "met",
+            "window p99 p50/p90/max",
+            "all p99",
+            "failed",
+            "batch thr"
+        );
+        for r in &self.runs {
+            let scenario = r.scenario.as_deref().unwrap_or("-");
+            let policy = match r.kind {
+                RunKind::ServicesAlone => "services-alone",
+                RunKind::BatchAlone => "batch-alone",
+                RunKind::Colocated => r.policy.as_str(),
+            };
+            let thr = match r.kind {
+                RunKind::BatchAlone => r
+                    .batch
+                    .iter()
+                    .map(|b| format!("{:.0}/s", b.throughput.ops_per_s))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                _ => r.batch_relative().map_or("-".into(), f2),
+            };
+            if r.services.is_empty() {
+                let _ = writeln!(
+                    t,
+                    "{scenario:<8} {policy:<14} {:<10} {:>7} {:>11} {:>22} {:>8} {:>7} {thr:>9}",
+                    "-", "-", "-", "-", "-", "-"
+                );
+            }
+            for s in &r.services {
+                let u = &s.summary;
+                let met = format!("{}/{} {:>3.0}%", u.met, u.windows, u.met_share * 100.0);
+                let spread = format!(
+                    "{}/{}/{}",
+                    f2(u.window_p99.p50_ms),
+                    f2(u.window_p99.p90_ms),
+                    f2(u.window_p99.max_ms)
+                );
+                let _ = writeln!(
+                    t,
+                    "{scenario:<8} {policy:<14} {:<10} {:>7} {met:>11} {spread:>22} {:>8} {:>7} {thr:>9}",
+                    s.service,
+                    format!("{}ms", s.p99_target_ms),
+                    f2(u.overall_p99_ms),
+                    u.failed,
+                );
+            }
+        }
+        let _ = writeln!(
+            t,
+            "met: 1-second windows whose client-side p99 is within the target; window p99 and all p99 in ms;\nbatch thr: stress-ng bogo-ops/s relative to the batch job alone."
+        );
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(requests: u64, p99_us: u64) -> WindowStat {
+        WindowStat {
+            requests,
+            failed: 0,
+            p50_us: p99_us / 2,
+            p99_us,
+            max_us: p99_us * 2,
+        }
+    }
+
+    #[test]
+    fn windows_after_the_warmup_are_judged_against_the_target() {
+        let windows = [
+            w(100, 9000),
+            w(100, 500),
+            w(100, 900),
+            w(100, 1500),
+            w(0, 0),
+        ];
+        let total = w(300, 1200);
+        let s = summarize(&windows, 1, 1.0, &total);
+        assert_eq!(s.windows, 4);
+        assert_eq!(
+            s.met, 2,
+            "0.5 and 0.9 ms meet 1 ms; 1.5 ms and the empty window do not"
+        );
+        assert_eq!(s.met_share, 0.5);
+        assert_eq!(s.window_p99.max_ms, 1.5);
+        assert_eq!(s.window_p99.p50_ms, 0.9);
+        assert_eq!(s.overall_p99_ms, 1.2);
+        assert_eq!(s.achieved_rps, 75.0);
+    }
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+        assert_eq!(quantile(&v, 0.5), 5.0);
+        assert_eq!(quantile(&v, 0.9), 9.0);
+        assert_eq!(quantile(&v, 1.0), 10.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}

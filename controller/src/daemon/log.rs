@@ -95,7 +95,9 @@ pub struct RotatingLog {
 }
 
 impl RotatingLog {
-    /// Drops a cut last line, rotates a full log, and adds `header` unless it is the last.
+    /// Drops a cut last line, rotates a full log, and adds `header`: every start of the
+    /// daemon begins a new segment, so training never pairs the last record of one run
+    /// with the first of the next (the reader splits at each header).
     fn continue_with(&mut self, header: &LogHeader) -> Result<()> {
         let len = self.file.metadata()?.len();
         let whole = whole_lines_len(&self.file, len)?;
@@ -123,16 +125,14 @@ impl RotatingLog {
                 )
             })?
         };
-        if last.as_ref() != Some(header) {
-            if self.len > 0 {
-                tracing::info!(
-                    log = %self.path.display(),
-                    "the decision log was written by another policy, host or version; continuing it under a new header"
-                );
-            }
-            self.file.write_all(&self.header)?;
-            self.len += self.header.len() as u64;
+        if self.len > 0 && last.as_ref() != Some(header) {
+            tracing::info!(
+                log = %self.path.display(),
+                "the decision log was written by another policy, host or version; continuing it under a new header"
+            );
         }
+        self.file.write_all(&self.header)?;
+        self.len += self.header.len() as u64;
         Ok(())
     }
 
@@ -291,21 +291,30 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_on_the_same_host_continues_the_log_and_another_host_adds_a_header() {
+    fn every_restart_starts_a_segment_with_its_header_so_runs_are_never_paired() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("decisions.jsonl");
         let parties = LogHeader::new("parties", false, host(8));
         start(&path, &parties);
         assert_eq!(headers(&path), vec![(1, parties.clone())]);
         start(&path, &parties);
-        assert_eq!(headers(&path).len(), 1, "no second header for the same run");
+        assert_eq!(
+            headers(&path),
+            vec![(1, parties.clone()), (2, parties.clone())],
+            "a restart on the same host is a new run"
+        );
         let bigger = LogHeader::new("parties", false, host(16));
         start(&path, &bigger);
         let ml = LogHeader::new("ml", false, host(16));
         start(&path, &ml);
         assert_eq!(
             headers(&path),
-            vec![(1, parties), (2, bigger), (3, ml.clone())]
+            vec![
+                (1, parties.clone()),
+                (2, parties),
+                (3, bigger),
+                (4, ml.clone())
+            ]
         );
         // The reader takes the latest.
         let last = last_header(BufReader::new(File::open(&path).unwrap())).unwrap();
@@ -334,7 +343,7 @@ mod tests {
                 .collect::<Result<_, _>>()
                 .unwrap();
         assert_eq!(records.len(), 2);
-        assert_eq!(headers(&path).len(), 1);
+        assert_eq!(headers(&path).len(), 2, "the restart's segment has its header");
         // A version-1 line cut short: the whole file is that line, so a new log starts.
         std::fs::write(&path, "{\"schema_version\":1,\"policy\":\"par").unwrap();
         start(&path, &header);

@@ -343,7 +343,11 @@ mod tests {
                 .collect::<Result<_, _>>()
                 .unwrap();
         assert_eq!(records.len(), 2);
-        assert_eq!(headers(&path).len(), 2, "the restart's segment has its header");
+        assert_eq!(
+            headers(&path).len(),
+            2,
+            "the restart's segment has its header"
+        );
         // A version-1 line cut short: the whole file is that line, so a new log starts.
         std::fs::write(&path, "{\"schema_version\":1,\"policy\":\"par").unwrap();
         start(&path, &header);

@@ -1,6 +1,6 @@
 //! cohabit's interfaces to a real Linux host.
 //!
-//! One module owns each kernel interface, read side and write side (DESIGN.md 2):
+//! One module owns each kernel interface, read side and write side (docs/DESIGN.md 2):
 //! - [`resctrl`]: Intel RDT allocation (CAT, MBA) and monitoring (CMT, MBM);
 //! - [`cgroup`]: cgroup v1 and v2: a process's cgroup, CPU sets, limits and weights written in
 //!   place, cohabit's own groups and moves (a fake v2 tree behind `testutils`);
@@ -67,7 +67,7 @@ impl HostPaths {
     }
 }
 
-/// An I/O failure with the path and what was being done (STYLE.md 8).
+/// An I/O failure with the path and what was being done (docs/STYLE.md 8).
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {path}: {source}")]
 pub struct IoError {

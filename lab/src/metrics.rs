@@ -1,4 +1,4 @@
-//! The metrics every comparison prints (DESIGN.md 6), computed from decision records.
+//! The metrics every comparison prints (docs/DESIGN.md 6), computed from decision records.
 //!
 //! All latency metrics use the simulator's ground truth (`DecisionRecord::truth`), not the
 //! noisy measurements the policies saw, so a policy is judged by what really happened.

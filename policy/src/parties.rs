@@ -3,8 +3,8 @@
 //! Problem: keep every latency-critical service under its target with as few resources as
 //! possible, without a model, from measured latency alone.
 //!
-//! Approach (the paper's, with its constants; see `shared/data/published_tables/
-//! parties_controller_constants.csv`): every decision interval (500 ms, or each tick when
+//! Approach (the paper's, with its constants: Chen, Delimitrou and Martínez, "PARTIES",
+//! ASPLOS 2019, section 4): every decision interval (500 ms, or each tick when
 //! ticks are longer) compute each service's slack `(target - p99) / target`.
 //! - If some slack is under 0.05, upsize the service with the least slack by one unit of
 //!   its current resource (1 core, 1 way, 10 % GPU), taken from the best-effort pool, or

@@ -1,6 +1,7 @@
 //! Platforms and services the simulator knows, calibrated from published tables.
 //!
-//! Sources (numbers only; see `shared/data/published_tables` in the project's data folder):
+//! Sources (numbers only, cited per paper below; the tables were transcribed from the papers
+//! and the OSML repository):
 //! - PARTIES (Chen, Delimitrou, Martínez, ASPLOS 2019), Table 2: QoS target (p99 at the
 //!   knee), max load, IPC and LLC MPKI at max load for memcached, xapian, nginx, moses,
 //!   mongodb and sphinx.
@@ -118,7 +119,7 @@ impl Platform {
                     gpus: vec![],
                     // 16 L3 CAT CLOSIDs, the common value on Xeon Scalable (not checked on
                     // this SKU). With MBA in use a host offers the smaller of the L3 and MB
-                    // counts, which can be 8 (DESIGN.md 3). MBA 10 % minimum and step.
+                    // counts, which can be 8 (docs/DESIGN.md 3). MBA 10 % minimum and step.
                     closids: 16,
                     mba_min_pct: 10,
                     mba_gran_pct: 10,

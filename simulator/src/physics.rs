@@ -9,7 +9,7 @@
 //! - Miss-ratio curve ([`MissRatioCurve`]): `m(c) = m_inf + (1 - m_inf) / (1 + (c / wss)^s)`,
 //!   non-increasing in the cache `c` a service holds; a large steepness `s` gives a cache
 //!   cliff near the working-set size `wss`.
-//! - CPI ([`cpi`]): `CPI = CPI_base + APKI/1000 * m(c) * L_mem * f / MLP` (DESIGN.md 4).
+//! - CPI ([`cpi`]): `CPI = CPI_base + APKI/1000 * m(c) * L_mem * f / MLP` (docs/DESIGN.md 4).
 //! - Memory latency ([`memory_latency_ns`]): `L = L0 * (1 + k * u / (1 - u))` with `u` the
 //!   total bandwidth demand over the peak, clipped below 1 (a queueing term).
 //! - MBA ([`mba_cpi`]): Intel MBA throttles each core of a group by delaying its memory

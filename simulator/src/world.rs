@@ -4,7 +4,7 @@
 //! load, find every tenant's CPI, bandwidth, cache holding, p99 and progress.
 //!
 //! Approach: a damped fixed-point iteration over the three quantities that depend on each
-//! other (DESIGN.md 4): the memory latency (set by everyone's bandwidth demand), each
+//! other (docs/DESIGN.md 4): the memory latency (set by everyone's bandwidth demand), each
 //! tenant's share of the ways it shares (proportional to its LLC insertion rate, i.e. its
 //! miss rate, as under LRU competition), and each tenant's CPI (set by its miss ratio and the
 //! memory latency). Latency-critical demand is fixed by the offered load; best-effort jobs

@@ -18,11 +18,14 @@
 //!    A host without RDT allocation gets no groups.
 //! 2. CPUs ([`cpu_layout`]): latency-critical services get consecutive blocks of the host's
 //!    CPU list in configuration order, at least one CPU each; the pool gets every CPU left.
-//!    When none is left, the pool becomes an *idle class* where the host can weight
-//!    cgroups (the cpu controller is writable): it may run on every managed CPU at the
-//!    lowest weight and without a quota, so it takes only the cycles the latency-critical
-//!    services leave idle. Without the cpu controller nothing can hold it back, and it
-//!    shares the last CPU. When the CPUs run out, later services share the last one too.
+//!    When none is left, the pool shares the last CPU as an *idle class* where the host can
+//!    weight cgroups (the cpu controller is writable): the lowest weight and no quota, so
+//!    it takes the cycles the service there leaves idle. It is kept to that one CPU, not
+//!    spread over all of them, because unmanaged processes (the clients of the services
+//!    themselves, on a small host; system daemons) need somewhere to run: spread over every
+//!    CPU at the lowest weight, the batch job still left the benchmark's own client waiting
+//!    (README "Real services"). When the CPUs run out, later services share the last one
+//!    too.
 //! 3. CPU limit ([`cpu_limit`], written only where the cpu controller is): with CPU sets
 //!    the set is the limit; without them the quota is the allocation, and none for a pool
 //!    with no cores (the idle class). Weight ([`CpuWeight`]): the highest for
@@ -164,8 +167,7 @@ pub fn layout(
         })?,
         None => vec![],
     };
-    let idle_pool = facts.can_quota;
-    let cpus = cpu_layout(plan, services, &facts.cpus, idle_pool);
+    let cpus = cpu_layout(plan, services, &facts.cpus);
     let cgroups = plan
         .groups()
         .map(|(group, alloc)| CgroupValues {
@@ -237,7 +239,6 @@ pub fn cpu_layout(
     plan: &Plan,
     services: &[ServiceSpec],
     cpus: &[u32],
-    idle_pool: bool,
 ) -> BTreeMap<String, CpuList> {
     let mut out = BTreeMap::new();
     let mut next = 0usize;
@@ -252,8 +253,6 @@ pub fn cpu_layout(
     }
     let rest: Vec<u32> = if next < cpus.len() {
         cpus[next..].to_vec()
-    } else if idle_pool {
-        cpus.to_vec()
     } else {
         cpus.last().copied().into_iter().collect()
     };
@@ -482,7 +481,7 @@ mod tests {
     }
 
     #[test]
-    fn when_cpus_run_out_later_services_share_the_last_one_and_the_pool_idles_on_all() {
+    fn when_cpus_run_out_later_services_and_the_idle_pool_share_the_last_one() {
         let p = plan(
             &[
                 ("kv", alloc(6, 0, 4, 100)),
@@ -495,19 +494,10 @@ mod tests {
         assert_eq!(cpus_of(&w, "kv"), "0-5");
         assert_eq!(cpus_of(&w, "web"), "6-7", "what is left");
         assert_eq!(cpus_of(&w, "db"), "7", "0 cores still get one CPU");
-        assert_eq!(
-            cpus_of(&w, "best-effort"),
-            "0-7",
-            "an idle class may use what the others leave idle, anywhere"
-        );
-        let mut no_weights = facts(None);
-        no_weights.can_quota = false;
-        let w = layout(&p, &no_weights, &three(), &BTreeSet::new()).unwrap();
-        assert_eq!(
-            cpus_of(&w, "best-effort"),
-            "7",
-            "without weights the pool is kept to the last CPU"
-        );
+        assert_eq!(cpus_of(&w, "best-effort"), "7");
+        let pool = w.cgroup("best-effort").unwrap();
+        assert_eq!(pool.weight, Some(CpuWeight::Lowest), "an idle class");
+        assert_eq!(pool.cpu_max.unwrap().quota_us, None, "without a quota");
     }
 
     #[test]
@@ -806,7 +796,7 @@ mod tests {
                         .collect::<Vec<_>>(),
                     alloc(n - used, 1, 1, 100),
                 );
-                let sets = cpu_layout(&p, &specs, &cpus, true);
+                let sets = cpu_layout(&p, &specs, &cpus);
                 proptest::prop_assert_eq!(lc_overlap(&sets, &lc_set), None);
                 let union: BTreeSet<u32> = sets.values().flat_map(|c| c.0.clone()).collect();
                 proptest::prop_assert_eq!(union, cpus.iter().copied().collect::<BTreeSet<u32>>());

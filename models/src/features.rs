@@ -22,6 +22,13 @@
 //!
 //! Glitched counters are not features: a value outside its plausible range (IPC above 10,
 //! bandwidth above 4× the host's peak) is treated as missing.
+//!
+//! Absent is absent: a reading the host cannot take (no hardware counters in a VM, no RDT
+//! monitoring, no latency reading this interval) or that was implausible is 0 with its flag
+//! 0 ([`PRESENCE_FLAGS`] pairs each such value with its flag). A value whose flag is 0 means
+//! nothing, so it is never compared with the training range ([`present`]); the training
+//! data has hosts and ticks without counters, RDT monitoring or latency, so the model has
+//! seen the flags at 0.
 
 use cohabit_core::{Allocation, HostCapacity, Observation, Sample};
 
@@ -58,6 +65,37 @@ pub const FEATURE_NAMES: [&str; 24] = [
 
 /// Number of features.
 pub const N_FEATURES: usize = FEATURE_NAMES.len();
+
+/// The readings that may be absent, each with its presence flag: (value, flag). A value
+/// whose flag is 0 was not measured (it is 0 in the vector).
+pub const PRESENCE_FLAGS: [(&str, &str); 5] = [
+    ("log_qos_now", "has_qos_now"),
+    ("ipc", "has_ipc"),
+    ("log_miss_rate", "has_miss_rate"),
+    ("occupancy_frac", "has_occupancy"),
+    ("bw_frac", "has_bw"),
+];
+
+/// Index of feature `name` in [`FEATURE_NAMES`].
+fn index(name: &str) -> Option<usize> {
+    FEATURE_NAMES.iter().position(|n| *n == name)
+}
+
+/// True if feature `i` of `f` carries a measured value: false for a presence flag itself
+/// and for a reading whose flag is 0 (see [`PRESENCE_FLAGS`]); true for everything else.
+pub fn present(f: &[f32; N_FEATURES], i: usize) -> bool {
+    let Some(name) = FEATURE_NAMES.get(i) else {
+        return false;
+    };
+    if PRESENCE_FLAGS.iter().any(|(_, flag)| flag == name) {
+        return false;
+    }
+    PRESENCE_FLAGS
+        .iter()
+        .find(|(value, _)| value == name)
+        .and_then(|(_, flag)| index(flag))
+        .is_none_or(|j| f[j] > 0.5)
+}
 
 /// The other tenants of the host, as the controller measured them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -230,6 +268,71 @@ mod tests {
         assert!((get("log_cores_ratio") - 2f32.ln()).abs() < 1e-6);
         assert!(f.iter().all(|v| v.is_finite()));
         assert_eq!(names.len(), f.len());
+    }
+
+    #[test]
+    fn every_flag_is_paired_with_one_value_and_both_names_exist() {
+        let flags: Vec<&str> = FEATURE_NAMES
+            .iter()
+            .copied()
+            .filter(|n| n.starts_with("has_"))
+            .collect();
+        let paired: Vec<&str> = PRESENCE_FLAGS.iter().map(|(_, f)| *f).collect();
+        assert_eq!(flags, paired, "every has_* flag, in schema order");
+        for (value, flag) in PRESENCE_FLAGS {
+            assert!(
+                index(value).is_some() && index(flag).is_some(),
+                "{value} {flag}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_counter_less_host_has_its_readings_absent_and_the_rest_present() {
+        // No hardware counters, no RDT monitoring: latency, load and CPU time only.
+        let s = Sample {
+            p99_ms: Some(0.8),
+            requests_per_s: Some(1000.0),
+            cpu_busy_cores: Some(2.0),
+            ..Sample::default()
+        };
+        let f = features(
+            &host(),
+            1.0,
+            &s,
+            &alloc(4, 4),
+            &alloc(4, 4),
+            &Neighbours::default(),
+        );
+        // The flags themselves are not readings either.
+        let no_reading: Vec<&str> = (0..N_FEATURES)
+            .filter(|&i| !present(&f, i))
+            .map(|i| FEATURE_NAMES[i])
+            .collect();
+        assert_eq!(
+            no_reading,
+            [
+                "has_qos_now",
+                "ipc",
+                "has_ipc",
+                "log_miss_rate",
+                "has_miss_rate",
+                "occupancy_frac",
+                "has_occupancy",
+                "bw_frac",
+                "has_bw"
+            ]
+        );
+        // Without a latency reading, log_qos_now is absent too.
+        let f = features(
+            &host(),
+            1.0,
+            &Sample::default(),
+            &alloc(4, 4),
+            &alloc(4, 4),
+            &Neighbours::default(),
+        );
+        assert!(!present(&f, index("log_qos_now").unwrap()));
     }
 
     #[test]

@@ -16,5 +16,6 @@ pub mod mlp;
 pub use artifact::{Model, ModelError, ModelMetadata};
 pub use builtin::{builtin, builtin_platforms};
 pub use features::{
-    features, log_qos_ratio, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, N_FEATURES,
+    features, log_qos_ratio, present, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION,
+    N_FEATURES, PRESENCE_FLAGS,
 };

@@ -3,8 +3,9 @@
 //! [`SimulatedHost`] keeps the state a real host would have (the plan in force, GPU clients
 //! whose MPS share changes only after a restart), advances one control interval per
 //! [`Collector::collect`], and reports telemetry with the dirt of real counters: lognormal
-//! noise, rare glitches and missing readings. [`TruthModel`] is the same physics without
-//! noise or state, for metrics and for the oracle policy.
+//! noise, rare glitches and missing readings; on a host without counters or RDT monitoring
+//! ([`crate::scenario::Telemetry`]) those readings are always absent. [`TruthModel`] is the
+//! same physics without noise or state, for metrics and for the oracle policy.
 
 use std::sync::Arc;
 
@@ -285,7 +286,13 @@ impl Collector for SimulatedHost {
             .zip(&self.gpu)
             .map(|(((s, o), t), g)| ServiceObservation {
                 spec: s.spec.clone(),
-                sample: measure(&mut self.rng, o, t.load_rps, &sc.noise, tick_ms / 1000.0),
+                sample: sc.telemetry.strip(measure(
+                    &mut self.rng,
+                    o,
+                    t.load_rps,
+                    &sc.noise,
+                    tick_ms / 1000.0,
+                )),
                 gpu_mps_effective_pct: g.effective,
             })
             .collect();
@@ -469,6 +476,27 @@ mod tests {
         assert!(missing > 0, "some readings go missing");
         // A best-effort job has no latency.
         assert!(obs.iter().all(|o| o.services[2].sample.p99_ms.is_none()));
+    }
+
+    #[test]
+    fn a_host_without_counters_or_rdt_monitoring_never_reports_them() {
+        let mut sc = Scenario::load("demo").unwrap();
+        sc.telemetry = crate::scenario::Telemetry {
+            counters: false,
+            rdt_monitoring: false,
+        };
+        let sc = Arc::new(sc);
+        let p = plan(&sc, 50);
+        let mut host = SimulatedHost::launch(sc, &p, Some(1)).unwrap();
+        let obs: Vec<Observation> = (0..50).map(|_| host.collect().unwrap()).collect();
+        let samples = || obs.iter().flat_map(|o| &o.services).map(|s| &s.sample);
+        assert!(samples().all(|s| s.ipc.is_none()
+            && s.llc_misses_per_s.is_none()
+            && s.llc_occupancy_bytes.is_none()
+            && s.mem_bw_bytes_per_s.is_none()));
+        // Latency, load and CPU time are still measured.
+        assert!(samples().filter(|s| s.p99_ms.is_some()).count() > 90);
+        assert!(samples().filter(|s| s.cpu_busy_cores.is_some()).count() > 140);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! preset = "xeon-e5-2697v4"   # see `cohabit scenarios --platforms`; fields below override
 //! # cores = 36, freq_ghz = 2.3, llc_ways = 20, llc_mb = 45, mem_bw_gbps = 76.8, mem_latency_ns = 90
 //! # closids = 16             # resctrl CLOSIDs, the default group's included
+//! # counters = false          # no hardware performance counters (most VMs): no IPC, no LLC misses
+//! # rdt_monitoring = false    # no RDT monitoring (CMT/MBM): no LLC occupancy, no memory bandwidth
 //!
 //! [[service]]                 # latency-critical
 //! name = "memcached"
@@ -29,7 +31,7 @@
 
 use std::path::Path;
 
-use cohabit_core::{HostCapacity, ServiceClass, ServiceSpec, BEST_EFFORT_GROUP};
+use cohabit_core::{HostCapacity, Sample, ServiceClass, ServiceSpec, BEST_EFFORT_GROUP};
 use serde::Deserialize;
 
 use crate::catalogue::{self, Platform, ServiceModel, SimHost};
@@ -55,6 +57,46 @@ pub struct Scenario {
     pub services: Vec<SimService>,
     /// Measurement dirt.
     pub noise: Noise,
+    /// What the host can measure at all.
+    pub telemetry: Telemetry,
+}
+
+/// What a host can measure besides latency, load and CPU time: a kind of host, not noise.
+/// A VM usually has neither hardware counters nor RDT monitoring; a host with CAT may lack
+/// CMT/MBM. Readings the host cannot take are absent (`None`) in every sample; allocation
+/// (cores, CAT ways, MBA) works as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Telemetry {
+    /// Hardware performance counters (perf): IPC and LLC misses.
+    pub counters: bool,
+    /// RDT monitoring (CMT and MBM): LLC occupancy and memory bandwidth.
+    pub rdt_monitoring: bool,
+}
+
+impl Default for Telemetry {
+    /// A bare-metal host with everything.
+    fn default() -> Self {
+        Self {
+            counters: true,
+            rdt_monitoring: true,
+        }
+    }
+}
+
+impl Telemetry {
+    /// `sample` as this host reports it: what it cannot measure is absent.
+    pub fn strip(&self, sample: Sample) -> Sample {
+        let mut s = sample;
+        if !self.counters {
+            s.ipc = None;
+            s.llc_misses_per_s = None;
+        }
+        if !self.rdt_monitoring {
+            s.llc_occupancy_bytes = None;
+            s.mem_bw_bytes_per_s = None;
+        }
+        s
+    }
 }
 
 /// One service or job of a scenario.
@@ -147,6 +189,8 @@ struct HostFile {
     mem_bw_gbps: Option<f64>,
     mem_latency_ns: Option<f64>,
     closids: Option<i64>,
+    counters: Option<bool>,
+    rdt_monitoring: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -363,6 +407,10 @@ impl Scenario {
             host,
             services,
             noise: file.noise,
+            telemetry: Telemetry {
+                counters: file.host.counters.unwrap_or(true),
+                rdt_monitoring: file.host.rdt_monitoring.unwrap_or(true),
+            },
         })
     }
 
@@ -563,6 +611,47 @@ model = "stream"
             .unwrap_err()
             .to_string();
         assert!(err.contains("host.closids"), "{err}");
+    }
+
+    #[test]
+    fn a_host_without_counters_or_rdt_monitoring_reports_those_readings_absent() {
+        assert_eq!(parse(GOOD).unwrap().telemetry, Telemetry::default());
+        let s = parse(&GOOD.replace("[host]", "[host]\ncounters = false\nrdt_monitoring = false"))
+            .unwrap();
+        assert_eq!(
+            s.telemetry,
+            Telemetry {
+                counters: false,
+                rdt_monitoring: false
+            }
+        );
+        let full = Sample {
+            ipc: Some(1.0),
+            llc_misses_per_s: Some(1e6),
+            llc_occupancy_bytes: Some(1e6),
+            mem_bw_bytes_per_s: Some(1e9),
+            cpu_busy_cores: Some(2.0),
+            p99_ms: Some(0.5),
+            requests_per_s: Some(100.0),
+            ..Sample::default()
+        };
+        let bare = s.telemetry.strip(full.clone());
+        assert_eq!(
+            bare,
+            Sample {
+                cpu_busy_cores: Some(2.0),
+                p99_ms: Some(0.5),
+                requests_per_s: Some(100.0),
+                ..Sample::default()
+            }
+        );
+        let no_rdt = Telemetry {
+            counters: true,
+            rdt_monitoring: false,
+        }
+        .strip(full.clone());
+        assert_eq!((no_rdt.ipc, no_rdt.mem_bw_bytes_per_s), (Some(1.0), None));
+        assert_eq!(Telemetry::default().strip(full.clone()), full);
     }
 
     #[test]

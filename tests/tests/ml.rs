@@ -9,7 +9,7 @@ use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_models::Model;
 use cohabit_policy::control;
 use cohabit_policy::{HostContext, MlConfig, MlPolicy, Policy};
-use cohabit_sim::scenario::builtin_names;
+use cohabit_sim::scenario::{builtin_names, Telemetry};
 use cohabit_sim::{Scenario, SimulatedHost};
 
 fn ctx(sc: &Scenario) -> HostContext {
@@ -76,10 +76,26 @@ fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
     for name in builtin_names() {
         let sc = Arc::new(Scenario::load(name).unwrap());
         let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
-        let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
+        let c = ctx(&sc);
+        let mut ml = MlPolicy::new(c.clone(), model, MlConfig::default());
         for r in run(&sc, &mut ml, 120) {
             r.plan.validate(sc.capacity(), &sc.specs()).unwrap();
-            let ranges: Vec<WayRange> = r.plan.services.values().map(|a| a.llc_ways).collect();
+            // Services beyond the CLOSIDs have exactly the pool's range; the others have
+            // ranges of their own, disjoint from each other's (and from the pool's when CPU
+            // jobs run there).
+            let pool = r.plan.best_effort.llc_ways;
+            let (sharing, isolated): (Vec<_>, Vec<_>) = r
+                .plan
+                .services
+                .iter()
+                .partition(|(n, _)| c.shares_pool_group(n));
+            for (n, a) in &sharing {
+                assert_eq!(a.llc_ways, pool, "{name}: {n} shares the pool's group");
+            }
+            let mut ranges: Vec<WayRange> = isolated.iter().map(|(_, a)| a.llc_ways).collect();
+            if c.has_cpu_best_effort() {
+                ranges.push(pool);
+            }
             for (i, a) in ranges.iter().enumerate() {
                 for b in &ranges[i + 1..] {
                     assert!(!a.overlaps(b), "{name}: {a:?} overlaps {b:?}");
@@ -230,4 +246,59 @@ fn a_confidently_biased_model_is_corrected_online() {
         "{met} of {}",
         records.len()
     );
+}
+
+#[test]
+fn on_a_host_without_counters_or_rdt_ml_takes_the_model_path_and_keeps_qos() {
+    // A VM: no hardware counters, no RDT monitoring; latency, load and CPU time only. The
+    // absent readings are absent (flags at 0), not values out of the training range, so
+    // the model decides.
+    for name in ["demo", "parties-mix", "load-spike"] {
+        let mut sc = Scenario::load(name).unwrap();
+        sc.telemetry = Telemetry {
+            counters: false,
+            rdt_monitoring: false,
+        };
+        let sc = Arc::new(sc);
+        let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+        let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
+        let records = run(&sc, &mut ml, sc.ticks());
+        assert!(records
+            .iter()
+            .all(|r| r
+                .observation
+                .services
+                .iter()
+                .all(|o| o.sample.ipc.is_none() && o.sample.mem_bw_bytes_per_s.is_none())));
+        let paths: Vec<DecisionPath> = records
+            .iter()
+            .flat_map(|r| {
+                sc.specs()
+                    .into_iter()
+                    .filter(|s| s.is_latency_critical())
+                    .map(|s| r.reasons[&s.name].path)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let model_path = paths.iter().filter(|p| **p == DecisionPath::Model).count();
+        assert!(
+            model_path * 100 >= paths.len() * 95,
+            "{name}: {model_path} of {} decisions on the model path",
+            paths.len()
+        );
+        for r in &records {
+            for why in r.reasons.values() {
+                assert!(
+                    !why.text.contains("outside the training range"),
+                    "{name}: {why}"
+                );
+            }
+        }
+        let met = records.iter().filter(|r| met(&sc, r)).count();
+        assert!(
+            met * 100 >= records.len() * 97,
+            "{name}: QoS met in {met} of {}",
+            records.len()
+        );
+    }
 }

@@ -2,6 +2,11 @@
 //! candidate allocations. Features come only from simulated telemetry (the noisy `Sample`
 //! the controller would see under the current allocation), never from the simulator's
 //! hidden parameters; the target is the true p99 under the candidate.
+//!
+//! Hosts differ in what they can measure: a share of the scenes is on a host without
+//! hardware counters (a VM), without RDT monitoring, or without both ([`HOST_KINDS`]), and in
+//! some intervals a service has no latency reading ([`LATENCY_MISSING`]), so the model has
+//! seen every presence flag at 0 and `ml` can use it on such hosts.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +15,7 @@ use cohabit_core::{Allocation, Plan, ServiceClass, ServiceSpec, WayRange};
 use cohabit_models::{features, target, Neighbours};
 use cohabit_sim::catalogue::{self, Platform};
 use cohabit_sim::host::measure;
-use cohabit_sim::scenario::{Noise, Scenario, SimService};
+use cohabit_sim::scenario::{Noise, Scenario, SimService, Telemetry};
 use cohabit_sim::trace::LoadTrace;
 use cohabit_sim::TruthModel;
 use rand::seq::SliceRandom;
@@ -18,6 +23,57 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::{Dataset, Row};
+
+/// The kinds of host scenes are drawn on, with their shares: everything measured; no
+/// hardware counters (most VMs: no IPC, no LLC misses); no RDT monitoring (no occupancy, no
+/// bandwidth, the neighbours' included); neither.
+pub const HOST_KINDS: [(Telemetry, f64); 4] = [
+    (
+        Telemetry {
+            counters: true,
+            rdt_monitoring: true,
+        },
+        0.6,
+    ),
+    (
+        Telemetry {
+            counters: false,
+            rdt_monitoring: true,
+        },
+        0.1,
+    ),
+    (
+        Telemetry {
+            counters: true,
+            rdt_monitoring: false,
+        },
+        0.1,
+    ),
+    (
+        Telemetry {
+            counters: false,
+            rdt_monitoring: false,
+        },
+        0.2,
+    ),
+];
+
+/// Probability that a latency-critical service has no latency reading in a scene's
+/// interval (no request completed, the probe lost its window): its p99 and request rate are
+/// absent, as they come from the same probe.
+pub const LATENCY_MISSING: f64 = 0.05;
+
+/// A host kind drawn with the shares of [`HOST_KINDS`].
+fn host_kind(rng: &mut ChaCha8Rng) -> Telemetry {
+    let mut u: f64 = rng.gen();
+    for (kind, share) in HOST_KINDS {
+        if u < share {
+            return kind;
+        }
+        u -= share;
+    }
+    Telemetry::default()
+}
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -127,6 +183,7 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
             host: host.clone(),
             services,
             noise: Noise::default(),
+            telemetry: host_kind(&mut rng),
         });
         let truth = TruthModel::new(Arc::clone(&sc));
         // Current plan: LC services side by side in the ways, the pool gets the rest.
@@ -159,12 +216,18 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
         let zeros = vec![0.0; loads.len()];
         let gpu = vec![None; loads.len()];
         let (now, _) = truth.evaluate(&plan, &loads, &gpu, &zeros);
-        let samples: Vec<cohabit_core::Sample> = now
+        let mut samples: Vec<cohabit_core::Sample> = now
             .outcomes
             .iter()
             .zip(&loads)
-            .map(|(o, l)| measure(&mut rng, o, *l, &sc.noise, 1.0))
+            .map(|(o, l)| sc.telemetry.strip(measure(&mut rng, o, *l, &sc.noise, 1.0)))
             .collect();
+        for (s, spec) in samples.iter_mut().zip(sc.services.iter().map(|s| &s.spec)) {
+            if spec.is_latency_critical() && rng.gen_bool(LATENCY_MISSING) {
+                s.p99_ms = None;
+                s.requests_per_s = None;
+            }
+        }
         for (i, s) in sc.services.iter().enumerate() {
             let Some(t) = s.spec.p99_target_ms() else {
                 continue;

@@ -2,7 +2,7 @@
 //! from decision logs, and a small end-to-end fit.
 
 use cohabit_models::mlp::Ensemble;
-use cohabit_models::{Model, N_FEATURES};
+use cohabit_models::{Model, FEATURE_NAMES, N_FEATURES, PRESENCE_FLAGS};
 use cohabit_sim::catalogue::Platform;
 use cohabit_training::dataset::Dataset;
 use cohabit_training::fit::{self, FitConfig};
@@ -63,6 +63,39 @@ fn generated_rows_are_finite_deterministic_and_cover_many_services() {
     assert!(a.services().len() >= 8, "{:?}", a.services());
     // Targets span meeting and missing the target.
     assert!(a.rows.iter().any(|r| r.target < 0.0) && a.rows.iter().any(|r| r.target > 0.0));
+}
+
+#[test]
+fn generated_rows_include_hosts_without_counters_or_rdt_and_ticks_without_latency() {
+    let a = small(5);
+    let col = |n: &str| FEATURE_NAMES.iter().position(|x| *x == n).unwrap();
+    let share = |flag: &str| {
+        let absent = a
+            .rows
+            .iter()
+            .filter(|r| r.features[col(flag)] == 0.0)
+            .count();
+        absent as f64 / a.rows.len() as f64
+    };
+    // 30 % of scenes without counters, 30 % without RDT monitoring (20 % without both),
+    // 5 % of readings without latency; besides the rare missing reading.
+    for flag in ["has_ipc", "has_miss_rate", "has_occupancy", "has_bw"] {
+        let s = share(flag);
+        assert!((0.15..0.5).contains(&s), "{flag} absent in {s:.2} of rows");
+    }
+    let s = share("has_qos_now");
+    assert!(
+        (0.01..0.15).contains(&s),
+        "has_qos_now absent in {s:.2} of rows"
+    );
+    // An absent reading is 0, never another value.
+    for (value, flag) in PRESENCE_FLAGS {
+        assert!(a
+            .rows
+            .iter()
+            .filter(|r| r.features[col(flag)] == 0.0)
+            .all(|r| r.features[col(value)] == 0.0));
+    }
 }
 
 #[test]

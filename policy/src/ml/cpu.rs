@@ -1,6 +1,11 @@
 //! CPU services in the `ml` policy: steps 2–4 for one service, from its reading to its
 //! frontier, or to a fixed demand when it holds (a reading to confirm, none at all) or the
 //! model cannot be trusted with it (the fallback's feedback step).
+//!
+//! A service beyond the CLOSIDs shares the pool's ways with the best-effort jobs: it cannot
+//! have ways of its own, so it is predicted with the ways it really gets, pool sizes up to
+//! the pool's range in force (what it measured under, shared), and the fallback grows its
+//! cores alone.
 
 use std::slice;
 
@@ -24,6 +29,8 @@ struct CpuView {
     neighbours: Neighbours,
     /// Measured ln(p99/target).
     measured: Option<f64>,
+    /// Shares the pool's ways (beyond the CLOSIDs).
+    shares_pool: bool,
 }
 
 /// What the frontier search found for one service.
@@ -64,6 +71,7 @@ impl MlPolicy {
             sample,
             current,
             measured,
+            shares_pool: self.ctx.shares_pool_group(name),
         }
     }
 
@@ -97,7 +105,7 @@ impl MlPolicy {
             return hold(name, &v.current, "hold (no latency reading)".into());
         }
         if let Some(why) = st.on_fallback(now_ms, &cfg) {
-            return fallback(obs, name, &why, true);
+            return fallback(obs, name, &why, true, v.shares_pool);
         }
         let predictor = Predictor {
             model: &self.model,
@@ -111,12 +119,18 @@ impl MlPolicy {
         let probe = predictor.features(&v.current);
         if let Some((feature, z)) = out_of_range(&self.model.meta, &probe, cfg.z_limit) {
             let why = format!("input {feature} outside the training range (z = {z:.1})");
-            return fallback(obs, name, &why, false);
+            return fallback(obs, name, &why, false, v.shares_pool);
         }
         let held = v.measured.is_some_and(|q| q <= cfg.margin.ln());
-        let found = match self.search(&predictor, held) {
+        // A sharer's ways are the pool's: sizes up to the range it measured under.
+        let ways = if v.shares_pool {
+            search::way_grid(v.current.llc_ways.count)
+        } else {
+            search::way_grid(self.lc_ways())
+        };
+        let found = match self.search(&predictor, held, &ways) {
             Ok(found) => found,
-            Err(why) => return fallback(obs, name, &why, true),
+            Err(why) => return fallback(obs, name, &why, true, v.shares_pool),
         };
         let (cur_mean, cur_sigma) = predictor
             .predict_many(slice::from_ref(&v.current))
@@ -124,11 +138,9 @@ impl MlPolicy {
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
         let costs = self.costs();
-        let cur_cost = costs.cost(v.current.cores, v.current.llc_ways.count);
-        let cheaper = found
-            .points
-            .iter()
-            .any(|&(c, w)| costs.cost(c, w) < cur_cost);
+        let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);
+        let cur_cost = cost(v.current.cores, v.current.llc_ways.count);
+        let cheaper = found.points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
         let st = self.state.entry(name.to_string()).or_default();
         st.scored = found.scored;
         let h = st.hysteresis(safe, cheaper, new_service, cfg.shrink_after);
@@ -150,15 +162,14 @@ impl MlPolicy {
         }
     }
 
-    /// Step 4 for one service: its frontier within the trust region, or the bare target
-    /// among the candidates already scored; `Err` with why (for the fallback) when not even
-    /// that is admissible.
-    fn search(&self, p: &Predictor<'_>, held: bool) -> Result<Found, String> {
+    /// Step 4 for one service over the way counts `ways` (ascending): its frontier within
+    /// the trust region, or the bare target among the candidates already scored; `Err` with
+    /// why (for the fallback) when not even that is admissible.
+    fn search(&self, p: &Predictor<'_>, held: bool, ways: &[u32]) -> Result<Found, String> {
         let cfg = &self.cfg;
-        let ways = search::way_grid(self.lc_ways());
         let max_cores = search::max_cores(p.current.cores, self.ctx.host.cores, held);
         let query = Search {
-            ways: &ways,
+            ways,
             cores_now: p.current.cores,
             max_cores,
             margin: cfg.margin,
@@ -182,12 +193,12 @@ impl MlPolicy {
         if points.is_empty() {
             // Nothing meets the target with the margin: settle for the bare target, among
             // the candidates already scored (no second search).
-            points = search::bare_target(&ways, &scored, cfg.unsure_sigma);
+            points = search::bare_target(ways, &scored, cfg.unsure_sigma);
             relaxed = true;
             if points.is_empty() {
                 let most = Allocation {
                     cores: max_cores,
-                    llc_ways: WayRange::new(0, self.lc_ways()),
+                    llc_ways: WayRange::new(0, ways.last().copied().unwrap_or(1)),
                     ..*p.current
                 };
                 let best = p
@@ -246,14 +257,20 @@ fn hold(name: &str, current: &Allocation, text: String) -> ServicePlan {
 }
 
 /// The fallback for a service the model cannot be trusted with, `why` saying why: a
-/// feedback step from what is in force.
-fn fallback(obs: &Observation, name: &str, why: &str, predictable: bool) -> ServicePlan {
+/// feedback step from what is in force (cores alone for a service sharing the pool's ways).
+fn fallback(
+    obs: &Observation,
+    name: &str,
+    why: &str,
+    predictable: bool,
+    shares_pool: bool,
+) -> ServicePlan {
     let cur = obs
         .current
         .services
         .get(name)
         .map_or((1, 1), |a| (a.cores, a.llc_ways.count));
-    let (cores, ways, what) = fallback_step(cur, slack(obs, name));
+    let (cores, ways, what) = fallback_step(cur, slack(obs, name), !shares_pool);
     let reason = Reason::new(DecisionPath::Fallback, format!("{why}; {what}"));
     ServicePlan::fixed(name, cores, ways, reason, predictable)
 }
@@ -265,8 +282,9 @@ fn fallback(obs: &Observation, name: &str, why: &str, predictable: bool) -> Serv
 /// fallback never walks into a latency cliff. A violating service (slack under 0.05) gets a
 /// step proportional to how far off, a quarter of the current cores at most; past
 /// saturation (p99 at twice the target or more, a reading the glitch check let through)
-/// the cores double. One more way.
-fn fallback_step(cur: (u32, u32), slack: Option<f64>) -> (u32, u32, String) {
+/// the cores double. One more way when it has `own_ways`; a service sharing the pool's
+/// ways cannot have more, so its step is cores alone (and its pool keeps its size).
+fn fallback_step(cur: (u32, u32), slack: Option<f64>, own_ways: bool) -> (u32, u32, String) {
     match slack {
         Some(v) if v < 0.05 => {
             let frac = if v <= 1.0 - SATURATED {
@@ -276,11 +294,19 @@ fn fallback_step(cur: (u32, u32), slack: Option<f64>) -> (u32, u32, String) {
             };
             let step = (f64::from(cur.0) * frac).ceil();
             let step = u32::try_from(cohabit_core::whole(step)).unwrap_or(1).max(1);
-            (
-                cur.0 + step,
-                cur.1 + 1,
-                format!("+{step} cores +1 way (slack {v:.2})"),
-            )
+            if own_ways {
+                (
+                    cur.0 + step,
+                    cur.1 + 1,
+                    format!("+{step} cores +1 way (slack {v:.2})"),
+                )
+            } else {
+                (
+                    cur.0 + step,
+                    cur.1,
+                    format!("+{step} cores, the pool's ways (slack {v:.2})"),
+                )
+            }
         }
         Some(v) => (cur.0, cur.1, format!("hold (slack {v:.2})")),
         None => (cur.0, cur.1, "hold (no latency reading)".into()),
@@ -295,29 +321,39 @@ mod tests {
     fn the_fallback_grows_a_violating_service_in_proportion_to_how_far_off() {
         // 12 % over the target: 12 % of 10 cores, rounded up: +2, and one way.
         assert_eq!(
-            fallback_step((10, 4), Some(-0.12)),
+            fallback_step((10, 4), Some(-0.12), true),
             (12, 5, "+2 cores +1 way (slack -0.12)".to_string())
         );
         // Far over (p99 1.6 × the target): a quarter at most, +3.
-        assert_eq!(fallback_step((10, 4), Some(-0.6)).0, 13);
+        assert_eq!(fallback_step((10, 4), Some(-0.6), true).0, 13);
         // Just inside the target but within 5 %: the smallest step, 10 %: +1.
-        assert_eq!(fallback_step((10, 4), Some(0.02)).0, 11);
+        assert_eq!(fallback_step((10, 4), Some(0.02), true).0, 11);
     }
 
     #[test]
     fn the_fallback_doubles_the_cores_of_a_saturated_service() {
         // p99 at twice the target: slack -1.
-        assert_eq!(fallback_step((10, 4), Some(-1.0)).0, 20);
+        assert_eq!(fallback_step((10, 4), Some(-1.0), true).0, 20);
+    }
+
+    #[test]
+    fn the_fallback_grows_a_service_sharing_the_pools_ways_by_cores_alone() {
+        // 12 % over the target with the pool's 3 ways: +2 cores, the ways stay the pool's.
+        assert_eq!(
+            fallback_step((10, 3), Some(-0.12), false),
+            (12, 3, "+2 cores, the pool's ways (slack -0.12)".to_string())
+        );
+        assert_eq!(fallback_step((10, 3), Some(-1.0), false).0, 20);
     }
 
     #[test]
     fn the_fallback_never_cuts() {
         assert_eq!(
-            fallback_step((10, 4), Some(0.6)),
+            fallback_step((10, 4), Some(0.6), true),
             (10, 4, "hold (slack 0.60)".to_string())
         );
         assert_eq!(
-            fallback_step((10, 4), None),
+            fallback_step((10, 4), None, true),
             (10, 4, "hold (no latency reading)".to_string())
         );
     }

@@ -33,7 +33,12 @@
 //!    resource). A service measured under `margin` of its target keeps its allocation until
 //!    a cheaper admissible one has existed for `shrink_after` intervals; a service that needs
 //!    more never loses ways in the same step. Way ranges are contiguous and disjoint, from
-//!    way 0 in configuration order; services beyond the host's CLOSIDs share the pool's ways.
+//!    way 0 in configuration order. Services beyond the host's CLOSIDs
+//!    ([`HostContext::shares_pool_group`]) share the pool's ways with the best-effort jobs:
+//!    they are searched with the ways they really get (pool sizes up to the pool's range in
+//!    force, never more ways than they measured under), pay only for their cores, and a
+//!    point of theirs fits only where the isolated services leave the pool its ways; on the
+//!    fallback they grow by cores alone.
 //! 6. **Degrade** (documented rule) when the needs cannot all fit: nobody is cut to make
 //!    room. Each service keeps what it has (or its need, when that is smaller in every
 //!    resource); then, in configuration order, services that want more take their cheapest
@@ -164,6 +169,7 @@ impl MlPolicy {
         Room {
             cores: self.ctx.host.cores,
             ways: self.lc_ways(),
+            llc_ways: self.ctx.host.llc_ways,
         }
     }
 
@@ -207,16 +213,12 @@ impl MlPolicy {
         plans
     }
 
-    /// The packer's view of each plan. CLOSID budget: the pool has a group of its own and
-    /// every other group the host offers may isolate one service, in configuration order;
-    /// the services beyond share the pool's ways.
+    /// The packer's view of each plan. CLOSID budget: the services beyond it share the pool's
+    /// ways ([`HostContext::shares_pool_group`]).
     fn demands(&self, obs: &Observation, plans: &[ServicePlan]) -> Vec<Demand> {
-        let isolated = usize::try_from(self.ctx.host.groups_available().saturating_sub(1))
-            .unwrap_or(usize::MAX);
         plans
             .iter()
-            .enumerate()
-            .map(|(i, p)| {
+            .map(|p| {
                 let slack = slack(obs, &p.name);
                 Demand {
                     current: obs
@@ -226,7 +228,7 @@ impl MlPolicy {
                         .map_or((1, 1), |a| (a.cores, a.llc_ways.count)),
                     need: p.need.clone(),
                     keep: p.keep,
-                    shares_pool_ways: i >= isolated,
+                    shares_pool_ways: self.ctx.shares_pool_group(&p.name),
                     violating: slack.is_some_and(|s| s < 0.0),
                     slack,
                 }
@@ -234,11 +236,11 @@ impl MlPolicy {
             .collect()
     }
 
-    /// The packed shares laid out on the host, and each service's reason.
+    /// The packed shares laid out on the host (services beyond the CLOSIDs on the pool's
+    /// ways and MBA, see [`layout`]), and each service's reason.
     fn lay_out(
         &self,
         plans: &[ServicePlan],
-        demands: &[Demand],
         packing: &Packing,
     ) -> (Plan, BTreeMap<String, Reason>) {
         let mut shares: BTreeMap<String, Share> = BTreeMap::new();
@@ -260,20 +262,7 @@ impl MlPolicy {
             }
             reasons.insert(p.name.clone(), why);
         }
-        let mut plan = layout(&self.ctx, &shares, MBA_MAX_PCT);
-        // Services beyond the CLOSIDs share the pool's ways (and so its resctrl group).
-        let pool = plan.best_effort;
-        for (p, _) in plans
-            .iter()
-            .zip(demands)
-            .filter(|(_, d)| d.shares_pool_ways)
-        {
-            if let Some(a) = plan.services.get_mut(&p.name) {
-                a.llc_ways = pool.llc_ways;
-                a.mba_pct = pool.mba_pct;
-            }
-        }
-        (plan, reasons)
+        (layout(&self.ctx, &shares, MBA_MAX_PCT), reasons)
     }
 
     /// Predictions for the CPU services whose inputs are in range (model path or fallback)
@@ -378,7 +367,7 @@ impl Policy for MlPolicy {
         let plans = self.plan_services(obs, now_ms);
         let demands = self.demands(obs, &plans);
         let packing = pack::pack(self.room(), &self.costs(), &demands);
-        let (plan, mut reasons) = self.lay_out(&plans, &demands, &packing);
+        let (plan, mut reasons) = self.lay_out(&plans, &packing);
         let predictions = self.record_predictions(obs, &plans, &plan);
         reasons.insert(
             cohabit_core::BEST_EFFORT_GROUP.to_string(),
@@ -552,6 +541,29 @@ pub(super) mod tests {
                 .collect();
             assert_eq!(got, sharing, "{closids} CLOSIDs");
         }
+    }
+
+    #[test]
+    fn a_service_sharing_the_pools_ways_is_sized_for_the_pool_it_really_gets() {
+        // 3 CLOSIDs: lc0 has ways of its own, lc1 shares the pool's (fair share: 13 ways,
+        // shared with the job). A model to which a way is worth two cores (-0.1 and -0.05
+        // in ln(p99/target)); both at their target. lc0 would take every way it may; had
+        // lc1 been sized with ways of its own, it would have few cores and, in a pool that
+        // lc0's ways shrank, miss. Sized for the pool's ways (at most the 13 it measured
+        // under, and only where lc0 leaves them), the prediction for what it really gets
+        // meets the margin.
+        let c = ctx(2, 3);
+        let w = [(col("cores_cand"), -1.8), (col("ways_cand"), -2.0)];
+        let model = linear_model(&[(0.0, &w), (0.0, &w)]);
+        let (initial, d) = first_decision(&c, model, &sample(Some(1.0)));
+        assert_eq!(initial.services["lc1"].llc_ways.count, 13);
+        let pool = d.plan.best_effort.llc_ways;
+        let lc1 = d.plan.services["lc1"];
+        assert_eq!(lc1.llc_ways, pool);
+        assert!(lc1.cores > initial.services["lc1"].cores, "{:?}", d.reasons);
+        let p = &d.predictions["lc1"];
+        assert!(p.log_qos_ratio <= 0.9f64.ln(), "{p:?} with {lc1:?}");
+        assert_eq!(d.reasons["lc1"].path, DecisionPath::Model);
     }
 
     #[test]

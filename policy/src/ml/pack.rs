@@ -12,15 +12,20 @@
 //! ([`Costs`]), plus [`CHANGE_COST`] per resource that differs from what is in force, so
 //! near-ties keep what is in force. A first pass offers a service whose allocation is kept
 //! by the hysteresis only that allocation; if nothing fits, a second offers every point.
-//! Services that share the pool's ways use none of the latency-critical ways.
+//! Services that share the pool's ways (beyond the CLOSIDs; last in configuration order, so
+//! the isolated services' ways are settled when the programme reaches them) use none of the
+//! latency-critical ways and pay only for their cores; their point `(cores, ways)` means
+//! "enough with a pool of `ways` ways", so it fits only where the isolated services leave
+//! the pool at least that many ([`pool_ways`]).
 //!
 //! Degrade ([`degrade`]) when even that does not fit: nobody is cut to make room. Each
 //! service keeps what it has (or its cheapest point, when that is smaller in every
-//! resource); then, in configuration order, services that want more take their cheapest
-//! point within reach of what is free, or grow toward it as far as what is free allows (a
-//! service over its target by a quarter more cores, up to twice its need's); last, a
-//! service over its target still short of ways takes them from the one with the most
-//! measured slack whose frontier has a point with fewer ways ([`lend_ways`]).
+//! resource; a service sharing the pool's ways gets them whatever its point says); then,
+//! in configuration order, services that want more take their cheapest point within reach
+//! of what is free, or grow toward it as far as what is free allows (a service over its
+//! target by a quarter more cores, up to twice its need's); last, a service over its target
+//! still short of ways takes them from the one with the most measured slack whose frontier
+//! has a point with fewer ways ([`lend_ways`]).
 //!
 //! Properties: the result depends only on the demands and what is in force, so it does not
 //! oscillate while the loads hold; a degraded packing never takes anything from a service
@@ -40,7 +45,8 @@ pub(super) enum Need {
     Fixed { cores: u32, ways: u32 },
 }
 
-/// One latency-critical service as the packer sees it.
+/// One latency-critical service as the packer sees it. For a service sharing the pool's
+/// ways, the ways of a point are the pool's size it was sized for.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Demand {
     /// (cores, ways) in force.
@@ -58,6 +64,11 @@ pub(super) struct Demand {
 }
 
 impl Demand {
+    /// What (`cores`, `ways`) costs the best-effort jobs ([`Costs::of`]).
+    pub(super) fn cost(&self, costs: &Costs, cores: u32, ways: u32) -> f64 {
+        costs.of(cores, ways, self.shares_pool_ways)
+    }
+
     /// The (cores, ways) points the service may get: the kept allocation alone when
     /// `allow_keep` and there is one, else its need.
     fn options(&self, allow_keep: bool) -> Vec<(u32, u32)> {
@@ -88,6 +99,12 @@ impl Costs {
         f64::from(cores) / f64::from(self.cores)
             + self.way_cost * f64::from(ways) / f64::from(self.llc_ways)
     }
+
+    /// What a service's (`cores`, `ways`) costs the best-effort jobs: the cores, and the
+    /// ways unless it shares the pool's (`shares_pool_ways`: they are the pool's anyway).
+    pub(super) fn of(&self, cores: u32, ways: u32, shares_pool_ways: bool) -> f64 {
+        self.cost(cores, if shares_pool_ways { 0 } else { ways })
+    }
 }
 
 /// What the latency-critical services may use together.
@@ -96,6 +113,18 @@ pub(super) struct Room {
     pub(super) cores: u32,
     /// LLC ways (the pool keeps one when CPU jobs run).
     pub(super) ways: u32,
+    /// The host's LLC ways: the pool's range is what the isolated services leave of them.
+    pub(super) llc_ways: u32,
+}
+
+/// Ways of the pool's range when the isolated services use `used` ways: the rest, or the
+/// top way (shared) when they use them all (as [`crate::layout`] lays it out).
+pub(super) fn pool_ways(room: Room, used: u32) -> u32 {
+    if used < room.llc_ways {
+        room.llc_ways - used
+    } else {
+        1
+    }
 }
 
 /// The packer's answer.
@@ -151,9 +180,14 @@ fn cheapest_fit(
                 if u2 > w_total || cores + c > c_total {
                     continue;
                 }
+                // A sharer sized for a pool of w ways needs at least that many left.
+                let used = u32::try_from(u).unwrap_or(u32::MAX);
+                if d.shares_pool_ways && w > pool_ways(room, used) {
+                    continue;
+                }
                 // Changing costs a little, so near-ties keep what is in force.
                 let changes = u32::from(c != cur.0) + u32::from(w != cur.1);
-                let c2 = cst + costs.cost(c, w) + CHANGE_COST * f64::from(changes);
+                let c2 = cst + d.cost(costs, c, w) + CHANGE_COST * f64::from(changes);
                 if next[u2].as_ref().is_none_or(|(b, _, _)| c2 < *b) {
                     let mut ch2 = ch.clone();
                     ch2.push((c, w));
@@ -176,15 +210,13 @@ fn below(a: (u32, u32), b: (u32, u32)) -> bool {
 
 /// The degrade rule (see the module docs). Returns (cores, ways) per demand.
 pub(super) fn degrade(room: Room, costs: &Costs, demands: &[Demand]) -> Vec<(u32, u32)> {
-    let cost = |c: u32, w: u32| costs.cost(c, w);
+    let cheapest_of = |d: &Demand, opts: Vec<(u32, u32)>| {
+        opts.into_iter()
+            .min_by(|a, b| d.cost(costs, a.0, a.1).total_cmp(&d.cost(costs, b.0, b.1)))
+    };
     let cheapest: Vec<(u32, u32)> = demands
         .iter()
-        .map(|d| {
-            d.options(true)
-                .into_iter()
-                .min_by(|a, b| cost(a.0, a.1).total_cmp(&cost(b.0, b.1)))
-                .unwrap_or(d.current)
-        })
+        .map(|d| cheapest_of(d, d.options(true)).unwrap_or(d.current))
         .collect();
     let mut out: Vec<(u32, u32)> = cheapest
         .iter()
@@ -206,11 +238,8 @@ pub(super) fn degrade(room: Room, costs: &Costs, demands: &[Demand]) -> Vec<(u32
         let base = out[i];
         let pool = d.shares_pool_ways;
         let reach = |&(c, w): &(u32, u32)| c <= base.0 + free_c && (pool || w <= base.1 + free_w);
-        let pick = d
-            .options(false)
-            .into_iter()
-            .filter(reach)
-            .min_by(|a, b| cost(a.0, a.1).total_cmp(&cost(b.0, b.1)))
+        let within: Vec<(u32, u32)> = d.options(false).into_iter().filter(reach).collect();
+        let pick = cheapest_of(d, within)
             .unwrap_or_else(|| grow_toward(d, cheapest[i], base, free_c, free_w));
         free_c = (free_c + base.0).saturating_sub(pick.0);
         if !pool {
@@ -285,6 +314,7 @@ mod tests {
     const ROOM: Room = Room {
         cores: 36,
         ways: 19,
+        llc_ways: 20,
     };
     const COSTS: Costs = Costs {
         cores: 36,
@@ -396,17 +426,58 @@ mod tests {
         );
     }
 
+    /// `d` sharing the pool's ways.
+    fn sharing(d: Demand) -> Demand {
+        Demand {
+            shares_pool_ways: true,
+            ..d
+        }
+    }
+
     #[test]
     fn services_sharing_the_pools_ways_use_none_of_the_services_ways() {
-        // a takes all 19 ways; b shares the pool's ways, so its 5 ways cost it nothing here.
-        let a = fixed((10, 19), 10, 19);
-        let b = Demand {
-            shares_pool_ways: true,
-            ..fixed((4, 5), 4, 5)
-        };
+        // a takes 15 of the 19 ways; b shares the pool's ways, sized for a pool of 5: the
+        // 20 - 15 = 5 left are enough, and they are not a's.
+        let a = fixed((10, 15), 10, 15);
+        let b = sharing(fixed((4, 5), 4, 5));
         let p = pack(ROOM, &COSTS, &[a, b]);
-        assert_eq!(p.alloc, vec![(10, 19), (4, 5)]);
+        assert_eq!(p.alloc, vec![(10, 15), (4, 5)]);
         assert!(!p.degraded);
+    }
+
+    #[test]
+    fn a_sharer_fits_only_where_the_isolated_services_leave_the_pool_its_ways() {
+        // a offers (6, 16) or (9, 8); b shares the pool's ways and needs 12 cores with a pool
+        // of 4 ways, or 6 with a pool of 12. a's (6, 16) costs 0.2467 (+0.02, two changes)
+        // and leaves a pool of 4: b needs 12 cores, 0.3333 (+0.02). a's (9, 8) costs 0.29
+        // and leaves 12: b needs 6 cores, 0.1667. 0.4567 < 0.62: a (9, 8), b (6, 12).
+        let a = frontier((9, 8), &[(6, 16), (9, 8)]);
+        let b = sharing(frontier((6, 12), &[(12, 4), (6, 12)]));
+        let p = pack(ROOM, &COSTS, &[a.clone(), b.clone()]);
+        assert_eq!(p.alloc, vec![(9, 8), (6, 12)]);
+        // With a pool of 4 at most (a needs 16 ways), b takes its 12 cores.
+        let a = frontier((9, 8), &[(6, 16)]);
+        assert_eq!(pack(ROOM, &COSTS, &[a, b]).alloc, vec![(6, 16), (12, 4)]);
+    }
+
+    #[test]
+    fn the_pool_keeps_its_top_way_when_the_isolated_services_take_every_way() {
+        let room = Room {
+            cores: 36,
+            ways: 20,
+            llc_ways: 20,
+        };
+        assert_eq!(pool_ways(room, 20), 1);
+        assert_eq!(pool_ways(room, 19), 1);
+        assert_eq!(pool_ways(room, 12), 8);
+    }
+
+    #[test]
+    fn a_sharer_pays_for_its_cores_only() {
+        // (10, 12) costs a sharer 10 / 36 = 0.2778, an isolated service 0.2778 + 0.06.
+        let d = sharing(fixed((10, 12), 10, 12));
+        assert!((d.cost(&COSTS, 10, 12) - 10.0 / 36.0).abs() < 1e-12);
+        assert!((fixed((10, 12), 10, 12).cost(&COSTS, 10, 12) - 0.3378).abs() < 1e-4);
     }
 
     #[test]
@@ -515,6 +586,7 @@ mod tests {
         let room = Room {
             cores: 36,
             ways: 18,
+            llc_ways: 20,
         };
         let p = pack(room, &COSTS, &demands);
         assert!(p.degraded);
@@ -536,6 +608,7 @@ mod tests {
         let room = Room {
             cores: 36,
             ways: 14,
+            llc_ways: 20,
         };
         let p = pack(room, &COSTS, &demands);
         assert!(p.degraded);

@@ -3,7 +3,9 @@
 //! model's inputs lie within its training range.
 
 use cohabit_core::{Allocation, HostCapacity, Sample, WayRange, MBA_MAX_PCT};
-use cohabit_models::{features, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES};
+use cohabit_models::{
+    features, present, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES,
+};
 use ndarray::{Array2, ArrayView1};
 
 /// Prior noise of one measured p99 (ln units), before the service's own is measured.
@@ -142,9 +144,11 @@ pub(super) fn at_full_mba(cores: u32, ways: u32) -> Allocation {
     }
 }
 
-/// The first feature further than `z_limit` training standard deviations from the training
-/// mean, with its z-score, if any (flags excluded: missing counters are part of the
-/// training data).
+/// The first measured feature further than `z_limit` training standard deviations from the
+/// training mean, with its z-score, if any. Only readings count
+/// ([`cohabit_models::present`]): a presence flag is not one, and a value whose flag is 0
+/// (no counters, no RDT monitoring, no latency reading) is absent, not 0; the training data
+/// has hosts and ticks without them.
 pub(super) fn out_of_range(
     meta: &ModelMetadata,
     f: &[f32; N_FEATURES],
@@ -153,8 +157,9 @@ pub(super) fn out_of_range(
     f.iter()
         .zip(FEATURE_NAMES)
         .zip(meta.norm_mean.iter().zip(&meta.norm_std))
-        .filter(|((_, name), _)| !name.starts_with("has_"))
-        .map(|((x, name), (m, s))| (name, (x - m) / s))
+        .enumerate()
+        .filter(|(i, _)| present(f, *i))
+        .map(|(_, ((x, name), (m, s)))| (name, (x - m) / s))
         .find(|(_, z)| z.abs() > z_limit)
 }
 
@@ -282,5 +287,47 @@ mod tests {
         let mut f = [0.0f32; N_FEATURES];
         f[col("has_ipc")] = 100.0;
         assert_eq!(out_of_range(&meta, &f, 5.0), None);
+    }
+
+    #[test]
+    fn a_reading_whose_flag_is_0_is_absent_and_never_out_of_range() {
+        // Training range of log_miss_rate as in the shipped model: 16.7 ± 2.2. Absent (flag
+        // 0, value 0): not checked. Present with the same 0: z = -7.6, out.
+        let mut meta = linear_model(&[(0.0, &[])]).meta;
+        let c = col("log_miss_rate");
+        meta.norm_mean[c] = 16.7;
+        meta.norm_std[c] = 2.2;
+        let mut f = [0.0f32; N_FEATURES];
+        assert_eq!(out_of_range(&meta, &f, 5.0), None);
+        f[col("has_miss_rate")] = 1.0;
+        assert_eq!(
+            out_of_range(&meta, &f, 5.0).map(|(n, _)| n),
+            Some("log_miss_rate")
+        );
+    }
+
+    #[test]
+    fn an_observation_without_counters_or_rdt_is_within_the_shipped_models_range() {
+        // What a VM reports: latency, load and CPU time; no IPC, misses, occupancy or
+        // bandwidth, so every neighbour's bandwidth is unknown too.
+        let model = cohabit_models::builtin("xeon-e5-2697v4").unwrap().unwrap();
+        let host = host();
+        let sample = Sample {
+            p99_ms: Some(0.7),
+            requests_per_s: Some(20_000.0),
+            cpu_busy_cores: Some(3.0),
+            ..Sample::default()
+        };
+        let nb = Neighbours {
+            mem_bw_bytes_per_s: 0.0,
+            cores: 20,
+        };
+        let current = at_full_mba(6, 4);
+        let p = predictor(&model, &host, &sample, &current, &nb, Basis::default());
+        let f = p.features(&current);
+        for flag in ["has_ipc", "has_miss_rate", "has_occupancy", "has_bw"] {
+            assert_eq!(f[col(flag)], 0.0, "{flag}");
+        }
+        assert_eq!(out_of_range(&model.meta, &f, 5.0), None);
     }
 }

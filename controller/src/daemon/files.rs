@@ -63,10 +63,8 @@ pub fn parent_dir(path: &Path) -> &Path {
 }
 
 /// The effective user id of this process.
-#[allow(unsafe_code)]
 pub fn euid() -> u32 {
-    // SAFETY: geteuid(2) takes no arguments, touches no memory of ours and cannot fail.
-    unsafe { libc::geteuid() }
+    nix::unistd::geteuid().as_raw()
 }
 
 /// Why a directory with this owner and mode is unsafe for root to write into, if it is.

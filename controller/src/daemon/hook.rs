@@ -165,20 +165,17 @@ fn wait(child: &mut Child, deadline: Instant, cancel: &AtomicBool) -> io::Result
     }
 }
 
-/// SIGKILL to every process of the group `pgid`.
-#[allow(unsafe_code)]
+/// SIGKILL to every process of the group `pgid` (the group the hook leads:
+/// `process_group(0)` made its pid the group's id, and the caller has not reaped the
+/// leader, so the id still names that group).
 fn kill_group(pgid: u32) -> io::Result<()> {
-    let pgid = libc::pid_t::try_from(pgid)
+    let pgid = i32::try_from(pgid)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
-    // SAFETY: kill(2) takes two integers and touches no memory of ours. `-pgid` names the
-    // process group the hook leads (process_group(0) made its pid the group's id), and the
-    // caller has not reaped the leader, so the id still names that group.
-    let rc = unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .map_err(io::Error::from)
 }
 
 /// Reads a pipe to its end on a thread, keeping the first [`OUTPUT_CAP`] bytes. Returns them

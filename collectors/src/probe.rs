@@ -755,23 +755,14 @@ impl Worker {
 }
 
 /// CPU time of the calling thread in nanoseconds (0 if the clock cannot be read).
-#[allow(unsafe_code)]
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec owned by this frame, and
-    // CLOCK_THREAD_CPUTIME_ID is a clock every Linux kernel provides; the call writes only
-    // `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
+    let Ok(ts) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID) else {
         return 0;
-    }
-    u64::try_from(ts.tv_sec)
+    };
+    u64::try_from(ts.tv_sec())
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+        .saturating_add(u64::try_from(ts.tv_nsec()).unwrap_or(0))
 }
 
 #[cfg(test)]

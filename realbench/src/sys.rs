@@ -3,20 +3,24 @@
 
 use std::io;
 
-/// `SIGTERM`: asks a process to stop (cohabit restores the host on it).
-pub const SIGTERM: i32 = libc::SIGTERM;
-/// `SIGKILL`: stops a process that did not stop when asked.
-pub const SIGKILL: i32 = libc::SIGKILL;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
-/// Sends `sig` to process `pid`; `Ok(false)` when there is no such process.
-pub fn kill(pid: u32, sig: i32) -> io::Result<bool> {
+/// `SIGTERM`: asks a process to stop (cohabit restores the host on it).
+pub const SIGTERM: Signal = Signal::SIGTERM;
+/// `SIGKILL`: stops a process that did not stop when asked.
+pub const SIGKILL: Signal = Signal::SIGKILL;
+
+/// Sends `sig` to process `pid` (`None`: only checks it exists); `Ok(false)` when there is
+/// no such process.
+pub fn kill(pid: u32, sig: impl Into<Option<Signal>>) -> io::Result<bool> {
     let pid = i32::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     signal(pid, sig)
 }
 
 /// Sends `sig` to every process of process group `pgid`; `Ok(false)` when the group is
 /// empty.
-pub fn kill_group(pgid: u32, sig: i32) -> io::Result<bool> {
+pub fn kill_group(pgid: u32, sig: impl Into<Option<Signal>>) -> io::Result<bool> {
     let pgid = i32::try_from(pgid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     if pgid <= 1 {
         // 0 and 1 would signal this process's own group or init: never meant here.
@@ -25,19 +29,12 @@ pub fn kill_group(pgid: u32, sig: i32) -> io::Result<bool> {
     signal(-pgid, sig)
 }
 
-#[allow(unsafe_code)]
-fn signal(target: i32, sig: i32) -> io::Result<bool> {
-    // SAFETY: kill(2) takes two integers and touches no memory of this process; a target
-    // that does not exist is reported through errno, which is read right after.
-    let rc = unsafe { libc::kill(target, sig) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ESRCH) {
-        Ok(false)
-    } else {
-        Err(e)
+/// kill(2): a negative `target` names a process group; no signal only checks it exists.
+fn signal(target: i32, sig: impl Into<Option<Signal>>) -> io::Result<bool> {
+    match nix::sys::signal::kill(Pid::from_raw(target), sig) {
+        Ok(()) => Ok(true),
+        Err(nix::errno::Errno::ESRCH) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -81,14 +78,11 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / clock_ticks())
 }
 
-#[allow(unsafe_code)]
 fn clock_ticks() -> f64 {
-    // SAFETY: sysconf takes an integer name and returns an integer; no memory is shared.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        #[allow(clippy::cast_precision_loss)] // a few hundred
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
     }
 }
 
@@ -129,9 +123,9 @@ mod tests {
     #[test]
     fn signalling_a_missing_process_is_not_an_error_and_group_1_is_refused() {
         // Pid numbers above pid_max never exist.
-        assert!(!kill(4_000_000, 0).unwrap());
-        assert!(kill_group(1, 0).is_err());
-        assert!(kill_group(0, 0).is_err());
-        assert!(kill(std::process::id(), 0).unwrap());
+        assert!(!kill(4_000_000, None).unwrap());
+        assert!(kill_group(1, None).is_err());
+        assert!(kill_group(0, None).is_err());
+        assert!(kill(std::process::id(), None).unwrap());
     }
 }

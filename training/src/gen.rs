@@ -3,6 +3,10 @@
 //! the controller would see under the current allocation), never from the simulator's
 //! hidden parameters; the target is the true p99 under the candidate.
 //!
+//! Allocations cover memory bandwidth: the current and candidate MBA levels of a service
+//! and the best-effort pool's MBA level are drawn over the platform's steps
+//! ([`random_mba`]), half of the time unthrottled.
+//!
 //! Hosts differ in what they can measure: a share of the scenes is on a host without
 //! hardware counters (a VM), without RDT monitoring, or without both ([`HOST_KINDS`]), and in
 //! some intervals a service has no latency reading ([`LATENCY_MISSING`]), so the model has
@@ -11,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cohabit_core::{Allocation, Plan, ServiceClass, ServiceSpec, WayRange};
+use cohabit_core::{Allocation, HostCapacity, Plan, ServiceClass, ServiceSpec, WayRange};
 use cohabit_models::{features, target, Neighbours};
 use cohabit_sim::catalogue::{self, Platform};
 use cohabit_sim::host::measure;
@@ -99,10 +103,27 @@ pub fn cpu_services() -> Vec<&'static str> {
         .collect()
 }
 
-fn random_alloc(rng: &mut ChaCha8Rng, cores_max: u32, first_way: u32, ways_max: u32) -> Allocation {
-    let mba = *[100u8, 100, 100, 90, 70, 50, 30]
-        .choose(rng)
-        .unwrap_or(&100);
+/// An MBA level of the platform: unthrottled half of the time, otherwise any of its steps
+/// from the minimum up (`mba_min_pct`, `mba_min_pct + mba_gran_pct`, …, 100), so the model
+/// sees `mba_now` and `mba_cand` over every level a policy can set.
+fn random_mba(rng: &mut ChaCha8Rng, cap: &HostCapacity) -> u8 {
+    if rng.gen_bool(0.5) {
+        return 100;
+    }
+    let gran = cap.mba_gran_pct.max(1);
+    let min = cap.mba_min_pct.clamp(1, 100);
+    let steps: Vec<u8> = (min..=100).step_by(usize::from(gran)).collect();
+    steps.choose(rng).copied().unwrap_or(100)
+}
+
+fn random_alloc(
+    rng: &mut ChaCha8Rng,
+    cap: &HostCapacity,
+    cores_max: u32,
+    first_way: u32,
+    ways_max: u32,
+) -> Allocation {
+    let mba = random_mba(rng, cap);
     Allocation {
         cores: rng.gen_range(1..=cores_max.max(1)),
         llc_ways: WayRange::new(first_way, rng.gen_range(1..=ways_max.max(1))),
@@ -146,6 +167,7 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
                         p99_target_ms: lat.p99_target_ms,
                     },
                     gpu: None,
+                    priority: 0,
                 },
                 model,
                 load: Some(LoadTrace::Constant {
@@ -162,6 +184,7 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
                     name: format!("{b}#be{j}"),
                     class: ServiceClass::BestEffort,
                     gpu: None,
+                    priority: 0,
                 },
                 model,
                 load: None,
@@ -202,6 +225,7 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
             let ways_left = cap.llc_ways.saturating_sub(way + 1).max(1);
             let a = random_alloc(
                 &mut rng,
+                &cap,
                 (cap.cores / n).max(1),
                 way.min(cap.llc_ways - 1),
                 (ways_left / n).max(1),
@@ -212,6 +236,9 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
         }
         plan.best_effort.cores = cap.cores.saturating_sub(cores);
         plan.best_effort.llc_ways = WayRange::new(way, cap.llc_ways - way);
+        // The pool is throttled too, so a service's features see neighbours' bandwidth
+        // under every MBA level of the pool.
+        plan.best_effort.mba_pct = random_mba(&mut rng, &cap);
         let loads = truth.loads_at(0.5);
         let zeros = vec![0.0; loads.len()];
         let gpu = vec![None; loads.len()];
@@ -250,6 +277,7 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
             for _ in 0..cfg.candidates {
                 let cand = random_alloc(
                     &mut rng,
+                    &cap,
                     (current.cores * 2).clamp(2, cap.cores),
                     current.llc_ways.first,
                     cap.llc_ways - current.llc_ways.first,
@@ -278,4 +306,45 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
         progress(scene + 1, cfg.scenes);
     }
     Dataset { rows }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use cohabit_models::FEATURE_NAMES;
+
+    use super::*;
+
+    #[test]
+    fn mba_levels_cover_every_step_of_the_platform_now_and_as_candidates() {
+        let data = generate(
+            &GenConfig {
+                scenes: 150,
+                candidates: 3,
+                seed: 3,
+                platform: Platform::XeonGold6338,
+                services: None,
+            },
+            |_, _| {},
+        );
+        for name in ["mba_now", "mba_cand"] {
+            let i = FEATURE_NAMES
+                .iter()
+                .position(|n| *n == name)
+                .unwrap_or_else(|| panic!("{name} is a feature"));
+            let levels: BTreeSet<u64> = data
+                .rows
+                .iter()
+                .map(|r| cohabit_core::whole((f64::from(r.features[i]) * 100.0).round()))
+                .collect();
+            // 10 %, 20 %, …, 100 %: every step of the Gold platform, its minimum included.
+            let steps: BTreeSet<u64> = (1..=10).map(|k| k * 10).collect();
+            assert_eq!(levels, steps, "{name}");
+            let throttled = data.rows.iter().filter(|r| r.features[i] < 0.995).count();
+            #[allow(clippy::cast_precision_loss)]
+            let share = throttled as f64 / data.rows.len() as f64;
+            assert!((0.3..0.7).contains(&share), "{name}: {share} throttled");
+        }
+    }
 }

@@ -210,6 +210,7 @@ mod tests {
             name: name.into(),
             class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
             gpu: None,
+            priority: 0,
         }
     }
 

@@ -28,6 +28,16 @@ pub struct ServiceSpec {
     /// Index of the GPU it runs on, if it is a GPU service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<u32>,
+    /// Overload priority of a latency-critical service: when not every target can be met,
+    /// the lower priority yields first (higher wins; default 0). See docs/DESIGN.md 5
+    /// ("Overload") for the rule every policy follows. Ignored for best effort, which
+    /// always yields to every latency-critical service.
+    #[serde(default, skip_serializing_if = "is_default_priority")]
+    pub priority: i32,
+}
+
+fn is_default_priority(p: &i32) -> bool {
+    *p == 0
 }
 
 impl ServiceSpec {
@@ -71,6 +81,7 @@ mod tests {
             name: "memcached".into(),
             class: ServiceClass::LatencyCritical { p99_target_ms: 0.0 },
             gpu: None,
+            priority: 0,
         };
         let err = s.validate().unwrap_err().to_string();
         assert!(
@@ -85,6 +96,7 @@ mod tests {
             name: "x".into(),
             class: ServiceClass::LatencyCritical { p99_target_ms: 5.0 },
             gpu: None,
+            priority: 0,
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
@@ -93,5 +105,19 @@ mod tests {
         );
         let back: ServiceSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn priority_defaults_to_zero_and_is_written_only_when_set() {
+        let old: ServiceSpec =
+            serde_json::from_str(r#"{"name":"x","class":"latency-critical","p99_target_ms":5.0}"#)
+                .unwrap();
+        assert_eq!(old.priority, 0);
+        let mut s = old.clone();
+        s.priority = 2;
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains(r#""priority":2"#), "{json}");
+        assert_eq!(serde_json::from_str::<ServiceSpec>(&json).unwrap(), s);
+        assert!(!serde_json::to_string(&old).unwrap().contains("priority"));
     }
 }

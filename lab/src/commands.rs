@@ -8,10 +8,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use cohabit_core::LogHeader;
 use cohabit_sim::catalogue::{self, Platform};
-use cohabit_sim::scenario::builtin_names;
+use cohabit_sim::scenario::{builtin_names, crowded_names};
 use cohabit_sim::Scenario;
 
-use crate::metrics::{self, table};
+use crate::metrics::{self, search_time_table, service_table, table};
 use crate::report::plot::{self, PlotFormat};
 use crate::rundir::{self, RunDir, SingleRunWriter};
 use crate::simulate::{self, LabPolicy};
@@ -24,6 +24,8 @@ pub struct SimOptions {
     pub platform: Option<String>,
     /// Model for `ml` instead of the platform's built-in one.
     pub model: Option<std::path::PathBuf>,
+    /// Explore safely around the policy's plans (`simulate --explore`).
+    pub explore: Option<cohabit_policy::ExploreConfig>,
 }
 
 impl SimOptions {
@@ -55,7 +57,10 @@ fn load(name: &str) -> Result<Arc<Scenario>> {
 
 /// `cohabit scenarios`.
 pub fn scenarios_cmd(models: bool, format: Format, out: &mut dyn Write) -> Result<()> {
-    let list: Vec<Arc<Scenario>> = builtin_names().map(load).collect::<Result<_>>()?;
+    let list: Vec<Arc<Scenario>> = builtin_names()
+        .chain(crowded_names())
+        .map(load)
+        .collect::<Result<_>>()?;
     if format == Format::Json {
         let v: Vec<serde_json::Value> = list
             .iter()
@@ -163,10 +168,24 @@ pub fn simulate_cmd(
     let model = sim.model()?;
     let header = LogHeader::new(policy.name(), true, scenario.capacity().clone());
     let mut writer = SingleRunWriter::create(dir, &header)?;
-    let run = simulate::run_policy(&scenario, policy, seed, model.as_ref(), |r| {
-        writer.record(r)
-    })
+    let run = simulate::run_policy_with(
+        &scenario,
+        policy,
+        seed,
+        model.as_ref(),
+        sim.explore.as_ref(),
+        |r| writer.record(r),
+    )
     .with_context(|| format!("simulating {} with {policy}", scenario.name))?;
+    let explored = run
+        .records
+        .iter()
+        .filter(|r| {
+            r.reasons
+                .values()
+                .any(|w| w.path == cohabit_core::DecisionPath::Explore)
+        })
+        .count();
     let mut summary = run.summary;
     summary.be_throughput_vs_oracle = if policy == LabPolicy::Oracle {
         Some(1.0)
@@ -185,6 +204,13 @@ pub fn simulate_cmd(
         summary.seed
     )?;
     write!(out, "{}", table(std::slice::from_ref(&summary), false))?;
+    if sim.explore.is_some() {
+        writeln!(
+            out,
+            "explored {explored} of {} ticks (decision path `explore` in the log)",
+            run.records.len()
+        )?;
+    }
     writeln!(
         out,
         "wrote {} ({} records) and {}",
@@ -210,7 +236,10 @@ pub fn compare_cmd(
         bail!("--policies needs at least one policy");
     }
     let names: Vec<String> = if name == "all" {
-        builtin_names().map(str::to_string).collect()
+        builtin_names()
+            .chain(crowded_names())
+            .map(str::to_string)
+            .collect()
     } else {
         vec![name.to_string()]
     };
@@ -258,7 +287,13 @@ pub fn compare_cmd(
                 writeln!(out, "{BANNER}")?;
             }
             write!(out, "{}", table(&all, names.len() > 1))?;
-            writeln!(out, "qos_met: share of intervals with every LC service under target (ground truth); conv: intervals to settle after a load change; be_vs_oracle: best-effort throughput over the oracle's.")?;
+            writeln!(out, "qos_met: share of intervals with every LC service under target (ground truth); conv: intervals to settle after a load change; be_vs_oracle: best-effort throughput over the oracle's; be_mba: mean MBA % of the best-effort pool; mba<100: share of intervals with some group throttled.")?;
+            writeln!(out, "\nper-service QoS (share of intervals under target):")?;
+            write!(out, "{}", service_table(&all, names.len() > 1))?;
+            if all.iter().any(|r| r.policy == "oracle") {
+                writeln!(out, "\noracle search time:")?;
+                write!(out, "{}", search_time_table(&all))?;
+            }
         }
     }
     if let Some(dir) = dir {

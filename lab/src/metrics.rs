@@ -61,8 +61,25 @@ pub struct RunSummary {
     pub decision_us_p50: f64,
     /// 99th percentile of it.
     pub decision_us_p99: f64,
+    /// Slowest decision (for the oracle: its longest search).
+    #[serde(default)]
+    pub decision_us_max: f64,
+    /// Wall-clock time of every decision of the run together (for the oracle: its search
+    /// time over the run).
+    #[serde(default)]
+    pub decision_ms_total: f64,
+    /// Mean MBA percentage of the best-effort pool over the run (100: never throttled).
+    #[serde(default = "full_mba")]
+    pub be_mba_pct_mean: f64,
+    /// Fraction of intervals in which some group (the pool or a service) had MBA under 100 %.
+    #[serde(default)]
+    pub mba_throttled_fraction: f64,
     /// Per latency-critical service.
     pub services: BTreeMap<String, ServiceSummary>,
+}
+
+fn full_mba() -> f64 {
+    100.0
 }
 
 /// Summarises the records of one run.
@@ -129,6 +146,24 @@ pub fn summarize(
         actuations: records.iter().map(|r| r.changes.len()).sum(),
         decision_us_p50: quantile(&times, 0.5).unwrap_or(0.0),
         decision_us_p99: quantile(&times, 0.99).unwrap_or(0.0),
+        decision_us_max: times.last().copied().unwrap_or(0.0),
+        decision_ms_total: times.iter().sum::<f64>() / 1000.0,
+        be_mba_pct_mean: if n == 0 {
+            full_mba()
+        } else {
+            records
+                .iter()
+                .map(|r| f64::from(r.plan.best_effort.mba_pct))
+                .sum::<f64>()
+                / n as f64
+        },
+        mba_throttled_fraction: fraction(
+            records
+                .iter()
+                .filter(|r| r.plan.groups().any(|(_, a)| a.mba_pct < 100))
+                .count(),
+            n,
+        ),
         services: ratios
             .into_iter()
             .map(|(name, mut v)| {
@@ -164,7 +199,7 @@ pub fn table(rows: &[RunSummary], with_scenario: bool) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10}",
+        "{:<8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10} {:>7} {:>7}",
         "policy",
         "qos_met",
         "sev_mean",
@@ -175,7 +210,9 @@ pub fn table(rows: &[RunSummary], with_scenario: bool) -> String {
         "be_vs_oracle",
         "actuations",
         "dec_p50_us",
-        "dec_p99_us"
+        "dec_p99_us",
+        "be_mba",
+        "mba<100"
     );
     for r in rows {
         if with_scenario {
@@ -183,7 +220,7 @@ pub fn table(rows: &[RunSummary], with_scenario: bool) -> String {
         }
         let _ = writeln!(
             s,
-            "{:<8} {:>8.4} {:>9.3} {:>8.2} {:>9} {:>8} {:>8.3} {:>12} {:>10} {:>10.1} {:>10.1}",
+            "{:<8} {:>8.4} {:>9.3} {:>8.2} {:>9} {:>8} {:>8.3} {:>12} {:>10} {:>10.1} {:>10.1} {:>7.1} {:>7.3}",
             r.policy,
             r.qos_met_fraction,
             r.violation_severity_mean,
@@ -195,7 +232,58 @@ pub fn table(rows: &[RunSummary], with_scenario: bool) -> String {
             opt(r.be_throughput_vs_oracle, 3),
             r.actuations,
             r.decision_us_p50,
-            r.decision_us_p99
+            r.decision_us_p99,
+            r.be_mba_pct_mean,
+            r.mba_throttled_fraction
+        );
+    }
+    s
+}
+
+/// Per-service QoS beside the all-services figure: one row per run, each latency-critical
+/// service's fraction of intervals at or under its target, and the mean number of services
+/// meeting theirs per interval (`met/n`).
+pub fn service_table(rows: &[RunSummary], with_scenario: bool) -> String {
+    let mut s = String::new();
+    for r in rows {
+        if with_scenario {
+            let _ = write!(s, "{:<14} ", r.scenario);
+        }
+        let met: f64 = r.services.values().map(|v| v.qos_met_fraction).sum();
+        let _ = write!(
+            s,
+            "{:<8} all {:>6.4}  met/n {:>5.2}/{:<2}",
+            r.policy,
+            r.qos_met_fraction,
+            met,
+            r.services.len()
+        );
+        for (name, v) in &r.services {
+            let _ = write!(s, "  {name} {:.3}", v.qos_met_fraction);
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The oracle's search time per run: median, 99th percentile and longest search, and the
+/// total over the run (searches reused while loads hold still cost one evaluation).
+pub fn search_time_table(rows: &[RunSummary]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<14} {:>9} {:>9} {:>9} {:>9}",
+        "scenario", "p50_ms", "p99_ms", "max_ms", "total_s"
+    );
+    for r in rows.iter().filter(|r| r.policy == "oracle") {
+        let _ = writeln!(
+            s,
+            "{:<14} {:>9.2} {:>9.1} {:>9.1} {:>9.2}",
+            r.scenario,
+            r.decision_us_p50 / 1000.0,
+            r.decision_us_p99 / 1000.0,
+            r.decision_us_max / 1000.0,
+            r.decision_ms_total / 1000.0
         );
     }
     s

@@ -18,13 +18,22 @@
 //! CLOSID budget: a service beyond it shares the pool's ways ([`layout`]), so it is sized by
 //! cores (and GPU share) only, and its nominal ways neither count as used nor can be taken.
 //!
+//! Overload (docs/DESIGN.md 5, the rule every policy follows): of the services under 0.05
+//! slack, the one with the highest `priority` is upsized first (then the least slack); the
+//! donors are the best-effort pool, then services with slack above 0.20 (lowest priority
+//! first, then most slack), then, for a service with nothing else to take, any service of
+//! lower priority whatever its slack. When nothing can be had for a CPU service, the pool's
+//! MBA drops one platform step (down to the minimum); once every service has more than 0.20
+//! slack it rises a step again before any service is cut. These are additions to the
+//! paper, which has no priorities and (in our reading) no MBA.
+//!
 //! Properties: one unit moves per interval, so convergence after a load change takes as
 //! many intervals as units are missing. It knows nothing of MPS restarts; a GPU share
 //! change shows its effect only after the client restarts.
 
 use std::collections::BTreeMap;
 
-use cohabit_core::{DecisionPath, Observation, Reason, Resource, MBA_MAX_PCT};
+use cohabit_core::{DecisionPath, Observation, Reason, Resource, BEST_EFFORT_GROUP, MBA_MAX_PCT};
 
 use super::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
 
@@ -39,6 +48,9 @@ pub struct PartiesConfig {
     pub bar_ms: u64,
     /// Shortest time between two actions.
     pub interval_ms: u64,
+    /// Throttle the best-effort pool's MBA when no core or way can be had (overload rule,
+    /// docs/DESIGN.md 5); `false` is the paper's controller without it.
+    pub throttle_best_effort_mba: bool,
 }
 
 impl Default for PartiesConfig {
@@ -48,6 +60,7 @@ impl Default for PartiesConfig {
             downsize_above: 0.20,
             bar_ms: 30_000,
             interval_ms: 500,
+            throttle_best_effort_mba: true,
         }
     }
 }
@@ -82,6 +95,8 @@ pub struct PartiesPolicy {
     state: BTreeMap<String, ServiceState>,
     last: Option<Action>,
     last_act_ms: Option<u64>,
+    /// The best-effort pool's MBA percent (throttled only under overload).
+    be_mba: u8,
 }
 
 impl PartiesPolicy {
@@ -99,7 +114,21 @@ impl PartiesPolicy {
             state,
             last: None,
             last_act_ms: None,
+            be_mba: MBA_MAX_PCT,
         }
+    }
+
+    fn priority(&self, name: &str) -> i32 {
+        self.ctx
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0, |s| s.priority)
+    }
+
+    /// One MBA step of the platform.
+    fn mba_step(&self) -> u8 {
+        self.ctx.host.mba_gran_pct.max(1)
     }
 
     fn resources(&self, name: &str) -> Vec<Resource> {
@@ -245,8 +274,14 @@ impl PartiesPolicy {
                         .get(*v)
                         .is_some_and(|s| Self::amount(s, r) >= Self::minimum(r) + unit)
                 })
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(v, _)| v.clone());
+                // Lowest priority first, then most slack.
+                .max_by(|a, b| {
+                    self.priority(b.0)
+                        .cmp(&self.priority(a.0))
+                        .then(a.1.total_cmp(b.1))
+                })
+                .map(|(v, _)| v.clone())
+                .or_else(|| self.lower_priority_donor(name, r));
             if let Some(v) = victim {
                 self.adjust(&v, r, -i64::from(unit));
                 self.adjust(name, r, i64::from(unit));
@@ -255,6 +290,25 @@ impl PartiesPolicy {
             self.rotate(name);
         }
         None
+    }
+
+    /// A service of lower priority than `name` that can give a unit of `r`, whatever its
+    /// slack (overload: it yields): the lowest priority first, then configuration order.
+    fn lower_priority_donor(&self, name: &str, r: Resource) -> Option<String> {
+        let mine = self.priority(name);
+        let unit = Self::unit(r);
+        self.ctx
+            .latency_critical()
+            .filter(|v| v.name != name && v.priority < mine)
+            .filter(|v| r != Resource::GpuShare || self.gpu_of(&v.name) == self.gpu_of(name))
+            .filter(|v| r != Resource::LlcWays || !self.ctx.shares_pool_group(&v.name))
+            .filter(|v| {
+                self.shares
+                    .get(&v.name)
+                    .is_some_and(|s| Self::amount(s, r) >= Self::minimum(r) + unit)
+            })
+            .min_by_key(|v| v.priority)
+            .map(|v| v.name.clone())
     }
 
     fn act(&mut self, obs: &Observation, now_ms: u64, reasons: &mut BTreeMap<String, Reason>) {
@@ -293,7 +347,17 @@ impl PartiesPolicy {
                 }
             }
         }
-        let Some((worst, &worst_slack)) = slacks.iter().min_by(|a, b| a.1.total_cmp(b.1)) else {
+        // Overload order: of the services short of slack, the highest priority first.
+        let Some((worst, &worst_slack)) = slacks
+            .iter()
+            .filter(|(_, s)| **s < self.cfg.upsize_below)
+            .max_by(|a, b| {
+                self.priority(a.0)
+                    .cmp(&self.priority(b.0))
+                    .then(b.1.total_cmp(a.1))
+            })
+            .or_else(|| slacks.iter().min_by(|a, b| a.1.total_cmp(b.1)))
+        else {
             return;
         };
         let worst = worst.clone();
@@ -314,6 +378,26 @@ impl PartiesPolicy {
                     slack_before: worst_slack,
                 });
                 self.last_act_ms = Some(now_ms);
+            } else if self.cfg.throttle_best_effort_mba
+                && self.be_mba > self.ctx.host.mba_min_pct
+                && self.ctx.has_cpu_best_effort()
+                && self.gpu_of(&worst).is_none()
+            {
+                // LC before BE on memory bandwidth too: throttle the pool one step.
+                let step = self.mba_step();
+                self.be_mba = self
+                    .be_mba
+                    .saturating_sub(step)
+                    .max(self.ctx.host.mba_min_pct);
+                reasons.insert(
+                    worst,
+                    feedback(format!(
+                        "no core or way to be had (slack {worst_slack:.2}): best-effort MBA \
+                         down to {}%",
+                        self.be_mba
+                    )),
+                );
+                self.last_act_ms = Some(now_ms);
             } else {
                 reasons.insert(
                     worst,
@@ -322,6 +406,19 @@ impl PartiesPolicy {
                     )),
                 );
             }
+            return;
+        }
+        // Give memory bandwidth back to the pool before cutting anyone.
+        if self.be_mba < MBA_MAX_PCT && slacks.values().all(|s| *s > self.cfg.downsize_above) {
+            self.be_mba = self.be_mba.saturating_add(self.mba_step()).min(MBA_MAX_PCT);
+            reasons.insert(
+                BEST_EFFORT_GROUP.to_string(),
+                feedback(format!(
+                    "every service has slack above {}: best-effort MBA up to {}%",
+                    self.cfg.downsize_above, self.be_mba
+                )),
+            );
+            self.last_act_ms = Some(now_ms);
             return;
         }
         let candidate = slacks
@@ -404,7 +501,7 @@ impl Policy for PartiesPolicy {
                 None => feedback("hold (no latency reading)"),
             });
         }
-        let plan = layout(&self.ctx, &self.shares, MBA_MAX_PCT);
+        let plan = layout(&self.ctx, &self.shares, self.be_mba);
         Decision::new(plan, reasons)
     }
 }
@@ -558,5 +655,118 @@ mod tests {
             start.services["lc1"].cores - 1
         );
         assert!(d.reasons["lc0"].text.contains("from lc1"));
+    }
+
+    #[test]
+    fn of_two_services_short_of_slack_the_higher_priority_is_upsized_first() {
+        let mut c = ctx(2, true, false, 0);
+        c.specs[1].priority = 1;
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        // lc0 is further over its target, but lc1 has the higher priority.
+        let d = p.decide(&obs(&start, &c, &[("lc0", 1.5), ("lc1", 1.1)]), 1000);
+        assert_eq!(
+            d.plan.services["lc1"].cores,
+            start.services["lc1"].cores + 1
+        );
+        assert_eq!(d.plan.services["lc0"], start.services["lc0"]);
+        // Without priorities the least slack wins, as in the paper.
+        let c = ctx(2, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let d = p.decide(&obs(&start, &c, &[("lc0", 1.5), ("lc1", 1.1)]), 1000);
+        assert_eq!(
+            d.plan.services["lc0"].cores,
+            start.services["lc0"].cores + 1
+        );
+    }
+
+    #[test]
+    fn the_donor_is_the_lowest_priority_service_with_slack_to_spare() {
+        let mut c = ctx(3, false, false, 0);
+        c.specs[1].priority = 1;
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        // lc1 has more slack, but lc2 has the lower priority: lc2 gives.
+        let d = p.decide(
+            &obs(&start, &c, &[("lc0", 1.3), ("lc1", 0.3), ("lc2", 0.6)]),
+            1000,
+        );
+        assert!(
+            d.reasons["lc0"].text.contains("from lc2"),
+            "{:?}",
+            d.reasons
+        );
+        assert_eq!(
+            d.plan.services["lc2"].cores + 1,
+            start.services["lc2"].cores
+        );
+    }
+
+    #[test]
+    fn a_higher_priority_service_takes_from_a_lower_one_without_slack_but_not_back() {
+        let mut c = ctx(2, false, false, 0);
+        c.specs[0].priority = 1;
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        // Both miss, no pool: lc0 (priority 1) takes a core from lc1, which yields.
+        let d = p.decide(&obs(&start, &c, &[("lc0", 1.3), ("lc1", 1.2)]), 1000);
+        assert_eq!(
+            d.plan.services["lc0"].cores,
+            start.services["lc0"].cores + 1
+        );
+        assert_eq!(
+            d.plan.services["lc1"].cores + 1,
+            start.services["lc1"].cores
+        );
+        // lc1 alone misses now: it cannot take from lc0, which has no slack to spare.
+        let d2 = p.decide(&obs(&d.plan, &c, &[("lc0", 0.9), ("lc1", 1.4)]), 2000);
+        assert_eq!(d2.plan.services["lc0"], d.plan.services["lc0"]);
+        assert!(
+            d2.reasons["lc1"].text.contains("nothing can be had"),
+            "{:?}",
+            d2.reasons
+        );
+        d2.plan.validate(&c.host, &c.specs).unwrap();
+    }
+
+    #[test]
+    fn with_nothing_to_take_the_pool_is_throttled_by_mba_steps_and_given_back_first() {
+        let c = ctx(1, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        // The service holds every core and every way the pool can give.
+        p.shares.get_mut("lc0").unwrap().cores = 36;
+        p.shares.get_mut("lc0").unwrap().ways = 19;
+        let start = p.initial().plan;
+        let mut plan = start.clone();
+        let mut t = 1000;
+        for expected in [90, 80] {
+            plan = p.decide(&obs(&plan, &c, &[("lc0", 1.3)]), t).plan;
+            assert_eq!(plan.best_effort.mba_pct, expected);
+            assert_eq!(plan.services["lc0"].mba_pct, 100, "LC is never throttled");
+            t += 1000;
+        }
+        // Slack everywhere: MBA goes back up a step before anything is cut.
+        for expected in [90, 100] {
+            plan = p.decide(&obs(&plan, &c, &[("lc0", 0.5)]), t).plan;
+            assert_eq!(plan.best_effort.mba_pct, expected);
+            assert_eq!(plan.services["lc0"].cores, 36);
+            t += 1000;
+        }
+        let cut = p.decide(&obs(&plan, &c, &[("lc0", 0.5)]), t).plan;
+        assert_eq!(cut.best_effort.mba_pct, 100);
+        assert!(
+            cut.services["lc0"] != plan.services["lc0"],
+            "then cuts resume"
+        );
+        // Down to the platform's minimum, never below.
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        p.shares.get_mut("lc0").unwrap().cores = 36;
+        p.shares.get_mut("lc0").unwrap().ways = 19;
+        let mut plan = p.initial().plan;
+        for k in 1..20 {
+            plan = p.decide(&obs(&plan, &c, &[("lc0", 1.3)]), k * 1000).plan;
+        }
+        assert_eq!(plan.best_effort.mba_pct, c.host.mba_min_pct);
+        plan.validate(&c.host, &c.specs).unwrap();
     }
 }

@@ -182,7 +182,12 @@ fn on_a_host_with_4_closids_every_policy_stays_within_the_budget() {
                 groups <= cap.groups_available() as usize,
                 "{policy} tick {k}: {groups} groups"
             );
-            // The last services (configuration order) share the pool's ways.
+            // The last services (configuration order) share the pool's ways: the layout
+            // rule of `policy::layout`. The oracle chooses who shares what (issue 14: ranges
+            // shared between services are part of its search), so only its budget counts.
+            if policy == "oracle" {
+                continue;
+            }
             for name in ["xapian", "nginx", "mongodb"] {
                 assert_eq!(
                     r.plan.services[name].llc_ways, r.plan.best_effort.llc_ways,

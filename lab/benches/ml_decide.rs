@@ -1,12 +1,15 @@
 //! Decision time of the `ml` policy for 8 latency-critical services and a best-effort job
-//! on the simulated Xeon E5-2697 v4 (target: p99 under 1 ms per tick), with PARTIES beside
-//! it for the ratio. Every `ml` decision here runs the full search for every service.
+//! on the simulated Xeon E5-2697 v4 and Xeon Gold 6338 (target: p99 under 1 ms per tick),
+//! with PARTIES beside it for the ratio. Every `ml` decision here runs the full search for
+//! every service. The `crowded` cases load every service 3× higher, so services are over
+//! their margins and `ml` also plans the pool's throttled MBA levels (the most work a tick
+//! can take).
 //!
 //! Run with `cargo bench -p cohabit-lab --bench ml_decide`.
 
 use std::sync::Arc;
 
-use cohabit_core::Collector;
+use cohabit_core::{Collector, Observation};
 use cohabit_policy::control;
 use cohabit_policy::{HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy};
 use cohabit_sim::{Scenario, SimulatedHost};
@@ -57,38 +60,68 @@ name = "stream"
 model = "stream"
 "#;
 
-fn decide(c: &mut Criterion) {
-    let sc =
-        Arc::new(Scenario::from_toml(EIGHT, "bench", std::path::Path::new(".")).expect("scenario"));
+/// The eight-service scenario on `preset`, every load times `scale`.
+fn scenario(preset: &str, scale: f64) -> Arc<Scenario> {
+    let mut text = EIGHT.replace("xeon-e5-2697v4", preset);
+    for f in ["0.04", "0.05", "0.06"] {
+        let v: f64 = f.parse().expect("fraction");
+        text = text.replace(
+            &format!("fraction = {f} "),
+            &format!("fraction = {:.3} ", v * scale),
+        );
+    }
+    Arc::new(Scenario::from_toml(&text, "bench", std::path::Path::new(".")).expect("scenario"))
+}
+
+/// `ml` after a few ticks of `sc` (so it has history: bias, spreads, as in a run), the
+/// observation it decides on next, and the host context.
+fn warmed(sc: &Arc<Scenario>, model_name: &str) -> (MlPolicy, Observation, HostContext) {
     let ctx = HostContext {
         host: sc.capacity().clone(),
         specs: sc.specs(),
     };
-    let model = Arc::new(cohabit_models::builtin("xeon-e5-2697v4").unwrap().unwrap());
+    let model = Arc::new(cohabit_models::builtin(model_name).unwrap().unwrap());
     let mut ml = MlPolicy::new(ctx.clone(), model, MlConfig::default());
     let initial = ml.initial().plan;
-    let mut host = SimulatedHost::launch(Arc::clone(&sc), &initial, None).expect("launch");
-    // A few ticks so the policy has history (bias, spreads) as it would in a run.
+    let mut host = SimulatedHost::launch(Arc::clone(sc), &initial, None).expect("launch");
     for _ in 0..5 {
         control::step(&mut host, &mut ml, false).expect("tick");
     }
     let obs = host.collect().expect("collect");
-    c.bench_function("ml decide, 8 LC services", |b| {
-        b.iter_batched(
-            || ml.clone(),
-            |mut p| black_box(p.decide(black_box(&obs), obs.t_ms)),
-            BatchSize::SmallInput,
-        )
-    });
-    let mut parties = PartiesPolicy::new(ctx, PartiesConfig::default());
-    parties.initial();
-    c.bench_function("parties decide, 8 LC services", |b| {
-        b.iter_batched(
-            || parties.clone(),
-            |mut p| black_box(p.decide(black_box(&obs), obs.t_ms)),
-            BatchSize::SmallInput,
-        )
-    });
+    (ml, obs, ctx)
+}
+
+fn decide(c: &mut Criterion) {
+    for (platform, model) in [
+        ("xeon-e5-2697v4", "xeon-e5-2697v4"),
+        ("xeon-gold-6338", "xeon-gold-6338"),
+    ] {
+        for (case, scale) in [("", 1.0), (" crowded", 3.0)] {
+            let sc = scenario(platform, scale);
+            let (ml, obs, ctx) = warmed(&sc, model);
+            c.bench_function(
+                &format!("ml decide, 8 LC services, {platform}{case}"),
+                |b| {
+                    b.iter_batched(
+                        || ml.clone(),
+                        |mut p| black_box(p.decide(black_box(&obs), obs.t_ms)),
+                        BatchSize::SmallInput,
+                    )
+                },
+            );
+            if scale == 1.0 {
+                let mut parties = PartiesPolicy::new(ctx, PartiesConfig::default());
+                parties.initial();
+                c.bench_function(&format!("parties decide, 8 LC services, {platform}"), |b| {
+                    b.iter_batched(
+                        || parties.clone(),
+                        |mut p| black_box(p.decide(black_box(&obs), obs.t_ms)),
+                        BatchSize::SmallInput,
+                    )
+                });
+            }
+        }
+    }
 }
 
 criterion_group!(benches, decide);

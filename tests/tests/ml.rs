@@ -93,7 +93,12 @@ fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
                 assert_eq!(a.llc_ways, pool, "{name}: {n} shares the pool's group");
             }
             let mut ranges: Vec<WayRange> = isolated.iter().map(|(_, a)| a.llc_ways).collect();
-            if c.has_cpu_best_effort() {
+            // Overload rule (DESIGN §5): the pool yields first. It keeps at least one way
+            // (CAT refuses an empty mask), so it may overlap latency-critical ranges only
+            // when those leave it no way of its own.
+            let lc_ways: u32 = ranges.iter().map(|r| r.count).sum();
+            let pool_yields = lc_ways + pool.count > sc.capacity().llc_ways;
+            if c.has_cpu_best_effort() && !pool_yields {
                 ranges.push(pool);
             }
             for (i, a) in ranges.iter().enumerate() {

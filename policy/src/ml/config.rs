@@ -33,6 +33,14 @@ pub struct MlConfig {
     /// Worth of the whole LLC relative to all cores, for the packer's cost (best-effort
     /// jobs usually gain more from cores than from ways).
     pub way_cost: f64,
+    /// A held service measured at most this fraction of its target for `shrink_after`
+    /// intervals in a row is probed with a cut (safe exploration of its cliff).
+    pub explore_below: f64,
+    /// Fraction of the cores an exploring cut takes (at least one core); 0 turns the
+    /// exploration off, the default: with 0.15 it gained best-effort throughput on three
+    /// of the E5 scenarios but cost QoS and actuations on `few-closids` and `demo`
+    /// (figures in the issue 14 report), so it stays opt-in until it is surer.
+    pub explore_step: f64,
 }
 
 impl Default for MlConfig {
@@ -52,6 +60,8 @@ impl Default for MlConfig {
             gpu_hysteresis_pct: 15,
             gpu_shrink_after_ms: 120_000,
             way_cost: 0.1,
+            explore_below: 0.75,
+            explore_step: 0.0,
         }
     }
 }

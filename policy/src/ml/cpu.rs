@@ -13,10 +13,12 @@ use cohabit_core::{Allocation, DecisionPath, Observation, Reason, Sample, WayRan
 use cohabit_models::{log_qos_ratio, Neighbours};
 
 use super::pack::Need;
-use super::predict::{at_full_mba, out_of_range, Pred, Predictor, SATURATED};
+use super::predict::{at_mba, out_of_range, Pred, Predictor, SATURATED};
 use super::search::{self, Search};
-use super::state::{safe_to_keep, unconfirmed_saturation, Hysteresis, Tick};
-use super::{MlPolicy, ServicePlan};
+use super::state::{
+    safe_to_keep, unconfirmed_saturation, ExploreInput, ExploreStep, Hysteresis, Tick,
+};
+use super::{mba, MlPolicy, ServicePlan};
 use crate::{fair_shares, slack, Share};
 
 /// What the planner knows of one CPU service at this tick.
@@ -26,7 +28,13 @@ struct CpuView {
     sample: Sample,
     /// The allocation in force (a fair share for a service not yet placed).
     current: Allocation,
+    /// The neighbours as measured.
     neighbours: Neighbours,
+    /// The neighbours with the pool at the MBA level planned.
+    cand_neighbours: Neighbours,
+    /// The MBA of every candidate: 100, or the pool's level planned for a service sharing
+    /// the pool's group.
+    cand_mba: u8,
     /// Measured ln(p99/target).
     measured: Option<f64>,
     /// Shares the pool's ways (beyond the CLOSIDs).
@@ -65,23 +73,91 @@ impl MlPolicy {
             }
         });
         let measured = log_qos_ratio(&sample, target_ms);
+        let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
+        let level = self.pool_level;
+        let mut cand_neighbours = neighbours;
+        if let Some(bw) = self.pool.bw_now {
+            let at = mba::pool_bw_at(bw, self.pool.mba_now, level, self.pool.peak);
+            cand_neighbours.mem_bw_bytes_per_s = (neighbours.mem_bw_bytes_per_s - bw + at).max(0.0);
+        }
+        let shares_pool = self.ctx.shares_pool_group(name);
         CpuView {
             target_ms,
-            neighbours: Neighbours::observed(obs, name, &self.ctx.host),
+            neighbours,
+            cand_neighbours,
+            cand_mba: if shares_pool { level } else { MBA_MAX_PCT },
             sample,
             current,
             measured,
-            shares_pool: self.ctx.shares_pool_group(name),
+            shares_pool,
         }
     }
 
-    /// Steps 2–4 for one CPU service.
+    /// Steps 2–4 for one CPU service, then the safe exploration of its cliff
+    /// ([`super::state::ServiceState::explore`]) when the plan holds what is in force.
     pub(super) fn plan_cpu_service(
         &mut self,
         obs: &Observation,
         name: &str,
         now_ms: u64,
     ) -> ServicePlan {
+        let plan = self.plan_cpu_model(obs, name, now_ms);
+        let Some(a) = obs.current.services.get(name) else {
+            return plan;
+        };
+        let Some(o) = obs.services.iter().find(|o| o.spec.name == name) else {
+            return plan;
+        };
+        let current = (a.cores, a.llc_ways.count);
+        let held = plan.keep == Some(current)
+            || plan.need
+                == (Need::Fixed {
+                    cores: current.0,
+                    ways: current.1,
+                });
+        let x = ExploreInput {
+            current,
+            measured: o
+                .spec
+                .p99_target_ms()
+                .and_then(|t| log_qos_ratio(&o.sample, t)),
+            rps: o.sample.requests_per_s,
+            busy_cores: o.sample.cpu_busy_cores,
+            held: held && plan.reason.path != DecisionPath::Explore,
+            limit: self.cfg.margin.ln(),
+            calm: self.cfg.explore_below.ln(),
+            after: self.cfg.shrink_after,
+            step: self.cfg.explore_step,
+        };
+        let Some(st) = self.state.get_mut(name) else {
+            return plan;
+        };
+        let (to, text) = match st.explore(&x) {
+            ExploreStep::Stay => return plan,
+            ExploreStep::Revert(to) => (
+                to,
+                format!(
+                    "explore: the cut to {} cores went past the margin (p99/target {:.2}); \
+                     back to {}, cliff remembered",
+                    current.0,
+                    x.measured.map_or(f64::NAN, f64::exp),
+                    to.0
+                ),
+            ),
+            ExploreStep::Cut(to) => (
+                to,
+                format!(
+                    "explore: {} -> {} cores (p99/target under {:.2} for {} intervals)",
+                    current.0, to.0, self.cfg.explore_below, self.cfg.shrink_after
+                ),
+            ),
+        };
+        let reason = Reason::new(DecisionPath::Explore, text);
+        ServicePlan::fixed(name, to.0, to.1, reason, plan.predictable)
+    }
+
+    /// Steps 2–4 for one CPU service.
+    fn plan_cpu_model(&mut self, obs: &Observation, name: &str, now_ms: u64) -> ServicePlan {
         let cfg = self.cfg;
         let v = self.view_cpu(obs, name);
         let st = self.state.entry(name.to_string()).or_default();
@@ -114,6 +190,7 @@ impl MlPolicy {
             sample: &v.sample,
             current: &v.current,
             neighbours: &v.neighbours,
+            cand_neighbours: &v.cand_neighbours,
             basis,
         };
         let probe = predictor.features(&v.current);
@@ -128,7 +205,7 @@ impl MlPolicy {
         } else {
             search::way_grid(self.lc_ways())
         };
-        let found = match self.search(&predictor, held, &ways) {
+        let found = match self.search(&predictor, held, &ways, v.cand_mba) {
             Ok(found) => found,
             Err(why) => return fallback(obs, name, &why, true, v.shares_pool),
         };
@@ -143,6 +220,7 @@ impl MlPolicy {
         let cheaper = found.points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
         let st = self.state.entry(name.to_string()).or_default();
         st.scored = found.scored;
+        st.scored_mba = v.cand_mba;
         let h = st.hysteresis(safe, cheaper, new_service, cfg.shrink_after);
         let now = format!("p99/target {:.2} ± {:.2}", cur_mean.exp(), cur_sigma);
         let text = model_reason(new_service, h, safe, found.relaxed, &now);
@@ -165,7 +243,13 @@ impl MlPolicy {
     /// Step 4 for one service over the way counts `ways` (ascending): its frontier within
     /// the trust region, or the bare target among the candidates already scored; `Err` with
     /// why (for the fallback) when not even that is admissible.
-    fn search(&self, p: &Predictor<'_>, held: bool, ways: &[u32]) -> Result<Found, String> {
+    fn search(
+        &self,
+        p: &Predictor<'_>,
+        held: bool,
+        ways: &[u32],
+        mba: u8,
+    ) -> Result<Found, String> {
         let cfg = &self.cfg;
         let max_cores = search::max_cores(p.current.cores, self.ctx.host.cores, held);
         let query = Search {
@@ -184,7 +268,7 @@ impl MlPolicy {
         };
         let mut scored = Vec::new();
         let mut points = search::frontier(&query, |batch| {
-            let cands: Vec<Allocation> = batch.iter().map(|&(c, w)| at_full_mba(c, w)).collect();
+            let cands: Vec<Allocation> = batch.iter().map(|&(c, w)| at_mba(c, w, mba)).collect();
             let preds = p.predict_many(&cands);
             scored.extend(batch.iter().copied().zip(preds.iter().copied()));
             preds
@@ -199,6 +283,7 @@ impl MlPolicy {
                 let most = Allocation {
                     cores: max_cores,
                     llc_ways: WayRange::new(0, ways.last().copied().unwrap_or(1)),
+                    mba_pct: mba,
                     ..*p.current
                 };
                 let best = p

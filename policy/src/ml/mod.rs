@@ -39,15 +39,30 @@
 //!    force, never more ways than they measured under), pay only for their cores, and a
 //!    point of theirs fits only where the isolated services leave the pool its ways; on the
 //!    fallback they grow by cores alone.
-//! 6. **Degrade** (documented rule) when the needs cannot all fit: nobody is cut to make
-//!    room. Each service keeps what it has (or its need, when that is smaller in every
-//!    resource); then, in configuration order, services that want more take their cheapest
-//!    point within reach of what is free, or grow toward it as far as what is free allows
-//!    (a service over its target by a quarter more cores, up to twice its need's); a service
-//!    over its target still short of ways takes one step's worth from the service with the
-//!    most measured slack whose frontier has a point with fewer ways. The rule
-//!    depends only on the needs and what is in force, so it does not oscillate while the
-//!    loads hold.
+//! 6. **Degrade** (the overload rule, [`pack`]) when the needs cannot all fit: the
+//!    best-effort pool yields first (the services may take every way, the pool sharing the
+//!    top one, and its memory bandwidth goes to the least level tried); nobody of the same
+//!    or a higher `priority` is cut to make room. Each service keeps what it has (or its
+//!    need, when that is smaller in every resource); then services that want more are
+//!    served higher priority first, then smallest growth first (the most services meeting
+//!    their targets), then in configuration order: each takes its cheapest point within
+//!    reach of what is free, or what it lacks from services of lower priority, or grows
+//!    toward it as far as what is free allows; a service over its target still short of
+//!    ways takes one step's worth from the service with the most measured slack whose
+//!    frontier has a point with fewer ways. The rule depends only on the needs and what is
+//!    in force, so it does not oscillate while the loads hold.
+//! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the
+//!    one in force; under pressure a step down and the minimum; without it a step up), each
+//!    service's neighbour bandwidth as the pool would have it (services sharing the pool's
+//!    group are searched at that MBA through `mba_cand`); the level with the fewest services
+//!    short, then the least cost (packing plus the throughput the throttle takes from the
+//!    pool) wins. No bandwidth reading for the pool: no throttle.
+//! 8. **Explore** ([`state::ServiceState::explore`], off by default: `explore_step` 0): a
+//!    service held under
+//!    `explore_below` of its target for `shrink_after` intervals loses `explore_step` of
+//!    its cores (never past 0.8 busy); a reading past the margin under the cut undoes it
+//!    at once and remembers the service's cliff, under which no cut goes again at that load.
+//!    This learns each service's cliff online where the shared model is too unsure to cut.
 //!
 //! GPU services: the shipped model was trained on CPU services, and its `gpu_cand` input
 //! puts any GPU service outside its range. Their MPS share is sized from an online model
@@ -70,10 +85,10 @@
 //! two batches; the DP is `services × ways²`. Eight services on a 36-core, 20-way host take
 //! about 0.7 ms (`cargo bench -p cohabit-lab --bench ml_decide`).
 //!
-//! Modules: [`config`] (the tunables), [`state`] (step 1 and what is
+//! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
 //! (steps 2–4 for one CPU service and the fallback step), [`search`] (step 4's frontier),
-//! [`pack`] (steps 5–6), [`gpu`] (GPU services' MPS shares). `pack` and `search` are pure
+//! [`pack`] (steps 5–6), [`mba`] (step 7), [`gpu`] (GPU services' MPS shares). `pack` and `search` are pure
 //! functions over plain data; this file runs the steps in order.
 
 use std::collections::BTreeMap;
@@ -87,12 +102,14 @@ use crate::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
 mod config;
 mod cpu;
 mod gpu;
+mod mba;
 mod pack;
 mod predict;
 mod search;
 mod state;
 
 pub use config::MlConfig;
+use mba::PoolBw;
 use pack::{Costs, Demand, Need, Packing, Room};
 use predict::{Pred, Predictor};
 use state::{LastPrediction, ServiceState};
@@ -133,6 +150,28 @@ pub struct MlPolicy {
     cfg: MlConfig,
     model: Arc<Model>,
     state: BTreeMap<String, ServiceState>,
+    /// The best-effort pool as observed this tick.
+    pool: PoolBw,
+    /// The pool's MBA level being planned (during a tick) or decided (after it).
+    pool_level: u8,
+    /// Last tick's needs did not all fit.
+    last_degraded: bool,
+}
+
+/// One pool MBA level planned in full: what every service wanted there and how it packed.
+#[derive(Debug, Clone)]
+struct LevelPlan {
+    level: u8,
+    plans: Vec<ServicePlan>,
+    packing: Packing,
+    /// Services whose packed allocation meets none of their needs.
+    unmet: usize,
+    /// Services on the fallback.
+    fallbacks: usize,
+    /// What the packing and the throttle cost the best-effort jobs.
+    cost: f64,
+    /// The services' state after planning at this level.
+    state: BTreeMap<String, ServiceState>,
 }
 
 impl MlPolicy {
@@ -142,12 +181,134 @@ impl MlPolicy {
             .latency_critical()
             .map(|s| (s.name.clone(), ServiceState::default()))
             .collect();
+        let pool = PoolBw {
+            mba_now: MBA_MAX_PCT,
+            bw_now: None,
+            peak: ctx.host.mem_bw_bytes_per_s.max(1.0),
+            cores_frac: 0.0,
+        };
         Self {
             ctx,
             cfg,
             model,
             state,
+            pool,
+            pool_level: MBA_MAX_PCT,
+            last_degraded: false,
         }
+    }
+
+    /// `neighbours` as they would be with the pool at the level planned.
+    fn planned_neighbours(&self, neighbours: Neighbours) -> Neighbours {
+        let mut n = neighbours;
+        if let Some(bw) = self.pool.bw_now {
+            let at = mba::pool_bw_at(bw, self.pool.mba_now, self.pool_level, self.pool.peak);
+            n.mem_bw_bytes_per_s = (n.mem_bw_bytes_per_s - bw + at).max(0.0);
+        }
+        n
+    }
+
+    /// Pressure on the pool's bandwidth: a CPU service measured over its margin, or last
+    /// tick's needs did not fit.
+    fn pressure(&self, obs: &Observation) -> bool {
+        let limit = self.cfg.margin.ln();
+        self.last_degraded
+            || obs
+                .latency_critical()
+                .filter(|o| o.spec.gpu.is_none())
+                .filter_map(|o| log_qos_ratio(&o.sample, o.spec.p99_target_ms()?))
+                .any(|q| q > limit)
+    }
+
+    /// Steps 2–6 with the pool at MBA `level`.
+    fn plan_level(&mut self, obs: &Observation, now_ms: u64, level: u8) -> LevelPlan {
+        self.pool_level = level;
+        let plans = self.plan_services(obs, now_ms);
+        let demands = self.demands(obs, &plans);
+        let costs = self.costs();
+        let mut packing = pack::pack(self.room(), &costs, &demands);
+        let mut unmet = pack::unmet(&demands, &packing.alloc);
+        if unmet > 0 && self.ctx.has_cpu_best_effort() {
+            // Latency-critical before best effort: the pool may share its top way.
+            let room = Room {
+                ways: self.ctx.host.llc_ways,
+                ..self.room()
+            };
+            let all_ways = pack::pack(room, &costs, &demands);
+            let u = pack::unmet(&demands, &all_ways.alloc);
+            if u < unmet {
+                packing = all_ways;
+                unmet = u;
+            }
+        }
+        let fallbacks = plans
+            .iter()
+            .filter(|p| p.reason.path == DecisionPath::Fallback)
+            .count();
+        let change = if level == self.pool.mba_now {
+            0.0
+        } else {
+            pack::CHANGE_COST
+        };
+        let cost = pack::total_cost(&costs, &demands, &packing.alloc)
+            + mba::throttle_cost(&self.pool, level)
+            + change;
+        LevelPlan {
+            level,
+            plans,
+            packing,
+            unmet,
+            fallbacks,
+            cost,
+            state: BTreeMap::new(),
+        }
+    }
+
+    /// Plans every pool level of this tick ([`mba::pool_levels`]) and keeps the best: the
+    /// fewest services short of their needs, then the least cost; a level other than the one
+    /// in force only where the model vouches for as many services as there. When some
+    /// service is short of its needs at every level, the pool gets the least bandwidth
+    /// tried (latency-critical services before best effort).
+    fn plan_pool_levels(&mut self, obs: &Observation, now_ms: u64) -> LevelPlan {
+        self.pool = PoolBw::observed(obs, &self.ctx.host);
+        let levels = if self.ctx.has_cpu_best_effort() {
+            mba::pool_levels(&self.ctx.host, &self.pool, self.pressure(obs))
+        } else {
+            vec![MBA_MAX_PCT]
+        };
+        if levels.len() == 1 {
+            return self.plan_level(obs, now_ms, levels[0]);
+        }
+        let start = self.state.clone();
+        let mut tried: Vec<LevelPlan> = Vec::with_capacity(levels.len());
+        for level in levels {
+            self.state = start.clone();
+            let mut lp = self.plan_level(obs, now_ms, level);
+            lp.state = std::mem::take(&mut self.state);
+            tried.push(lp);
+        }
+        let in_force = tried[0].fallbacks;
+        let eligible = |lp: &&LevelPlan| lp.fallbacks <= in_force;
+        let best_unmet = tried.iter().filter(eligible).map(|lp| lp.unmet).min();
+        let pick = if best_unmet.is_some_and(|u| u > 0) {
+            tried
+                .iter()
+                .enumerate()
+                .filter(|(_, lp)| eligible(lp) && Some(lp.unmet) == best_unmet)
+                .min_by_key(|(_, lp)| lp.level)
+                .map(|(i, _)| i)
+        } else {
+            tried
+                .iter()
+                .enumerate()
+                .filter(|(_, lp)| eligible(lp) && Some(lp.unmet) == best_unmet)
+                .min_by(|a, b| a.1.cost.total_cmp(&b.1.cost))
+                .map(|(i, _)| i)
+        };
+        let mut best = tried.swap_remove(pick.unwrap_or(0));
+        self.state = std::mem::take(&mut best.state);
+        self.pool_level = best.level;
+        best
     }
 
     /// Ways the latency-critical services may use in total.
@@ -221,6 +382,12 @@ impl MlPolicy {
             .map(|p| {
                 let slack = slack(obs, &p.name);
                 Demand {
+                    priority: self
+                        .ctx
+                        .specs
+                        .iter()
+                        .find(|s| s.name == p.name)
+                        .map_or(0, |s| s.priority),
                     current: obs
                         .current
                         .services
@@ -262,7 +429,7 @@ impl MlPolicy {
             }
             reasons.insert(p.name.clone(), why);
         }
-        (layout(&self.ctx, &shares, MBA_MAX_PCT), reasons)
+        (layout(&self.ctx, &shares, self.pool_level), reasons)
     }
 
     /// Predictions for the CPU services whose inputs are in range (model path or fallback)
@@ -297,6 +464,7 @@ impl MlPolicy {
         };
         let current = obs.current.services.get(name).copied().unwrap_or(cand);
         let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
+        let cand_neighbours = self.planned_neighbours(neighbours);
         let basis = self.state.get(name).map(|s| s.basis).unwrap_or_default();
         let predictor = Predictor {
             model: &self.model,
@@ -305,11 +473,12 @@ impl MlPolicy {
             sample: &o.sample,
             current: &current,
             neighbours: &neighbours,
+            cand_neighbours: &cand_neighbours,
             basis,
         };
         let known = self.state.get_mut(name).and_then(|st| {
             let key = (cand.cores, cand.llc_ways.count);
-            let hit = (cand.mba_pct == MBA_MAX_PCT)
+            let hit = (cand.mba_pct == st.scored_mba)
                 .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
                 .flatten();
             st.scored.clear();
@@ -343,6 +512,19 @@ impl Policy for MlPolicy {
         "ml"
     }
 
+    /// A reloaded model: its predictions start afresh (the online bias, the spread factors
+    /// and the last prediction were the old model's errors); the measurement noise, the
+    /// fallback holds and the hysteresis stay, they are the host's.
+    fn replace_model(&mut self, model: Arc<Model>) -> bool {
+        self.model = model;
+        for st in self.state.values_mut() {
+            st.bias = 0.0;
+            st.z2 = 1.0;
+            st.last = None;
+        }
+        true
+    }
+
     fn initial(&mut self) -> Decision {
         // Nothing measured yet: start from a fair share; the first observation places every
         // service from the model.
@@ -364,17 +546,23 @@ impl Policy for MlPolicy {
 
     fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
         self.correct(obs);
-        let plans = self.plan_services(obs, now_ms);
-        let demands = self.demands(obs, &plans);
-        let packing = pack::pack(self.room(), &self.costs(), &demands);
+        let LevelPlan {
+            level,
+            plans,
+            packing,
+            ..
+        } = self.plan_pool_levels(obs, now_ms);
+        self.last_degraded = packing.degraded;
         let (plan, mut reasons) = self.lay_out(&plans, &packing);
         let predictions = self.record_predictions(obs, &plans, &plan);
+        let pool_why = if level < MBA_MAX_PCT {
+            format!("what the latency-critical services leave; memory bandwidth {level} %")
+        } else {
+            "what the latency-critical services leave".to_string()
+        };
         reasons.insert(
             cohabit_core::BEST_EFFORT_GROUP.to_string(),
-            Reason::new(
-                DecisionPath::Model,
-                "what the latency-critical services leave",
-            ),
+            Reason::new(DecisionPath::Model, pool_why),
         );
         let mut d = Decision::new(plan, reasons);
         d.predictions = predictions;
@@ -435,12 +623,14 @@ pub(super) mod tests {
                 name: format!("lc{i}"),
                 class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
                 gpu: None,
+                priority: 0,
             })
             .collect();
         specs.push(ServiceSpec {
             name: "be".into(),
             class: ServiceClass::BestEffort,
             gpu: None,
+            priority: 0,
         });
         HostContext {
             host: HostCapacity { closids, ..host() },
@@ -488,6 +678,78 @@ pub(super) mod tests {
             .iter()
             .position(|n| *n == name)
             .unwrap()
+    }
+
+    /// A model to which the neighbours' bandwidth matters: each member predicts
+    /// -0.9 × cores_cand + 2 × neighbour_bw_frac (a core is -0.025 in ln(p99/target) on 36
+    /// cores; all of the host's bandwidth +2).
+    fn bandwidth_model() -> Model {
+        let w = [(col("cores_cand"), -0.9), (col("neighbour_bw_frac"), 2.0)];
+        linear_model(&[(0.0, &w), (0.0, &w)])
+    }
+
+    #[test]
+    fn a_streaming_pool_is_throttled_when_that_is_cheaper_than_more_cores() {
+        // lc0 at 1.2 × its target next to a pool using 3e10 of the host's 7e10 bytes/s.
+        // More cores: ln 1.2 → ln 0.9 takes 13 more (cost 0.36). The pool at 60 % frees
+        // 1.2e10: -2 × 0.17 = -0.34, enough with a core less, for 0.5 (the pool's share of
+        // the cores) × 0.4 of its bandwidth = 0.2; at 10 % (the minimum) 11 cores less for
+        // 0.45. Either is cheaper than the cores.
+        let c = ctx(1, 16);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(bandwidth_model()), MlConfig::default());
+        let initial = ml.initial().plan;
+        let s = Sample {
+            mem_bw_bytes_per_s: Some(3e10),
+            ..sample(Some(1.2))
+        };
+        let mut obs = observe(&c, &initial, &s);
+        // lc0's own bandwidth is not its neighbours'.
+        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
+        let d = ml.decide(&obs, 1_000);
+        let level = d.plan.best_effort.mba_pct;
+        assert!([10, 60].contains(&level), "{level} {:?}", d.reasons);
+        let why = &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text;
+        assert!(
+            why.contains(&format!("memory bandwidth {level} %")),
+            "{why}"
+        );
+        let lc0 = d.plan.services["lc0"];
+        assert!(lc0.cores < initial.services["lc0"].cores, "{lc0:?}");
+        assert_eq!(lc0.mba_pct, 100);
+        // The prediction recorded is for the neighbours as planned: within the margin.
+        assert!(d.predictions["lc0"].log_qos_ratio <= 0.9f64.ln());
+    }
+
+    #[test]
+    fn a_pool_whose_bandwidth_is_not_measured_is_released() {
+        // The same service over its target, but no bandwidth reading (no RDT monitoring):
+        // the pool, throttled to 50 %, goes back to 100 % rather than be guessed about.
+        let c = ctx(1, 16);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(bandwidth_model()), MlConfig::default());
+        let mut current = ml.initial().plan;
+        current.best_effort.mba_pct = 50;
+        let d = ml.decide(&observe(&c, &current, &sample(Some(1.2))), 1_000);
+        assert_eq!(d.plan.best_effort.mba_pct, 100);
+    }
+
+    #[test]
+    fn a_service_of_higher_priority_is_served_first_when_not_every_target_can_be_met() {
+        // Two services at 2.5 × their target (saturated: the model's level is used, +0.5
+        // everywhere, so nothing is admissible) go to the fallback, which doubles their 12
+        // cores: 48 > 36. lc1 has priority 1 and gets its doubling; lc0, first in
+        // configuration order, which the rule used to serve first, keeps its 12.
+        let mut c = ctx(2, 16);
+        c.specs[1].priority = 1;
+        let model = linear_model(&[(0.5, &[]), (0.5, &[])]);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
+        let initial = ml.initial().plan;
+        let (c0, c1) = (initial.services["lc0"].cores, initial.services["lc1"].cores);
+        let d = ml.decide(&observe(&c, &initial, &sample(Some(2.5))), 1_000);
+        let (n0, n1) = (d.plan.services["lc0"].cores, d.plan.services["lc1"].cores);
+        assert_eq!(d.reasons["lc1"].path, DecisionPath::Fallback);
+        assert_eq!(n1, 2 * c1, "{:?}", d.reasons);
+        assert_eq!(n0, c0, "{:?}", d.reasons);
+        assert!(d.reasons["lc0"].text.contains("needs exceed the host"));
     }
 
     #[test]

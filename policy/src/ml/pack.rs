@@ -18,18 +18,25 @@
 //! "enough with a pool of `ways` ways", so it fits only where the isolated services leave
 //! the pool at least that many ([`pool_ways`]).
 //!
-//! Degrade ([`degrade`]) when even that does not fit: nobody is cut to make room. Each
-//! service keeps what it has (or its cheapest point, when that is smaller in every
-//! resource; a service sharing the pool's ways gets them whatever its point says); then,
-//! in configuration order, services that want more take their cheapest point within reach
-//! of what is free, or grow toward it as far as what is free allows (a service over its
-//! target by a quarter more cores, up to twice its need's); last, a service over its target
-//! still short of ways takes them from the one with the most measured slack whose frontier
-//! has a point with fewer ways ([`lend_ways`]).
+//! Degrade ([`degrade`]) when even that does not fit (the overload rule): nobody of the same
+//! or a higher priority is cut to make room. Each service keeps what it has (or its
+//! cheapest point, when that is smaller in every resource; a service sharing the pool's
+//! ways gets them whatever its point says); then services that want more are served in
+//! [`growth_order`]: higher `priority` first, then the smallest growth to their cheapest
+//! point (the most services meeting their targets), then configuration order. Each takes
+//! its cheapest point within reach of what is free; failing that, what it lacks from
+//! services of strictly lower priority ([`take_from_lower`], the lowest first, each keeping
+//! a core and a way); failing that, it grows toward it as far as what is free allows (a
+//! service over its target by a quarter more cores, up to twice its need's). Last, a
+//! service over its target still short of ways takes them from the one with the most
+//! measured slack whose frontier has a point with fewer ways ([`lend_ways`]). The
+//! best-effort pool yields before any of this (the caller lets the services use every way
+//! and throttles the pool's bandwidth, see `super::mba`).
 //!
 //! Properties: the result depends only on the demands and what is in force, so it does not
-//! oscillate while the loads hold; a degraded packing never takes anything from a service
-//! that is not over its target, except ways its own frontier says it can spare.
+//! oscillate while the loads hold; a degraded packing takes nothing from a service that is
+//! not over its target, except ways its own frontier says it can spare, or what a service
+//! of higher priority needs to meet its target.
 //!
 //! Cost: `services × ways × points` for the programme (points ≤ way counts searched).
 
@@ -49,6 +56,8 @@ pub(super) enum Need {
 /// ways, the ways of a point are the pool's size it was sized for.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Demand {
+    /// Overload priority (higher wins; [`cohabit_core::ServiceSpec::priority`]).
+    pub(super) priority: i32,
     /// (cores, ways) in force.
     pub(super) current: (u32, u32),
     pub(super) need: Need,
@@ -229,26 +238,144 @@ pub(super) fn degrade(room: Room, costs: &Costs, demands: &[Demand]) -> Vec<(u32
         .filter(|(_, d)| !d.shares_pool_ways)
         .map(|(x, _)| x.1)
         .sum();
-    let mut free_c = room.cores.saturating_sub(out.iter().map(|x| x.0).sum());
-    let mut free_w = room.ways.saturating_sub(lc_ways);
-    for (i, d) in demands.iter().enumerate() {
-        if below(cheapest[i], out[i]) {
-            continue;
-        }
+    let mut free = (
+        room.cores.saturating_sub(out.iter().map(|x| x.0).sum()),
+        room.ways.saturating_sub(lc_ways),
+    );
+    for i in growth_order(costs, demands, &cheapest, &out) {
+        let d = &demands[i];
         let base = out[i];
         let pool = d.shares_pool_ways;
-        let reach = |&(c, w): &(u32, u32)| c <= base.0 + free_c && (pool || w <= base.1 + free_w);
+        let reach = |&(c, w): &(u32, u32)| c <= base.0 + free.0 && (pool || w <= base.1 + free.1);
         let within: Vec<(u32, u32)> = d.options(false).into_iter().filter(reach).collect();
-        let pick = cheapest_of(d, within)
-            .unwrap_or_else(|| grow_toward(d, cheapest[i], base, free_c, free_w));
-        free_c = (free_c + base.0).saturating_sub(pick.0);
+        let pick = match cheapest_of(d, within) {
+            Some(p) => p,
+            None => match take_from_lower(demands, &mut out, i, cheapest[i], &mut free) {
+                Some(p) => p,
+                None => grow_toward(d, cheapest[i], base, free.0, free.1),
+            },
+        };
+        free.0 = (free.0 + base.0).saturating_sub(pick.0);
         if !pool {
-            free_w = (free_w + base.1).saturating_sub(pick.1);
+            free.1 = (free.1 + base.1).saturating_sub(pick.1);
         }
         out[i] = pick;
     }
-    lend_ways(demands, &cheapest, &mut out, free_c);
+    lend_ways(demands, &cheapest, &mut out, free.0);
     out
+}
+
+/// The order in which services that want more are served: higher priority first; within
+/// a priority the smallest growth to the cheapest need first, so that as many services as
+/// possible meet their targets (with one scarce resource, smallest first is the most that
+/// fit); then configuration order.
+fn growth_order(
+    costs: &Costs,
+    demands: &[Demand],
+    cheapest: &[(u32, u32)],
+    out: &[(u32, u32)],
+) -> Vec<usize> {
+    let growth = |i: usize| {
+        let d = &demands[i];
+        d.cost(costs, cheapest[i].0, cheapest[i].1) - d.cost(costs, out[i].0, out[i].1)
+    };
+    let mut order: Vec<usize> = (0..demands.len())
+        .filter(|&i| !below(cheapest[i], out[i]))
+        .collect();
+    order.sort_by(|&a, &b| {
+        demands[b]
+            .priority
+            .cmp(&demands[a].priority)
+            .then(growth(a).total_cmp(&growth(b)))
+            .then(a.cmp(&b))
+    });
+    order
+}
+
+/// A service `i` whose `need` is out of reach of what is `free` takes what it lacks from
+/// services of strictly lower priority (the lowest first, then the one with most measured
+/// slack), leaving each at least one core and one way; returns `need` when that is enough
+/// (what was taken is then `free`, and the donors' allocations are lowered in `out`),
+/// `None` (and nothing changed) otherwise.
+fn take_from_lower(
+    demands: &[Demand],
+    out: &mut [(u32, u32)],
+    i: usize,
+    need: (u32, u32),
+    free: &mut (u32, u32),
+) -> Option<(u32, u32)> {
+    let d = &demands[i];
+    let base = out[i];
+    let mut lack_c = need.0.saturating_sub(base.0 + free.0);
+    let mut lack_w = if d.shares_pool_ways {
+        0
+    } else {
+        need.1.saturating_sub(base.1 + free.1)
+    };
+    let mut donors: Vec<usize> = (0..demands.len())
+        .filter(|&j| demands[j].priority < d.priority)
+        .collect();
+    donors.sort_by(|&a, &b| {
+        let (da, db) = (&demands[a], &demands[b]);
+        da.priority
+            .cmp(&db.priority)
+            .then(db.slack.unwrap_or(0.0).total_cmp(&da.slack.unwrap_or(0.0)))
+    });
+    let spare = |j: usize, out: &[(u32, u32)]| {
+        let w = if demands[j].shares_pool_ways {
+            0
+        } else {
+            out[j].1.saturating_sub(1)
+        };
+        (out[j].0.saturating_sub(1), w)
+    };
+    let (sc, sw) = donors.iter().fold((0, 0), |acc, &j| {
+        let s = spare(j, out);
+        (acc.0 + s.0, acc.1 + s.1)
+    });
+    if sc < lack_c || sw < lack_w || (lack_c == 0 && lack_w == 0) {
+        return None;
+    }
+    for j in donors {
+        let (c, w) = spare(j, out);
+        let tc = c.min(lack_c);
+        let tw = w.min(lack_w);
+        out[j] = (out[j].0 - tc, out[j].1 - tw);
+        lack_c -= tc;
+        lack_w -= tw;
+        free.0 += tc;
+        free.1 += tw;
+    }
+    Some(need)
+}
+
+/// How many demands the allocation `alloc` leaves short: below every option (a fixed
+/// demand, a kept allocation or any frontier point) in some resource.
+pub(super) fn unmet(demands: &[Demand], alloc: &[(u32, u32)]) -> usize {
+    demands
+        .iter()
+        .zip(alloc)
+        .filter(|(d, a)| {
+            let mut opts = d.options(false);
+            opts.extend(d.keep);
+            !opts
+                .iter()
+                .any(|o| o.0 <= a.0 && (d.shares_pool_ways || o.1 <= a.1))
+        })
+        .count()
+}
+
+/// What `alloc` costs the best-effort jobs: every service's cost, plus [`CHANGE_COST`] per
+/// changed resource.
+pub(super) fn total_cost(costs: &Costs, demands: &[Demand], alloc: &[(u32, u32)]) -> f64 {
+    demands
+        .iter()
+        .zip(alloc)
+        .map(|(d, &(c, w))| {
+            let changes = u32::from(c != d.current.0) + u32::from(w != d.current.1);
+            d.cost(costs, c, w) + CHANGE_COST * f64::from(changes)
+        })
+        .sum()
 }
 
 /// Nothing within reach: grow from `base` toward the cheapest point `need` as far as what
@@ -324,6 +451,7 @@ mod tests {
 
     fn frontier(current: (u32, u32), points: &[(u32, u32)]) -> Demand {
         Demand {
+            priority: 0,
             current,
             need: Need::Frontier {
                 points: points.to_vec(),
@@ -481,21 +609,24 @@ mod tests {
     }
 
     #[test]
-    fn degrade_cuts_nobody_to_make_room() {
+    fn degrade_cuts_nobody_to_make_room_and_serves_the_smallest_growth_first() {
         // a has (20, 8) and needs (24, 8); b has (14, 8) and needs (16, 8): 40 cores > 36.
-        // Nobody gives up what it has: 36 - 34 = 2 free cores. a, first in configuration
-        // order, grows by those 2 (22, 8); b keeps (14, 8).
+        // Nobody gives up what it has: 36 - 34 = 2 free cores. b needs only those 2 and
+        // takes them (16, 8), meeting its target; a keeps (20, 8). (Before issue 14 the
+        // first in configuration order grew by the 2 and neither met its target: the rule
+        // now serves the smallest growth first, for the fewest violations.)
         let demands = [fixed((20, 8), 24, 8), fixed((14, 8), 16, 8)];
         let p = pack(ROOM, &COSTS, &demands);
         assert!(p.degraded);
-        assert_eq!(p.alloc, vec![(22, 8), (14, 8)]);
+        assert_eq!(p.alloc, vec![(20, 8), (16, 8)]);
+        assert_eq!(unmet(&demands, &p.alloc), 1);
     }
 
     #[test]
-    fn degrade_lets_growers_take_what_is_free_in_configuration_order() {
+    fn degrade_serves_growers_smallest_growth_first_then_in_configuration_order() {
         // 36 cores: a (10, 4) and b (10, 4) want (14, 4); c (14, 4) wants (16, 4): 44 > 36.
-        // 36 - 34 = 2 cores free. a, first, cannot reach (14, 4) (14 > 10 + 2) and grows by
-        // the 2 to (12, 4); b and c then find nothing free and keep what they have.
+        // 36 - 34 = 2 cores free. c needs just 2 and meets its target (16, 4); a and b,
+        // tied, find nothing left and keep what they have.
         let demands = [
             fixed((10, 4), 14, 4),
             fixed((10, 4), 14, 4),
@@ -503,7 +634,73 @@ mod tests {
         ];
         let p = pack(ROOM, &COSTS, &demands);
         assert!(p.degraded);
-        assert_eq!(p.alloc, vec![(12, 4), (10, 4), (14, 4)]);
+        assert_eq!(p.alloc, vec![(10, 4), (10, 4), (16, 4)]);
+        // 3 cores free; a and b need 2 each, c 3. a, first among the equals in
+        // configuration order, meets its need; b grows by the one left; c is out of reach.
+        let demands = [
+            fixed((10, 4), 12, 4),
+            fixed((10, 4), 12, 4),
+            fixed((13, 4), 16, 4),
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert_eq!(p.alloc, vec![(12, 4), (11, 4), (13, 4)]);
+    }
+
+    /// `d` with overload priority `p`.
+    fn prio(p: i32, d: Demand) -> Demand {
+        Demand { priority: p, ..d }
+    }
+
+    #[test]
+    fn a_higher_priority_service_takes_what_it_lacks_from_lower_priority_ones() {
+        // 36 cores: a (priority 0, slack 0.2) holds (20, 4); b (priority 1, over its target)
+        // has (14, 4) and needs (24, 6). 2 cores free, 11 ways: b lacks 8 cores, which a
+        // yields (20 -> 12); b meets its need.
+        let a = fixed((20, 4), 20, 4);
+        let b = prio(1, violating(fixed((14, 4), 24, 6)));
+        let demands = [a, b];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(12, 4), (24, 6)]);
+        assert_eq!(unmet(&demands, &p.alloc), 1);
+        // At equal priority nobody is cut: b grows by what is free.
+        let demands = [fixed((20, 4), 20, 4), violating(fixed((14, 4), 24, 6))];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert_eq!(p.alloc[0], (20, 4));
+        assert_eq!(p.alloc[1], (16, 6));
+    }
+
+    #[test]
+    fn the_lowest_priority_yields_first_and_a_donor_keeps_a_core_and_a_way() {
+        // c (priority 2) needs 10 more cores than are free; a (priority 0) has 6, b
+        // (priority 1) has 12. a yields 5 (keeps 1), b the other 5.
+        let a = fixed((6, 2), 6, 2);
+        let b = prio(1, fixed((12, 2), 12, 2));
+        let c = prio(2, fixed((18, 2), 28, 2));
+        let p = pack(ROOM, &COSTS, &[a, b, c]);
+        assert_eq!(p.alloc, vec![(1, 2), (7, 2), (28, 2)]);
+        // Lower-priority services cannot free enough: nobody is cut, c grows into what is
+        // free.
+        let a = fixed((6, 2), 6, 2);
+        let c = prio(2, fixed((30, 2), 40, 2));
+        let p = pack(ROOM, &COSTS, &[a, c]);
+        assert_eq!(p.alloc, vec![(6, 2), (30, 2)]);
+    }
+
+    #[test]
+    fn unmet_counts_the_services_below_every_option() {
+        let demands = [frontier((8, 4), &[(10, 2), (6, 8)]), fixed((4, 4), 6, 4)];
+        assert_eq!(unmet(&demands, &[(10, 3), (6, 4)]), 0);
+        assert_eq!(unmet(&demands, &[(9, 7), (6, 4)]), 1);
+        assert_eq!(unmet(&demands, &[(9, 7), (5, 9)]), 2);
+    }
+
+    #[test]
+    fn total_cost_adds_each_services_cost_and_its_changes() {
+        // (9, 10): 0.3, unchanged; (9, 4): 0.27, one change (+0.01).
+        let demands = [fixed((9, 10), 9, 10), fixed((9, 5), 9, 4)];
+        let got = total_cost(&COSTS, &demands, &[(9, 10), (9, 4)]);
+        assert!((got - (0.3 + 0.27 + 0.01)).abs() < 1e-12, "{got}");
     }
 
     #[test]

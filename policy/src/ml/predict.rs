@@ -1,8 +1,13 @@
 //! Step 2 of the `ml` policy: predictions of ln(p99/target) for one service's candidate
 //! allocations, anchored on what the allocation in force measured, and the check that the
 //! model's inputs lie within its training range.
+//!
+//! Candidates may also change the neighbours' bandwidth (a throttled best-effort pool,
+//! [`super::mba`]): the change is then predicted from the allocation in force with the
+//! neighbours as measured to the candidate with the neighbours as planned.
 
-use cohabit_core::{Allocation, HostCapacity, Sample, WayRange, MBA_MAX_PCT};
+use cohabit_core::{Allocation, HostCapacity, Sample, WayRange};
+use cohabit_models::artifact::CANDIDATE_FEATURES;
 use cohabit_models::{
     features, present, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES,
 };
@@ -55,12 +60,15 @@ pub(super) struct Predictor<'a> {
     pub(super) target_ms: f64,
     pub(super) sample: &'a Sample,
     pub(super) current: &'a Allocation,
+    /// The neighbours as measured under the allocation in force.
     pub(super) neighbours: &'a Neighbours,
+    /// The neighbours as the candidates would have them (the pool's MBA level planned).
+    pub(super) cand_neighbours: &'a Neighbours,
     pub(super) basis: Basis,
 }
 
 impl Predictor<'_> {
-    /// The model's inputs for `candidate`.
+    /// The model's inputs for `candidate`, with the neighbours as planned.
     pub(super) fn features(&self, candidate: &Allocation) -> [f32; N_FEATURES] {
         features(
             self.host,
@@ -68,8 +76,65 @@ impl Predictor<'_> {
             self.sample,
             self.current,
             candidate,
+            self.cand_neighbours,
+        )
+    }
+
+    /// The model's inputs for the allocation in force with the neighbours as measured:
+    /// what the anchor was measured under.
+    fn reference(&self) -> [f32; N_FEATURES] {
+        features(
+            self.host,
+            self.target_ms,
+            self.sample,
+            self.current,
+            self.current,
             self.neighbours,
         )
+    }
+
+    /// The change from the reference to each of `rows` (raw features) and its spread,
+    /// per member as [`Model::score_change`] does, when the neighbours differ: the rows
+    /// share every feature outside the candidate's with `features(current)` at the planned
+    /// neighbours, not with the reference.
+    fn change_with_neighbours(&self, rows: &Array2<f32>) -> (Vec<f64>, Vec<f64>) {
+        let n = rows.nrows();
+        let mut all = Array2::<f32>::zeros((n + 1, N_FEATURES));
+        all.row_mut(0)
+            .assign(&ArrayView1::from(&self.features(self.current)[..]));
+        all.slice_mut(ndarray::s![1.., ..]).assign(rows);
+        let ens = &self.model.ensemble;
+        let out = ens.members_predict_shared(all.view(), &CANDIDATE_FEATURES);
+        let reference = self.reference();
+        let r = Array2::from_shape_vec((1, N_FEATURES), reference.to_vec())
+            .unwrap_or_else(|_| Array2::zeros((1, N_FEATURES)));
+        let base = ens.members_predict(r.view());
+        let k = out.nrows().max(1) as f64;
+        let scale = f64::from(
+            self.model
+                .meta
+                .change_sigma_scale
+                .unwrap_or(self.model.meta.sigma_scale),
+        );
+        let mut mean = vec![0.0; n];
+        let mut var = vec![0.0; n];
+        for (m, member) in out.rows().into_iter().enumerate() {
+            let b = f64::from(base[[m, 0]]);
+            for i in 0..n {
+                let d = f64::from(member[i + 1]) - b;
+                mean[i] += d;
+                var[i] += d * d;
+            }
+        }
+        let spread = mean
+            .iter_mut()
+            .zip(&var)
+            .map(|(m, v)| {
+                *m /= k;
+                (v / k - *m * *m).max(0.0).sqrt() * scale
+            })
+            .collect();
+        (mean, spread)
     }
 
     /// Predictions (mean, spread) of ln(p99/target) for candidates of one service.
@@ -86,7 +151,8 @@ impl Predictor<'_> {
                 && c.llc_ways.count == self.current.llc_ways.count
                 && c.mba_pct == self.current.mba_pct
         };
-        if let (Some(q), true) = (b.anchor, cands.iter().all(same)) {
+        let same_neighbours = self.neighbours == self.cand_neighbours;
+        if let (Some(q), true) = (b.anchor, same_neighbours && cands.iter().all(same)) {
             let p = Pred {
                 mean: q + b.bias,
                 sigma: b.noise,
@@ -101,17 +167,25 @@ impl Predictor<'_> {
         }
         match b.anchor {
             Some(q) => {
-                let reference = self.features(self.current);
-                let (d, s) = self
-                    .model
-                    .score_change(ArrayView1::from(&reference[..]), rows.view());
+                let (d, s): (Vec<f64>, Vec<f64>) = if same_neighbours {
+                    let reference = self.reference();
+                    let (d, s) = self
+                        .model
+                        .score_change(ArrayView1::from(&reference[..]), rows.view());
+                    (
+                        d.iter().map(|v| f64::from(*v)).collect(),
+                        s.iter().map(|v| f64::from(*v)).collect(),
+                    )
+                } else {
+                    self.change_with_neighbours(&rows)
+                };
                 d.iter()
                     .zip(s.iter())
                     .map(|(d, s)| {
-                        let model_sigma = f64::from(*s);
+                        let model_sigma = *s;
                         let scaled = model_sigma * b.factor;
                         Pred {
-                            mean: q + f64::from(*d) + b.bias,
+                            mean: q + *d + b.bias,
                             sigma: (scaled * scaled + b.noise * b.noise).sqrt(),
                             model_sigma,
                         }
@@ -135,11 +209,17 @@ impl Predictor<'_> {
 
 /// A candidate of `cores` cores and `ways` ways at full memory bandwidth, as the search
 /// scores them.
+#[cfg(test)]
 pub(super) fn at_full_mba(cores: u32, ways: u32) -> Allocation {
+    at_mba(cores, ways, cohabit_core::MBA_MAX_PCT)
+}
+
+/// A candidate of `cores` cores and `ways` ways at MBA `mba_pct`.
+pub(super) fn at_mba(cores: u32, ways: u32, mba_pct: u8) -> Allocation {
     Allocation {
         cores,
         llc_ways: WayRange::new(0, ways),
-        mba_pct: MBA_MAX_PCT,
+        mba_pct,
         gpu_mps_pct: None,
     }
 }
@@ -190,6 +270,7 @@ mod tests {
             sample,
             current,
             neighbours,
+            cand_neighbours: neighbours,
             basis,
         }
     }

@@ -45,8 +45,10 @@ pub(super) struct Reading {
 pub(super) struct ServiceState {
     /// How this tick's predictions are made.
     pub(super) basis: Basis,
-    /// This tick's scored candidates (cores, ways) at full MBA, for reuse.
+    /// This tick's scored candidates (cores, ways) at MBA `scored_mba`, for reuse.
     pub(super) scored: Vec<((u32, u32), Pred)>,
+    /// The MBA of the scored candidates.
+    pub(super) scored_mba: u8,
     /// Last tick's reading.
     pub(super) prev_reading: Option<Reading>,
     /// Exponentially weighted error of the anchored predictions.
@@ -66,7 +68,69 @@ pub(super) struct ServiceState {
     pub(super) surplus_ticks: u32,
     pub(super) seen: bool,
     pub(super) gpu: GpuModel,
+    /// Intervals in a row the service was held measured under `explore_below`.
+    pub(super) calm_ticks: u32,
+    /// The exploring cut made last tick, if any.
+    pub(super) probe: Option<Probe>,
+    /// The allocation an exploring cut found past the margin: the service's cliff.
+    pub(super) cliff: Option<Cliff>,
 }
+
+/// An exploring cut: from the allocation that was safe to the one being tried, both
+/// (cores, ways).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Probe {
+    pub(super) from: (u32, u32),
+    pub(super) to: (u32, u32),
+}
+
+/// Where an exploring cut went past the margin: (cores, ways) at `rps` requests per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Cliff {
+    pub(super) cores: u32,
+    pub(super) ways: u32,
+    pub(super) rps: f64,
+}
+
+/// What the exploration rule is given at one tick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct ExploreInput {
+    /// (cores, ways) in force.
+    pub(super) current: (u32, u32),
+    /// Measured ln(p99/target).
+    pub(super) measured: Option<f64>,
+    pub(super) rps: Option<f64>,
+    /// Busy cores measured.
+    pub(super) busy_cores: Option<f64>,
+    /// This tick's plan keeps the allocation in force.
+    pub(super) held: bool,
+    /// ln(margin): past it a cut is undone.
+    pub(super) limit: f64,
+    /// ln(explore_below): under it an interval is calm.
+    pub(super) calm: f64,
+    /// Calm intervals in a row before a cut.
+    pub(super) after: u32,
+    /// Fraction of the cores a cut takes.
+    pub(super) step: f64,
+}
+
+/// What the exploration rule says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum ExploreStep {
+    /// Nothing to do: the plan stands.
+    Stay,
+    /// Last tick's cut went past the margin: back to (cores, ways).
+    Revert((u32, u32)),
+    /// Try (cores, ways).
+    Cut((u32, u32)),
+}
+
+/// Load at or above this fraction of a cliff's makes the cliff bind.
+const CLIFF_LOAD: f64 = 0.9;
+
+/// A cut never leaves the service's busy cores more than this fraction of its cores:
+/// queueing delay explodes toward saturation, so a cliff lies there whatever the service.
+const EXPLORE_MAX_UTIL: f64 = 0.8;
 
 impl Default for ServiceState {
     fn default() -> Self {
@@ -74,6 +138,7 @@ impl Default for ServiceState {
             basis: Basis::default(),
             prev_reading: None,
             scored: Vec::new(),
+            scored_mba: cohabit_core::MBA_MAX_PCT,
             bias: 0.0,
             z2: 1.0,
             noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
@@ -84,6 +149,9 @@ impl Default for ServiceState {
             surplus_ticks: 0,
             seen: false,
             gpu: GpuModel::default(),
+            calm_ticks: 0,
+            probe: None,
+            cliff: None,
         }
     }
 }
@@ -217,6 +285,62 @@ impl ServiceState {
     }
 }
 
+impl ServiceState {
+    /// Safe exploration of the service's cliff, guarded by its measured margin: a service
+    /// held for `after` intervals in a row measured under `calm` loses `step` of its cores
+    /// (at least one); if the next reading under the cut is past `limit` (or missing), the
+    /// cut is undone at once and remembered as the service's cliff, under which no cut goes
+    /// again while the load is at least [`CLIFF_LOAD`] of the cliff's (with no more ways than
+    /// then), nor where its measured busy cores would exceed [`EXPLORE_MAX_UTIL`] of what is
+    /// left (no busy reading, no cut). The model's spread near a cliff is what keeps it
+    /// from cutting there; this learns the cliff of this service on this host instead.
+    pub(super) fn explore(&mut self, x: &ExploreInput) -> ExploreStep {
+        if let Some(p) = self.probe.take() {
+            if x.current == p.to && x.measured.is_none_or(|q| q > x.limit) {
+                self.cliff = Some(Cliff {
+                    cores: p.to.0,
+                    ways: p.to.1,
+                    rps: x.rps.unwrap_or(0.0),
+                });
+                self.calm_ticks = 0;
+                return ExploreStep::Revert(p.from);
+            }
+        }
+        let calm = x.held && x.measured.is_some_and(|q| q <= x.calm);
+        self.calm_ticks = if calm { self.calm_ticks + 1 } else { 0 };
+        if self.calm_ticks < x.after || x.step <= 0.0 {
+            return ExploreStep::Stay;
+        }
+        let (cores, ways) = x.current;
+        let floor = self
+            .cliff
+            .filter(|c| x.rps.unwrap_or(f64::MAX) >= CLIFF_LOAD * c.rps && ways <= c.ways)
+            .map_or(0, |c| c.cores);
+        let cut = u32::try_from(cohabit_core::whole((f64::from(cores) * x.step).floor()))
+            .unwrap_or(1)
+            .max(1);
+        let Some(busy) = x.busy_cores else {
+            return ExploreStep::Stay;
+        };
+        let busy_floor = u32::try_from(cohabit_core::whole((busy / EXPLORE_MAX_UTIL).ceil()))
+            .unwrap_or(u32::MAX);
+        let to = cores
+            .saturating_sub(cut)
+            .max(floor + 1)
+            .max(busy_floor)
+            .max(1);
+        if to >= cores {
+            return ExploreStep::Stay;
+        }
+        self.calm_ticks = 0;
+        self.probe = Some(Probe {
+            from: x.current,
+            to: (to, ways),
+        });
+        ExploreStep::Cut((to, ways))
+    }
+}
+
 /// The glitch check: a sudden saturated reading (p99 past [`SATURATED`] times the target
 /// right after one within the target) with the load as it was a tick ago (within
 /// [`GLITCH_LOAD_CHANGE`]) and idle cores (a saturated service serves no more than it can:
@@ -248,6 +372,145 @@ pub(super) fn safe_to_keep(measured: Option<f64>, prev: Option<Reading>, limit: 
 mod tests {
     use super::super::predict::at_full_mba;
     use super::*;
+
+    /// The exploration rule's input for `current` measured at `q` (ln p99/target) at 1000
+    /// requests per second, held, with the defaults (margin 0.9, calm under 0.75, 5
+    /// intervals, 15 % of the cores).
+    fn explore_at(current: (u32, u32), q: f64) -> ExploreInput {
+        ExploreInput {
+            current,
+            measured: Some(q),
+            rps: Some(1000.0),
+            busy_cores: Some(4.0),
+            held: true,
+            limit: 0.9f64.ln(),
+            calm: 0.75f64.ln(),
+            after: 5,
+            step: 0.15,
+        }
+    }
+
+    #[test]
+    fn a_service_held_calm_for_shrink_after_intervals_is_probed_with_a_cut() {
+        let mut st = ServiceState::default();
+        for _ in 0..4 {
+            assert_eq!(
+                st.explore(&explore_at((20, 6), 0.5f64.ln())),
+                ExploreStep::Stay
+            );
+        }
+        // The 5th calm interval: 15 % of 20 cores, 3.
+        assert_eq!(
+            st.explore(&explore_at((20, 6), 0.5f64.ln())),
+            ExploreStep::Cut((17, 6))
+        );
+        // A reading within the margin under the cut keeps it, and the count starts again.
+        assert_eq!(
+            st.explore(&explore_at((17, 6), 0.8f64.ln())),
+            ExploreStep::Stay
+        );
+        assert_eq!(st.cliff, None);
+    }
+
+    #[test]
+    fn a_cut_past_the_margin_is_undone_and_remembered_as_the_cliff() {
+        let mut st = ServiceState::default();
+        for _ in 0..5 {
+            st.explore(&explore_at((20, 6), 0.5f64.ln()));
+        }
+        // Under the cut (17 cores): 0.95 of the target > 0.9. Back to 20.
+        assert_eq!(
+            st.explore(&explore_at((17, 6), 0.95f64.ln())),
+            ExploreStep::Revert((20, 6))
+        );
+        assert_eq!(
+            st.cliff,
+            Some(Cliff {
+                cores: 17,
+                ways: 6,
+                rps: 1000.0
+            })
+        );
+        // Calm again: the next cut stops just above the cliff (18, not 17).
+        for _ in 0..4 {
+            assert_eq!(
+                st.explore(&explore_at((20, 6), 0.5f64.ln())),
+                ExploreStep::Stay
+            );
+        }
+        assert_eq!(
+            st.explore(&explore_at((20, 6), 0.5f64.ln())),
+            ExploreStep::Cut((18, 6))
+        );
+        // At 18 cores the cliff leaves no room: no further cut.
+        st.probe = None;
+        for _ in 0..10 {
+            assert_eq!(
+                st.explore(&explore_at((18, 6), 0.5f64.ln())),
+                ExploreStep::Stay
+            );
+        }
+        // Under a lower load (80 % of the cliff's) the cliff does not bind.
+        let lighter = ExploreInput {
+            rps: Some(800.0),
+            ..explore_at((18, 6), 0.5f64.ln())
+        };
+        assert_eq!(st.explore(&lighter), ExploreStep::Cut((16, 6)));
+    }
+
+    #[test]
+    fn a_service_not_held_or_not_calm_is_never_probed() {
+        let mut st = ServiceState::default();
+        for _ in 0..10 {
+            // 0.8 of the target is within the margin but not calm.
+            assert_eq!(
+                st.explore(&explore_at((20, 6), 0.8f64.ln())),
+                ExploreStep::Stay
+            );
+            let resizing = ExploreInput {
+                held: false,
+                ..explore_at((20, 6), 0.5f64.ln())
+            };
+            assert_eq!(st.explore(&resizing), ExploreStep::Stay);
+        }
+        // A single core is never cut.
+        let mut st = ServiceState::default();
+        for _ in 0..10 {
+            let one = ExploreInput {
+                busy_cores: Some(0.1),
+                ..explore_at((1, 2), 0.3f64.ln())
+            };
+            assert_eq!(st.explore(&one), ExploreStep::Stay);
+        }
+    }
+
+    #[test]
+    fn a_cut_never_leaves_the_busy_cores_over_eight_tenths_of_the_cores() {
+        // 15 busy cores of 20: a cut to 17 would be 0.88 busy; 19 (0.79) is as far as it
+        // goes. With 16 busy, 20 is already the floor: no cut.
+        let mut st = ServiceState::default();
+        let busy = |b: f64| ExploreInput {
+            busy_cores: Some(b),
+            ..explore_at((20, 6), 0.5f64.ln())
+        };
+        for _ in 0..4 {
+            assert_eq!(st.explore(&busy(15.0)), ExploreStep::Stay);
+        }
+        assert_eq!(st.explore(&busy(15.0)), ExploreStep::Cut((19, 6)));
+        let mut st = ServiceState::default();
+        for _ in 0..10 {
+            assert_eq!(st.explore(&busy(16.0)), ExploreStep::Stay);
+        }
+        // Without a busy reading nothing is cut.
+        let mut st = ServiceState::default();
+        for _ in 0..10 {
+            let blind = ExploreInput {
+                busy_cores: None,
+                ..explore_at((20, 6), 0.5f64.ln())
+            };
+            assert_eq!(st.explore(&blind), ExploreStep::Stay);
+        }
+    }
 
     fn reading(p99_over_target: f64, rps: f64) -> Reading {
         Reading {

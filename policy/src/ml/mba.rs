@@ -1,0 +1,207 @@
+//! Memory bandwidth in the `ml` policy: the best-effort pool's MBA limit.
+//!
+//! Problem: a streaming best-effort job can push a latency-critical service over its
+//! target through memory bandwidth alone; throttling the pool (Intel MBA) may then be the
+//! cheapest way to meet the target, cheaper than more cores or ways. Throttling costs the
+//! pool throughput, so it is worth it only when the model says what it buys.
+//!
+//! Approach: each tick a few pool levels are candidates ([`pool_levels`]): the level in
+//! force; under pressure (a CPU service measured over its margin, or last tick's needs not
+//! fitting) a step down and the host's minimum; with no pressure and a throttled pool, a
+//! step up. Every level is planned in full (searches and packing) with each service's
+//! neighbour bandwidth as the pool would have it ([`pool_bw_at`]; services sharing the
+//! pool's resctrl group are searched at that MBA, through the model's `mba_cand`), and the
+//! level whose packing costs least, with [`throttle_cost`] added, wins. Levels are the
+//! platform's MBA steps ([`round_mba`]: multiples of `mba_gran_pct`, at least
+//! `mba_min_pct`).
+//!
+//! Properties: without a bandwidth reading for the pool (no RDT monitoring) or without CPU
+//! best-effort jobs the pool is not throttled (a throttled one is released): nothing is
+//! guessed. A level other than the one in force is taken only when the model vouches for
+//! at least as many services there (fallbacks count against it), so a model unsure of
+//! throttled neighbours falls back to not throttling.
+
+use cohabit_core::{HostCapacity, Observation, MBA_MAX_PCT};
+
+/// Cost weight of the pool's lost throughput, relative to its share of the cores: a pool
+/// whose bandwidth falls by a fraction `f` loses about `f` of a bandwidth-bound job's
+/// throughput.
+const LOSS_WEIGHT: f64 = 1.0;
+
+/// `pct` rounded down to the host's MBA steps (multiples of `mba_gran_pct`), at least
+/// `mba_min_pct` and at most 100.
+pub(super) fn round_mba(host: &HostCapacity, pct: f64) -> u8 {
+    let gran = f64::from(host.mba_gran_pct.max(1));
+    let min = f64::from(host.mba_min_pct.clamp(1, MBA_MAX_PCT));
+    let stepped = (pct / gran).floor() * gran;
+    let v = stepped.clamp(min, f64::from(MBA_MAX_PCT));
+    // Within 1..=100 by the clamp.
+    u8::try_from(cohabit_core::whole(v)).unwrap_or(MBA_MAX_PCT)
+}
+
+/// What the pool's bandwidth is as far as the policy can tell.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct PoolBw {
+    /// The pool's MBA limit in force.
+    pub(super) mba_now: u8,
+    /// The best-effort jobs' measured bandwidth (bytes/s), summed; `None` when some CPU
+    /// job has no reading.
+    pub(super) bw_now: Option<f64>,
+    /// The host's peak bandwidth (bytes/s).
+    pub(super) peak: f64,
+    /// The pool's share of the host's cores in force.
+    pub(super) cores_frac: f64,
+}
+
+impl PoolBw {
+    /// The pool as observed in `obs` on `host`.
+    pub(super) fn observed(obs: &Observation, host: &HostCapacity) -> Self {
+        let cpu_jobs: Vec<Option<f64>> = obs
+            .best_effort()
+            .filter(|o| o.spec.gpu.is_none())
+            .map(|o| o.sample.mem_bw_bytes_per_s)
+            .collect();
+        let bw_now = if cpu_jobs.is_empty() {
+            None
+        } else {
+            cpu_jobs.into_iter().sum::<Option<f64>>()
+        };
+        Self {
+            mba_now: obs.current.best_effort.mba_pct,
+            bw_now,
+            peak: host.mem_bw_bytes_per_s.max(1.0),
+            cores_frac: f64::from(obs.current.best_effort.cores) / f64::from(host.cores.max(1)),
+        }
+    }
+}
+
+/// The pool's bandwidth (bytes/s) at MBA `level`, from `bw` measured at `now`: in
+/// proportion to the limit (a throttled core's memory rate is capped at the limit's share
+/// of its peak), capped at the host's `peak` when raised.
+pub(super) fn pool_bw_at(bw: f64, now: u8, level: u8, peak: f64) -> f64 {
+    let scaled = bw * f64::from(level) / f64::from(now.max(1));
+    if level >= now {
+        scaled.min(peak.max(bw))
+    } else {
+        scaled
+    }
+}
+
+/// What a pool level costs the best-effort jobs beyond no throttle, in the packer's units
+/// (share of the host's cores): the pool's share of the cores times the fraction of its
+/// bandwidth, measured or estimated at 100 %, that `level` takes away.
+pub(super) fn throttle_cost(pool: &PoolBw, level: u8) -> f64 {
+    let Some(bw) = pool.bw_now else {
+        return 0.0;
+    };
+    let full = pool_bw_at(bw, pool.mba_now, MBA_MAX_PCT, pool.peak);
+    if full <= 0.0 {
+        return 0.0;
+    }
+    let at = pool_bw_at(bw, pool.mba_now, level, pool.peak);
+    LOSS_WEIGHT * pool.cores_frac * ((full - at) / full).clamp(0.0, 1.0)
+}
+
+/// The pool levels planned this tick, the one in force first (see the module docs).
+/// `pressure`: some service is over its margin or last tick's needs did not fit.
+pub(super) fn pool_levels(host: &HostCapacity, pool: &PoolBw, pressure: bool) -> Vec<u8> {
+    let now = pool.mba_now;
+    if pool.bw_now.is_none() {
+        // Nothing measured: never guess; a throttled pool is released.
+        return vec![MBA_MAX_PCT];
+    }
+    let mut out = vec![now];
+    if pressure {
+        out.push(round_mba(host, f64::from(now) * 0.6));
+        out.push(round_mba(host, f64::from(host.mba_min_pct)));
+    } else if now < MBA_MAX_PCT {
+        out.push(round_mba(
+            host,
+            f64::from(now) + 2.0 * f64::from(host.mba_gran_pct.max(1)),
+        ));
+    }
+    let mut seen = Vec::with_capacity(out.len());
+    for l in out {
+        if !seen.contains(&l) {
+            seen.push(l);
+        }
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::host;
+    use super::*;
+
+    fn pool(mba_now: u8, bw_now: Option<f64>) -> PoolBw {
+        PoolBw {
+            mba_now,
+            bw_now,
+            peak: 7e10,
+            cores_frac: 0.5,
+        }
+    }
+
+    #[test]
+    fn levels_are_rounded_down_to_the_hosts_steps_and_never_below_its_minimum() {
+        let h = HostCapacity {
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
+            ..host()
+        };
+        assert_eq!(round_mba(&h, 67.0), 60);
+        assert_eq!(round_mba(&h, 3.0), 10);
+        assert_eq!(round_mba(&h, 140.0), 100);
+        // A coarser platform: 20 % steps from 20.
+        let coarse = HostCapacity {
+            mba_min_pct: 20,
+            mba_gran_pct: 20,
+            ..host()
+        };
+        assert_eq!(round_mba(&coarse, 59.0), 40);
+        assert_eq!(round_mba(&coarse, 10.0), 20);
+    }
+
+    #[test]
+    fn a_pool_without_a_bandwidth_reading_is_never_throttled() {
+        // Throttled to 50 with no reading: released to 100, even under pressure.
+        assert_eq!(pool_levels(&host(), &pool(50, None), true), vec![100]);
+        assert_eq!(throttle_cost(&pool(50, None), 10), 0.0);
+    }
+
+    #[test]
+    fn under_pressure_a_step_down_and_the_minimum_are_tried_beside_the_level_in_force() {
+        assert_eq!(
+            pool_levels(&host(), &pool(100, Some(3e10)), true),
+            vec![100, 60, 10]
+        );
+        // Without pressure an unthrottled pool stays; a throttled one may step up 2 steps.
+        assert_eq!(
+            pool_levels(&host(), &pool(100, Some(3e10)), false),
+            vec![100]
+        );
+        assert_eq!(
+            pool_levels(&host(), &pool(60, Some(3e10)), false),
+            vec![60, 80]
+        );
+    }
+
+    #[test]
+    fn the_pools_bandwidth_scales_with_its_limit_up_to_the_hosts_peak() {
+        // 2e10 at 50 %: 1e10 at 25 %, 4e10 at 100 %; 6e10 at 50 % cannot reach 1.2e11.
+        assert!((pool_bw_at(2e10, 50, 25, 7e10) - 1e10).abs() < 1.0);
+        assert!((pool_bw_at(2e10, 50, 100, 7e10) - 4e10).abs() < 1.0);
+        assert!((pool_bw_at(6e10, 50, 100, 7e10) - 7e10).abs() < 1.0);
+    }
+
+    #[test]
+    fn throttling_costs_the_pools_share_of_cores_times_the_bandwidth_taken() {
+        // Half the cores, at 100 % now: 60 % takes 40 % of its bandwidth: 0.5 × 0.4.
+        let p = pool(100, Some(3e10));
+        assert!((throttle_cost(&p, 60) - 0.2).abs() < 1e-9);
+        assert_eq!(throttle_cost(&p, 100), 0.0);
+        // A pool that uses no bandwidth loses nothing.
+        assert_eq!(throttle_cost(&pool(100, Some(0.0)), 10), 0.0);
+    }
+}

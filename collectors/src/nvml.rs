@@ -33,6 +33,10 @@ pub struct GpuInfo {
     pub name: String,
     /// Whether GPM metrics are supported.
     pub gpm: bool,
+    /// MIG mode in force (absent where the GPU has no MIG).
+    pub mig_enabled: Option<bool>,
+    /// MIG instances (GPU instances' devices) present, when MIG is enabled.
+    pub mig_instances: Option<u32>,
 }
 
 /// One reading of one GPU.
@@ -48,6 +52,8 @@ pub struct GpuReading {
     pub process_sm_util_pct: BTreeMap<u32, f64>,
     /// Compute processes (MPS clients where MPS runs).
     pub processes: Vec<u32>,
+    /// Device memory each compute process uses, bytes (where NVML reports it).
+    pub process_memory_bytes: BTreeMap<u32, u64>,
     /// GPM SM utilisation since the last reading, percent (Hopper and later).
     pub gpm_sm_util_pct: Option<f64>,
     /// GPM SM occupancy since the last reading, percent.
@@ -105,10 +111,17 @@ impl Gpus {
             } else {
                 None
             });
+            let mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
+            let mig_instances = match (mig_enabled, raw.as_ref()) {
+                (Some(true), Some(lib)) => mig_instances(lib, handle),
+                _ => None,
+            };
             info.push(GpuInfo {
                 index,
                 name,
                 gpm: supported,
+                mig_enabled,
+                mig_instances,
             });
         }
         Ok(Self {
@@ -155,13 +168,28 @@ impl Gpus {
             // SAFETY: the handle comes from a live `Device` of the same loaded library.
             let handle = unsafe { dev.handle() };
             let mps = self.raw.as_ref().and_then(|lib| mps_processes(lib, handle));
-            r.processes = match mps {
+            let listed: Vec<(u32, Option<u64>)> = match mps {
                 Some(p) if !p.is_empty() => p,
                 _ => dev
                     .running_compute_processes()
-                    .map(|v| v.into_iter().map(|p| p.pid).collect())
+                    .map(|v| {
+                        v.into_iter()
+                            .map(|p| {
+                                let used = match p.used_gpu_memory {
+                                    nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                                };
+                                (p.pid, used)
+                            })
+                            .collect()
+                    })
                     .unwrap_or_default(),
             };
+            r.processes = listed.iter().map(|(p, _)| *p).collect();
+            r.process_memory_bytes = listed
+                .iter()
+                .filter_map(|(p, used)| Some((*p, (*used)?)))
+                .collect();
             if let (Some(lib), Some(g)) = (self.raw.as_ref(), self.gpm[i].as_mut()) {
                 if let Some((util, occ)) = g.step(lib, handle) {
                     r.gpm_sm_util_pct = Some(util);
@@ -191,7 +219,26 @@ fn gpm_supported(lib: &sys::NvmlLib, dev: sys::nvmlDevice_t) -> bool {
     rc == NVML_SUCCESS && s.isSupportedDevice != 0
 }
 
-fn mps_processes(lib: &sys::NvmlLib, dev: sys::nvmlDevice_t) -> Option<Vec<u32>> {
+/// MIG devices present on a GPU with MIG enabled.
+fn mig_instances(lib: &sys::NvmlLib, dev: sys::nvmlDevice_t) -> Option<u32> {
+    let mut max: u32 = 0;
+    // SAFETY: `dev` is a valid handle and `max` a plain out-parameter.
+    if unsafe { lib.nvmlDeviceGetMaxMigDeviceCount(dev, &mut max) } != NVML_SUCCESS {
+        return None;
+    }
+    let mut present = 0;
+    for i in 0..max {
+        let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: `dev` is valid, `i` is below the count NVML gave, `mig` an out-parameter.
+        if unsafe { lib.nvmlDeviceGetMigDeviceHandleByIndex(dev, i, &mut mig) } == NVML_SUCCESS {
+            present += 1;
+        }
+    }
+    Some(present)
+}
+
+/// MPS clients and the device memory each uses (NVML's "not available" value is absent).
+fn mps_processes(lib: &sys::NvmlLib, dev: sys::nvmlDevice_t) -> Option<Vec<(u32, Option<u64>)>> {
     let mut count: u32 = 0;
     // SAFETY: a null buffer with count 0 asks NVML for the needed size.
     let rc = unsafe {
@@ -214,7 +261,17 @@ fn mps_processes(lib: &sys::NvmlLib, dev: sys::nvmlDevice_t) -> Option<Vec<u32>>
         }
         buf.set_len((n as usize).min(buf.capacity()));
     }
-    Some(buf.iter().map(|p| p.pid).collect())
+    // NVML_VALUE_NOT_AVAILABLE is the all-ones value.
+    Some(
+        buf.iter()
+            .map(|p| {
+                (
+                    p.pid,
+                    (p.usedGpuMemory != u64::MAX).then_some(p.usedGpuMemory),
+                )
+            })
+            .collect(),
+    )
 }
 
 impl GpmSamples {

@@ -57,6 +57,30 @@ pub struct GpuCapacity {
     pub name: String,
     /// Streaming multiprocessors; the MPS active-thread percentage is a share of these.
     pub sms: u32,
+    /// How a new MPS share reaches a running client on this GPU (from the host's probe).
+    #[serde(default, skip_serializing_if = "ShareChange::is_restart")]
+    pub share_change: ShareChange,
+}
+
+/// How a new GPU share reaches a running MPS client: the cost a policy weighs before
+/// changing it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareChange {
+    /// The client keeps the share it started with: a new share applies after its restart
+    /// (seconds of downtime). MPS v2 `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+    #[default]
+    Restart,
+    /// The driver applies a new share to running clients (MPS v3 dynamic resource
+    /// adjustment): no downtime.
+    Live,
+}
+
+impl ShareChange {
+    /// Whether a change needs the client's restart (also: the serialized default).
+    pub fn is_restart(&self) -> bool {
+        *self == ShareChange::Restart
+    }
 }
 
 impl HostCapacity {

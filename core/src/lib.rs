@@ -21,7 +21,7 @@ mod service;
 
 pub use alloc::{Allocation, Resource, WayRange, MBA_MAX_PCT};
 pub use error::CoreError;
-pub use host::{GpuCapacity, HostCapacity, DEFAULT_CLOSIDS};
+pub use host::{GpuCapacity, HostCapacity, ShareChange, DEFAULT_CLOSIDS};
 pub use log::{
     DecisionLogReader, DecisionLogWriter, LogError, LogHeader, LogSegment, DECISION_LOG_VERSION,
 };

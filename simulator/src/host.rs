@@ -117,7 +117,13 @@ impl TruthModel {
         downtime_ms: &[f64],
     ) -> (Evaluation, GroundTruth) {
         let tenants = self.tenants(plan, loads, gpu_effective, downtime_ms);
-        let eval = world::evaluate(&self.scenario.host, &tenants, self.scenario.tick_ms as f64);
+        let sharing = cpu_sharing(plan, &tenants);
+        let eval = world::evaluate_shared(
+            &self.scenario.host,
+            &tenants,
+            self.scenario.tick_ms as f64,
+            &sharing,
+        );
         let truth = self.truth(&eval.outcomes, &tenants);
         (eval, truth)
     }
@@ -267,7 +273,8 @@ impl Collector for SimulatedHost {
             &effective,
             &downtime,
         );
-        let eval = world::evaluate(&sc.host, &tenants, tick_ms);
+        let sharing = cpu_sharing(&self.plan, &tenants);
+        let eval = world::evaluate_shared(&sc.host, &tenants, tick_ms, &sharing);
         self.last_truth = Some(self.truth.truth(&eval.outcomes, &tenants));
         for g in &mut self.gpu {
             if g.restart_left_ms > 0.0 {
@@ -315,9 +322,18 @@ impl Actuator for SimulatedHost {
         for ((client, want), s) in self.gpu.iter_mut().zip(wanted).zip(&sc.services) {
             if want != client.published {
                 // Publishing a share restarts the MPS client; it takes effect when the
-                // restart completes. A second change during a restart starts it over.
+                // restart completes. A second change during a restart starts it over. On a
+                // GPU whose driver changes running clients' shares (MPS v3), it is at once.
+                let live = s
+                    .spec
+                    .gpu
+                    .and_then(|g| sc.host.capacity.gpus.get(g as usize))
+                    .is_some_and(|g| g.share_change == cohabit_core::ShareChange::Live);
                 client.published = want;
-                client.restart_left_ms = s.model.gpu.map_or(0.0, |g| g.restart_ms);
+                client.restart_left_ms = match s.model.gpu {
+                    Some(g) if !live => g.restart_ms,
+                    _ => 0.0,
+                };
                 if client.restart_left_ms <= 0.0 {
                     client.effective = want;
                 }
@@ -326,6 +342,44 @@ impl Actuator for SimulatedHost {
         self.plan = plan.clone();
         Ok(())
     }
+}
+
+/// How best-effort jobs share CPUs with a latency-critical service under `plan`. Plans
+/// give groups whole CPUs of their own; a pool with none runs, as the daemon lays it out
+/// (`controller::daemon::host::layout`), as an idle class on the last CPU of the last
+/// latency-critical service (scenario order) with a CPU: it takes only the time that
+/// service leaves idle there and costs it nothing else but the cache and bandwidth it uses
+/// ([`crate::physics::cfs_shared`]). Several CPU jobs split that CPU.
+pub fn cpu_sharing(plan: &Plan, tenants: &[Tenant<'_>]) -> Vec<world::CpuSharing> {
+    if plan.best_effort.cores > 0 {
+        return Vec::new();
+    }
+    let jobs: Vec<usize> = (0..tenants.len())
+        .filter(|&i| tenants[i].model.latency.is_none() && tenants[i].model.cpu.is_some())
+        .collect();
+    let host_service = (0..tenants.len()).rev().find(|&i| {
+        let t = &tenants[i];
+        t.model.latency.is_some()
+            && t.model.cpu.is_some()
+            && t.model.gpu.is_none()
+            && t.cores >= 1.0
+    });
+    let Some(service) = host_service else {
+        return Vec::new();
+    };
+    let share = 1.0 / jobs.len().max(1) as f64;
+    jobs.into_iter()
+        .map(|pool| world::CpuSharing {
+            service,
+            pool,
+            cpu: crate::physics::SharedCpu {
+                cpus: share,
+                quota_ms: None,
+                period_ms: crate::physics::CFS_PERIOD_MS,
+                idle_class: true,
+            },
+        })
+        .collect()
 }
 
 /// What the kernel and the simulator accept: first the resctrl groups, as the kernel would
@@ -570,6 +624,39 @@ mod tests {
             "{err}"
         );
         assert_eq!(host.collect().unwrap().current, merged);
+    }
+
+    #[test]
+    fn a_pool_without_cores_runs_as_an_idle_class_on_the_last_service_cpu() {
+        let sc = Arc::new(Scenario::load("demo").unwrap());
+        let tm = TruthModel::new(Arc::clone(&sc));
+        let mut p = plan(&sc, 50);
+        let loads = tm.loads_at(1.0);
+        let zeros = vec![0.0; loads.len()];
+        let gpu = tm.gpu_shares(&p);
+        let (_, with_cores) = tm.evaluate(&p, &loads, &gpu, &zeros);
+        let (name, _) = p.services.iter().next_back().unwrap();
+        let name = name.clone();
+        // The pool's cores go to the last service: the pool is left with none.
+        let freed = p.best_effort.cores;
+        p.services.get_mut(&name).unwrap().cores += freed;
+        p.best_effort.cores = 0;
+        let tenants = tm.tenants(&p, &loads, &gpu, &zeros);
+        let sharing = cpu_sharing(&p, &tenants);
+        assert!(!sharing.is_empty() && sharing.iter().all(|s| s.cpu.idle_class));
+        let (_, idle) = tm.evaluate(&p, &loads, &gpu, &zeros);
+        assert!(
+            idle.be_throughput > 0.0 && idle.be_throughput < with_cores.be_throughput,
+            "the jobs get the idle time of one CPU: {} vs {}",
+            idle.be_throughput,
+            with_cores.be_throughput
+        );
+        // An idle class adds no delay: with the pool's cores gone to a service and the jobs
+        // on a sliver of one CPU, no service is worse off.
+        for (n, p99) in &idle.p99_ms {
+            let before = with_cores.p99_ms[n];
+            assert!(*p99 <= before * 1.01, "{n}: {before} -> {p99}");
+        }
     }
 
     #[test]

@@ -20,7 +20,27 @@
 //!
 //! Restart hooks run on a thread of their own, never inside a tick (row 7; see
 //! [`super::hook`]): [`GpuActuator::restart_due`] only starts hooks that are due and
-//! collects the ones that ended. While a hook runs, its share stays pending.
+//! collects the ones that ended. While a hook runs, its share stays pending. With an MPS
+//! control daemon, a restarted client's share is in force only once one of its processes is
+//! an MPS client again; one that does not reconnect within its `hook_timeout_ms` is logged
+//! and its previous share stays the effective one (the restart is tried again later).
+//!
+//! Mechanisms ([`ShareMechanism`], chosen per host from the probe by [`mechanism_for`]):
+//! - [`RestartHook`]: MPS v2 active-thread percentages, the path above; a change costs the
+//!   client's restart.
+//! - [`V3Dynamic`]: MPS v3 dynamic resource adjustment of the client's named server
+//!   (`gpu.mps_server`): the share is in force at once, no restart (the environment file
+//!   is still written, so a later restart keeps it). A client without a named server falls
+//!   back to the restart path.
+//!   Static SM partitions (`-S`) are fixed at a client's start like v2 percentages: they are
+//!   probed and reported, not used as a mechanism of their own.
+//!
+//! A refusal of the control program is logged with its words and the previous share stays
+//! in force (the apply fails and is undone).
+//!
+//! GPU memory ([`plan_pinned_limits`]): each client's pinned device-memory limit is planned
+//! from its measured use with headroom, latency-critical clients first, so a best-effort
+//! job cannot push a latency-critical one out of memory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +49,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cohabit_collectors::mps::MpsControl;
+use cohabit_collectors::mps::{MpsCapabilities, MpsControl};
+use cohabit_core::ShareChange;
 
 use super::config::{GpuConfig, ServiceConfig};
 use super::files::{self, FileError};
@@ -68,12 +89,133 @@ struct Client {
     /// The environment file as it was before cohabit first wrote it (`Some(None)`: absent).
     original: Option<Option<String>>,
     hook: Option<Running>,
+    /// A restarted client not yet seen back among MPS clients: its share and since when.
+    awaiting: Option<(Option<u8>, Instant)>,
+    /// Most device memory its processes were seen using, bytes.
+    peak_bytes: Option<u64>,
+    /// Its planned pinned device-memory limit (`<gpu>=<MiB>M`), from [`plan_pinned_limits`].
+    pinned: Option<String>,
+}
+
+/// Headroom over a client's measured peak in its pinned device-memory limit.
+pub const MEM_HEADROOM: f64 = 0.25;
+/// Least headroom, MiB.
+const MEM_HEADROOM_MIN_MIB: u64 = 512;
+/// Device memory kept for the driver and MPS servers, fraction of the GPU.
+const MEM_DRIVER_RESERVE: f64 = 0.03;
+/// Least limit a best-effort client gets, MiB (it still starts, and fails its own
+/// allocations rather than a latency-critical client's).
+const MEM_BE_MIN_MIB: u64 = 256;
+
+/// One GPU client's memory for [`plan_pinned_limits`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryUse {
+    /// Service or job name.
+    pub service: String,
+    /// Latency-critical (served first) or best effort.
+    pub latency_critical: bool,
+    /// Most device memory it was seen using, bytes (absent: not measured yet).
+    pub peak_bytes: Option<u64>,
+}
+
+/// Pinned device-memory limits, MiB, for the clients of one GPU of `total_bytes`.
+///
+/// Latency-critical clients first: each gets its measured peak plus [`MEM_HEADROOM`] (at
+/// least [`MEM_HEADROOM_MIN_MIB`]); one not measured yet gets no limit of its own (absent).
+/// Best-effort clients share what is left after the driver's reserve, in proportion to
+/// their peaks (equally when unmeasured), at least [`MEM_BE_MIN_MIB`] each. So the sum of
+/// best-effort limits never reaches into what latency-critical clients were measured to
+/// need, unless that alone overfills the GPU (then best effort gets the minimum).
+pub fn plan_pinned_limits(clients: &[MemoryUse], total_bytes: u64) -> BTreeMap<String, u64> {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let total_mib = total_bytes as f64 / MIB;
+    let mut out = BTreeMap::new();
+    let mut lc_mib = 0.0;
+    for c in clients.iter().filter(|c| c.latency_critical) {
+        let Some(peak) = c.peak_bytes else { continue };
+        let peak = peak as f64 / MIB;
+        let limit = (peak * (1.0 + MEM_HEADROOM)).max(peak + MEM_HEADROOM_MIN_MIB as f64);
+        let limit = limit.min(total_mib).ceil();
+        lc_mib += limit;
+        out.insert(c.service.clone(), cohabit_core::whole(limit));
+    }
+    let be: Vec<&MemoryUse> = clients.iter().filter(|c| !c.latency_critical).collect();
+    let room = (total_mib * (1.0 - MEM_DRIVER_RESERVE) - lc_mib).max(0.0);
+    let weight = |c: &MemoryUse| c.peak_bytes.map_or(1.0, |b| (b as f64).max(1.0));
+    let weights: f64 = be.iter().map(|c| weight(c)).sum();
+    for c in be {
+        let share = room * weight(c) / weights;
+        let limit = share.floor().max(MEM_BE_MIN_MIB as f64);
+        out.insert(c.service.clone(), cohabit_core::whole(limit));
+    }
+    out
+}
+
+/// Applies a published share to a service's running client: one implementation per
+/// mechanism the host offers.
+pub trait ShareMechanism: std::fmt::Debug + Send {
+    /// What a change costs: a restart, or nothing.
+    fn change(&self) -> ShareChange;
+    /// Applies `pct` at once where this mechanism can: `Ok(true)` when it is in force,
+    /// `Ok(false)` when it waits for the client's restart. `Err` holds the refusal, in the
+    /// control program's words.
+    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, String>;
+}
+
+/// MPS v2 percentages: a running client keeps its share; the restart hook applies it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestartHook;
+
+impl ShareMechanism for RestartHook {
+    fn change(&self) -> ShareChange {
+        ShareChange::Restart
+    }
+    fn apply_now(&self, _cfg: &GpuConfig, _pct: u8) -> Result<bool, String> {
+        Ok(false)
+    }
+}
+
+/// MPS v3 dynamic resource adjustment of each client's named server.
+#[derive(Debug, Clone)]
+pub struct V3Dynamic {
+    /// The control program.
+    pub mps: MpsControl,
+}
+
+impl ShareMechanism for V3Dynamic {
+    fn change(&self) -> ShareChange {
+        ShareChange::Live
+    }
+    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, String> {
+        let Some(server) = cfg.mps_server.as_deref() else {
+            return Ok(false);
+        };
+        self.mps
+            .update_server_share(server, pct)
+            .map(|()| true)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The mechanism for this host, from its MPS probe: v3 dynamic adjustment where the daemon
+/// offers it, the restart path otherwise (no daemon, v2, an unknown answer).
+pub fn mechanism_for(
+    mps: Option<&MpsControl>,
+    caps: Option<&MpsCapabilities>,
+) -> Box<dyn ShareMechanism> {
+    match (mps, caps) {
+        (Some(mps), Some(c)) if c.daemon_running && c.dynamic_adjustment => {
+            Box::new(V3Dynamic { mps: mps.clone() })
+        }
+        _ => Box::new(RestartHook),
+    }
 }
 
 /// The GPU side of the real host's actuator.
 #[derive(Debug)]
 pub struct GpuActuator {
     mps: Option<MpsControl>,
+    mechanism: Box<dyn ShareMechanism>,
     clients: BTreeMap<String, Client>,
 }
 
@@ -227,11 +369,79 @@ impl GpuActuator {
                         last_restart: None,
                         original: None,
                         hook: None,
+                        awaiting: None,
+                        peak_bytes: None,
+                        pinned: None,
                     },
                 ))
             })
             .collect();
-        Self { mps, clients }
+        Self {
+            mps,
+            mechanism: Box::new(RestartHook),
+            clients,
+        }
+    }
+
+    /// [`Self::new`] applying shares by the mechanism the host's MPS offers: probes it
+    /// (one line in the log says what was found) and picks by [`mechanism_for`].
+    pub fn with_probe(services: &[ServiceConfig], mps: Option<MpsControl>) -> Self {
+        let caps = mps.as_ref().map(MpsControl::probe);
+        if let Some(c) = &caps {
+            tracing::info!(version = ?c.version, protocol = ?c.protocol, dynamic_adjustment = c.dynamic_adjustment, static_partitions = c.static_partitions, refused = ?c.refusals, "MPS probed");
+        }
+        let mechanism = mechanism_for(mps.as_ref(), caps.as_ref());
+        Self::new(services, mps).with_mechanism(mechanism)
+    }
+
+    /// The same, applying shares by `mechanism` (see [`mechanism_for`]).
+    pub fn with_mechanism(mut self, mechanism: Box<dyn ShareMechanism>) -> Self {
+        self.mechanism = mechanism;
+        self
+    }
+
+    /// Notes each client's device memory (`used_bytes`: the sum over its processes, from
+    /// NVML) and plans every client's pinned limit per GPU by [`plan_pinned_limits`]
+    /// (`totals[i]`: GPU `i`'s memory; `latency_critical`: which services are). The limits
+    /// go into each client's environment file with its next share, and apply from its next
+    /// start. Returns the limits planned, `<gpu>=<MiB>M` by service.
+    pub fn guard_memory(
+        &mut self,
+        used_bytes: &BTreeMap<String, u64>,
+        totals: &[Option<u64>],
+        latency_critical: &dyn Fn(&str) -> bool,
+    ) -> BTreeMap<String, String> {
+        for (name, c) in &mut self.clients {
+            if let Some(&u) = used_bytes.get(name) {
+                c.peak_bytes = Some(c.peak_bytes.map_or(u, |p| p.max(u)));
+            }
+        }
+        let mut planned = BTreeMap::new();
+        for (gpu, total) in totals.iter().enumerate() {
+            let Some(total) = *total else { continue };
+            let uses: Vec<MemoryUse> = self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.cfg.index as usize == gpu)
+                .map(|(name, c)| MemoryUse {
+                    service: name.clone(),
+                    latency_critical: latency_critical(name),
+                    peak_bytes: c.peak_bytes,
+                })
+                .collect();
+            for (name, mib) in plan_pinned_limits(&uses, total) {
+                planned.insert(name, format!("{gpu}={mib}M"));
+            }
+        }
+        for (name, c) in &mut self.clients {
+            c.pinned = planned.get(name).cloned();
+        }
+        planned
+    }
+
+    /// What a share change costs on this host.
+    pub fn share_change(&self) -> ShareChange {
+        self.mechanism.change()
     }
 
     /// Sets the control daemon's default pinned-memory limit from `device=limit` (e.g.
@@ -286,7 +496,10 @@ impl GpuActuator {
         pinned_limit: Option<&str>,
         note: &mut dyn FnMut(HostChange) -> Result<(), String>,
     ) -> Result<(), String> {
-        let Some(c) = self.clients.get_mut(service) else {
+        let Self {
+            mechanism, clients, ..
+        } = self;
+        let Some(c) = clients.get_mut(service) else {
             return Ok(());
         };
         if c.published == Some(pct) {
@@ -295,8 +508,13 @@ impl GpuActuator {
         let path = c.cfg.env_file.clone();
         // Refused before anything is noted or written.
         files::check_private_dir(files::parent_dir(&path)).map_err(|e| e.to_string())?;
+        let live = mechanism.apply_now(&c.cfg, pct).map_err(|e| {
+            tracing::warn!(service, share = pct, error = %e, "MPS control refused the share; the previous one stays in force");
+            e
+        })?;
         let current = files::read_regular(&path).map_err(|e| e.to_string())?;
         let (text, meta) = current.map_or((None, None), |(t, m)| (Some(t), Some(m)));
+        let pinned_limit = c.pinned.as_deref().or(pinned_limit);
         let new = env_with_share(text.as_deref().unwrap_or(""), pct, pinned_limit)?;
         if c.original.is_none() {
             note(HostChange::File {
@@ -308,6 +526,9 @@ impl GpuActuator {
         }
         files::replace(&path, new.as_bytes(), meta.as_ref()).map_err(|e| e.to_string())?;
         c.published = Some(pct);
+        if live {
+            c.effective = Some(pct);
+        }
         c.pending = c.effective != Some(pct);
         Ok(())
     }
@@ -345,7 +566,8 @@ impl GpuActuator {
     /// service (its clients all among `pids[service]`) gets the share as its limit; then the
     /// hook, with its time-out.
     pub fn restart_due(&mut self, now: Instant, pids: &BTreeMap<String, Vec<u32>>) -> Vec<String> {
-        let done = self.poll_hooks();
+        let mut done = self.poll_hooks();
+        done.extend(self.check_reconnected(now, pids));
         for (name, c) in &mut self.clients {
             if !c.pending || c.hook.is_some() {
                 continue;
@@ -361,6 +583,54 @@ impl GpuActuator {
                 Err(e) => {
                     tracing::warn!(service = %name, error = %e, "restart hook could not run; the new share stays pending")
                 }
+            }
+        }
+        done
+    }
+
+    /// Restarted clients seen back among MPS clients get their share in force; one not
+    /// back within its `hook_timeout_ms` is logged, keeps its previous share, and is
+    /// restarted again when due. Returns the services whose share came into force.
+    fn check_reconnected(
+        &mut self,
+        now: Instant,
+        pids: &BTreeMap<String, Vec<u32>>,
+    ) -> Vec<String> {
+        let Some(mps) = self.mps.as_ref() else {
+            return Vec::new();
+        };
+        let mut done = Vec::new();
+        for (name, c) in &mut self.clients {
+            let Some((share, since)) = c.awaiting else {
+                continue;
+            };
+            let mine = pids.get(name).map(Vec::as_slice).unwrap_or_default();
+            let seen = if mine.is_empty() {
+                Ok(None)
+            } else {
+                mps.server_of(mine)
+            };
+            match seen {
+                Ok(Some(_)) => {
+                    c.awaiting = None;
+                    c.effective = share;
+                    c.pending = c.published != c.effective;
+                    tracing::info!(service = %name, share = ?c.effective, "client restarted with its new MPS share");
+                    done.push(name.clone());
+                }
+                answer
+                    if now.saturating_duration_since(since)
+                        >= Duration::from_millis(c.cfg.hook_timeout_ms) =>
+                {
+                    let said = match answer {
+                        Err(e) => e.to_string(),
+                        _ => format!("none of pids {mine:?} is an MPS client"),
+                    };
+                    tracing::warn!(service = %name, share = ?share, answer = %said, "the restarted client did not reconnect to MPS within hook_timeout_ms; its previous share stays in force");
+                    c.awaiting = None;
+                    c.pending = c.published != c.effective;
+                }
+                _ => {}
             }
         }
         done
@@ -385,7 +655,10 @@ impl GpuActuator {
                 Ok(o) => log_outcome(name, &c.cfg, &o),
                 Err(_) => tracing::error!(service = %name, "the restart hook's thread panicked"),
             }
-            if restarted {
+            if restarted && self.mps.is_some() {
+                // In force once the new client is seen among MPS clients.
+                c.awaiting = Some((run.share, Instant::now()));
+            } else if restarted {
                 c.effective = run.share;
                 c.pending = c.published != c.effective;
                 tracing::info!(service = %name, share = ?c.effective, "client restarted with its new MPS share");
@@ -537,12 +810,14 @@ mod tests {
             constraint: Default::default(),
             placement: Default::default(),
             latency: None,
+            priority: 0,
             gpu: Some(GpuConfig {
                 index: 0,
                 env_file: dir.join("llm.env"),
                 restart: restart.into(),
                 min_restart_interval_ms: interval_ms,
                 hook_timeout_ms,
+                mps_server: None,
             }),
         }
     }
@@ -793,5 +1068,179 @@ mod tests {
         restore_file(&path, None).unwrap();
         restore_file(&path, Some("A=1\n")).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "A=1\n");
+    }
+
+    fn fake_mps(dir: &Path) -> MpsControl {
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../collectors/tests/fixtures/fake-mps-control");
+        MpsControl::new(bin, Some(dir.to_path_buf()))
+    }
+
+    fn named(dir: &Path, server: &str) -> ServiceConfig {
+        let mut s = service(dir, "exit 7", 0, 1000);
+        if let Some(g) = s.gpu.as_mut() {
+            g.mps_server = Some(server.into());
+        }
+        s
+    }
+
+    #[test]
+    fn on_a_v3_host_a_share_is_in_force_at_once_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = tempfile::tempdir().unwrap();
+        std::fs::write(pipe.path().join("protocol"), "3\n").unwrap();
+        std::fs::write(pipe.path().join("named_servers"), "llm\n").unwrap();
+        let mps = fake_mps(pipe.path());
+        let mut g = GpuActuator::with_probe(&[named(dir.path(), "llm")], Some(mps));
+        assert_eq!(g.share_change(), ShareChange::Live);
+        g.publish("llm", 45, None).unwrap();
+        assert_eq!(
+            (g.published("llm"), g.effective("llm")),
+            (Some(45), Some(45))
+        );
+        assert_eq!(
+            std::fs::read_to_string(pipe.path().join("live_pct.llm"))
+                .unwrap()
+                .trim(),
+            "45"
+        );
+        // The environment file follows, so a later restart keeps the share; no hook runs
+        // (it would fail: `exit 7`).
+        let env = std::fs::read_to_string(dir.path().join("llm.env")).unwrap();
+        assert!(
+            env.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=45"),
+            "{env}"
+        );
+        g.restart_due(Instant::now(), &BTreeMap::new());
+        assert!(!g.hooks_running());
+    }
+
+    #[test]
+    fn a_refused_live_change_keeps_the_previous_share_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = tempfile::tempdir().unwrap();
+        std::fs::write(pipe.path().join("protocol"), "3\n").unwrap();
+        std::fs::write(pipe.path().join("named_servers"), "llm\n").unwrap();
+        let mps = fake_mps(pipe.path());
+        // The configured server is not one the daemon knows.
+        let mut g = GpuActuator::with_probe(&[named(dir.path(), "bert")], Some(mps.clone()));
+        let e = g.publish("llm", 45, None).unwrap_err();
+        assert!(e.contains("Server bert not found"), "{e}");
+        assert_eq!((g.published("llm"), g.effective("llm")), (None, None));
+        assert!(!dir.path().join("llm.env").exists(), "nothing written");
+        // A v2 daemon (protocol file gone) is probed as restart-only: no live command sent.
+        std::fs::remove_file(pipe.path().join("protocol")).unwrap();
+        let g2 = GpuActuator::with_probe(&[named(dir.path(), "llm")], Some(mps));
+        assert_eq!(g2.share_change(), ShareChange::Restart);
+        // An unknown answer to the probe (no daemon) is the restart path too.
+        std::fs::write(pipe.path().join("down"), "").unwrap();
+        let g3 = GpuActuator::with_probe(&[named(dir.path(), "llm")], Some(fake_mps(pipe.path())));
+        assert_eq!(g3.share_change(), ShareChange::Restart);
+    }
+
+    #[test]
+    fn a_client_that_never_reconnects_keeps_its_previous_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = tempfile::tempdir().unwrap();
+        std::fs::write(pipe.path().join("servers"), "4100\n").unwrap();
+        std::fs::write(pipe.path().join("clients.4100"), "5001\n").unwrap();
+        let mps = fake_mps(pipe.path());
+        let mut g = GpuActuator::new(&[service(dir.path(), "true", 0, 300)], Some(mps));
+        g.publish("llm", 40, None).unwrap();
+        let pids = BTreeMap::from([("llm".to_string(), vec![5001])]);
+        g.restart_due(Instant::now(), &pids);
+        settle(&mut g);
+        // Back among MPS clients: in force.
+        assert_eq!(g.restart_due(Instant::now(), &pids), vec!["llm"]);
+        assert_eq!(g.effective("llm"), Some(40));
+        // The next restart's client never comes back (pid 6001 is nobody's client).
+        g.publish("llm", 60, None).unwrap();
+        let gone = BTreeMap::from([("llm".to_string(), vec![6001])]);
+        let t0 = Instant::now();
+        g.restart_due(t0, &gone);
+        settle(&mut g);
+        assert!(g.restart_due(Instant::now(), &gone).is_empty());
+        assert_eq!(g.effective("llm"), Some(40), "waits for the client");
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(g.restart_due(Instant::now(), &gone).is_empty());
+        assert_eq!(
+            (g.published("llm"), g.effective("llm")),
+            (Some(60), Some(40)),
+            "given up on: the previous share stays the effective one"
+        );
+        g.restore();
+    }
+
+    #[test]
+    fn pinned_limits_reserve_what_latency_critical_clients_use_before_best_effort() {
+        const GIB: u64 = 1 << 30;
+        let uses = [
+            MemoryUse {
+                service: "llm".into(),
+                latency_critical: true,
+                peak_bytes: Some(20 * GIB),
+            },
+            MemoryUse {
+                service: "resnet".into(),
+                latency_critical: true,
+                peak_bytes: Some(GIB),
+            },
+            MemoryUse {
+                service: "train".into(),
+                latency_critical: false,
+                peak_bytes: Some(30 * GIB),
+            },
+        ];
+        let l = plan_pinned_limits(&uses, 40 * GIB);
+        // llm: 20 GiB + 25 % = 25600 MiB; resnet: 1 GiB + 512 MiB (more than 25 %).
+        assert_eq!(l["llm"], 25_600);
+        assert_eq!(l["resnet"], 1_536);
+        // train: 40 GiB less 3 % less both = 39731.2 - 27136 -> 12595 MiB, far below the
+        // 30 GiB it has used: it cannot push the others out.
+        assert_eq!(l["train"], 12_595);
+        assert!(l.values().sum::<u64>() <= 40 * 1024);
+        // A latency-critical client not measured yet gets no limit; best effort still
+        // gets at least the minimum when latency-critical use fills the GPU.
+        let full = [
+            MemoryUse {
+                service: "llm".into(),
+                latency_critical: true,
+                peak_bytes: Some(39 * GIB),
+            },
+            MemoryUse {
+                service: "new".into(),
+                latency_critical: true,
+                peak_bytes: None,
+            },
+            MemoryUse {
+                service: "train".into(),
+                latency_critical: false,
+                peak_bytes: None,
+            },
+        ];
+        let l = plan_pinned_limits(&full, 40 * GIB);
+        assert!(!l.contains_key("new"));
+        assert_eq!(l["train"], MEM_BE_MIN_MIB);
+        assert_eq!(l["llm"], 40 * 1024, "never above the GPU");
+    }
+
+    #[test]
+    fn measured_memory_sets_each_clients_pinned_limit_in_its_env_file() {
+        const GIB: u64 = 1 << 30;
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = GpuActuator::new(&[service(dir.path(), "true", 0, 1000)], None);
+        let used = BTreeMap::from([("llm".to_string(), 8 * GIB)]);
+        let planned = g.guard_memory(&used, &[Some(40 * GIB)], &|_| true);
+        assert_eq!(planned["llm"], "0=10240M");
+        // A smaller reading later does not shrink the limit (the peak is kept).
+        let used = BTreeMap::from([("llm".to_string(), GIB)]);
+        g.guard_memory(&used, &[Some(40 * GIB)], &|_| true);
+        g.publish("llm", 30, Some("0=8G")).unwrap();
+        let env = std::fs::read_to_string(dir.path().join("llm.env")).unwrap();
+        assert!(
+            env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"),
+            "the planned limit wins over the configured default: {env}"
+        );
+        g.restore();
     }
 }

@@ -37,10 +37,26 @@ pub struct ProbeReport {
     pub mps_daemon: bool,
     /// What the MPS control program said (server PIDs, or why not).
     pub mps_state: String,
+    /// What the host's MPS offers (absent without a control program).
+    pub mps: Option<cohabit_collectors::mps::MpsCapabilities>,
 }
 
-/// Looks at the host under `paths`.
+/// Looks at the host under `paths`, with the MPS control program at its usual place.
 pub fn probe(paths: &HostPaths) -> ProbeReport {
+    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map(std::path::PathBuf::from);
+    probe_with(
+        paths,
+        std::path::Path::new("/usr/bin/nvidia-cuda-mps-control"),
+        pipe,
+    )
+}
+
+/// [`probe`] with the MPS control program at `control` (tests use a fake).
+pub fn probe_with(
+    paths: &HostPaths,
+    control: &std::path::Path,
+    pipe: Option<std::path::PathBuf>,
+) -> ProbeReport {
     let (resctrl, resctrl_absent) = match Resctrl::discover(paths, Arc::new(RealFs)) {
         Ok(Some(r)) => (Some(r.info().clone()), None),
         Ok(None) => (
@@ -54,15 +70,15 @@ pub fn probe(paths: &HostPaths) -> ProbeReport {
         Ok(g) => (g.driver_version(), None, g.info().to_vec()),
         Err(e) => (None, Some(e.to_string()), vec![]),
     };
-    let control = std::path::Path::new("/usr/bin/nvidia-cuda-mps-control");
-    let mps_state = if control.exists() {
-        let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map(std::path::PathBuf::from);
-        match cohabit_collectors::mps::MpsControl::new(control, pipe).server_list() {
+    let (mps_state, mps) = if control.exists() {
+        let ctl = cohabit_collectors::mps::MpsControl::new(control, pipe);
+        let state = match ctl.server_list() {
             Ok(servers) => format!("control daemon running; servers: {servers:?}"),
             Err(e) => format!("control daemon not reachable: {e}"),
-        }
+        };
+        (state, Some(ctl.probe()))
     } else {
-        "nvidia-cuda-mps-control is not installed".to_string()
+        ("nvidia-cuda-mps-control is not installed".to_string(), None)
     };
     let procfs = Procfs::new(&paths.proc);
     let mps_daemon = procfs
@@ -89,6 +105,29 @@ pub fn probe(paths: &HostPaths) -> ProbeReport {
         gpus,
         mps_daemon,
         mps_state,
+        mps,
+    }
+}
+
+/// The mechanisms a probe found, as an operator reads them.
+fn mechanisms(c: &cohabit_collectors::mps::MpsCapabilities) -> String {
+    let mut m = Vec::new();
+    if c.thread_percentage {
+        m.push("v2 active-thread percentages (a change restarts the client)");
+    }
+    if c.namespaces {
+        m.push("v3 named servers and namespaces");
+    }
+    if c.dynamic_adjustment {
+        m.push("v3 dynamic adjustment (changes without restart)");
+    }
+    if c.static_partitions {
+        m.push("static SM partitions (fixed at a client's start)");
+    }
+    if m.is_empty() {
+        "none".into()
+    } else {
+        m.join("; ")
     }
 }
 
@@ -168,13 +207,36 @@ impl ProbeReport {
             line(
                 &format!("gpu {}", g.index),
                 format!(
-                    "{}{}",
+                    "{}{}{}",
                     g.name,
-                    if g.gpm { ", GPM supported" } else { ", no GPM" }
+                    if g.gpm { ", GPM supported" } else { ", no GPM" },
+                    match (g.mig_enabled, g.mig_instances) {
+                        (Some(true), Some(n)) => format!(", MIG on ({n} instances)"),
+                        (Some(true), None) => ", MIG on".to_string(),
+                        (Some(false), _) => ", MIG off".to_string(),
+                        (None, _) => ", no MIG".to_string(),
+                    }
                 ),
             );
         }
         line("mps control", self.mps_state.clone());
+        if let Some(c) = &self.mps {
+            line(
+                "mps version",
+                format!(
+                    "{} (protocol {})",
+                    c.version.clone().unwrap_or_else(|| "unknown".into()),
+                    match c.protocol {
+                        cohabit_collectors::mps::Protocol::V2 => "v2",
+                        cohabit_collectors::mps::Protocol::V3 => "v3",
+                    }
+                ),
+            );
+            line("mps mechanisms", mechanisms(c));
+            for r in &c.refusals {
+                line("mps refused", r.clone());
+            }
+        }
         line(
             "mps daemon",
             if self.mps_daemon {
@@ -184,5 +246,50 @@ impl ProbeReport {
             },
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_control() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../collectors/tests/fixtures/fake-mps-control")
+    }
+
+    #[test]
+    fn the_probe_reports_the_mps_version_and_each_mechanism_offered() {
+        let root = tempfile::tempdir().unwrap();
+        let pipe = tempfile::tempdir().unwrap();
+        std::fs::write(pipe.path().join("servers"), "4100\n").unwrap();
+        std::fs::write(pipe.path().join("version"), "13.2\n").unwrap();
+        std::fs::write(pipe.path().join("protocol"), "3\n").unwrap();
+        std::fs::write(pipe.path().join("named_servers"), "llm\n").unwrap();
+        std::fs::write(pipe.path().join("static"), "8\n").unwrap();
+        let paths = HostPaths::under(root.path());
+        let r = probe_with(&paths, &fake_control(), Some(pipe.path().to_path_buf()));
+        let text = r.render();
+        assert!(text.contains("13.2 (protocol v3)"), "{text}");
+        assert!(
+            text.contains("v3 dynamic adjustment (changes without restart)")
+                && text.contains("static SM partitions")
+                && text.contains("v2 active-thread percentages"),
+            "{text}"
+        );
+        // A v2 daemon: percentages only, and the refused v3 command in the program's words.
+        std::fs::remove_file(pipe.path().join("protocol")).unwrap();
+        std::fs::remove_file(pipe.path().join("static")).unwrap();
+        let text = probe_with(&paths, &fake_control(), Some(pipe.path().to_path_buf())).render();
+        assert!(text.contains("(protocol v2)"), "{text}");
+        assert!(!text.contains("dynamic adjustment"), "{text}");
+        assert!(
+            text.contains("mps refused") && text.contains("Usage:"),
+            "{text}"
+        );
+        // No control program: said so, nothing probed.
+        let r = probe_with(&paths, &root.path().join("none"), None);
+        assert!(r.mps.is_none());
+        assert!(r.render().contains("is not installed"));
     }
 }

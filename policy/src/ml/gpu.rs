@@ -5,6 +5,11 @@
 //! anchored on the smoothed measured value at the share in force, with `e` learned from the
 //! service's own share changes (prior [`MlConfig::gpu_exponent_prior`]).
 //!
+//! The cost of a change is the host's (`GpuCapacity::share_change`): where the driver changes
+//! running clients' shares (MPS v3), a change costs nothing, so no interval is skipped and
+//! a surplus of one step is given back once measured; otherwise every change costs a
+//! restart, and:
+//!
 //! Restart spacing: the interval that held a restart is skipped; a share never changes
 //! while a restart is pending or on fewer than [`GPU_MIN_SAMPLES`] samples since the last
 //! change (the first placement needs one); it grows (in [`GPU_STEP_PCT`]-point steps) when
@@ -15,7 +20,7 @@
 //! want less take it and the others grow into what is free in proportion to how much more
 //! they want.
 
-use cohabit_core::{DecisionPath, Observation, Reason, Sample};
+use cohabit_core::{DecisionPath, Observation, Reason, Sample, ShareChange};
 use cohabit_models::log_qos_ratio;
 
 use super::{MlConfig, MlPolicy, ServicePlan};
@@ -67,14 +72,15 @@ impl GpuModel {
     /// Follows the effective share: after a change (a restart completed) the interval that
     /// held the downtime says nothing of the new share and is skipped, and the smoothed
     /// tail starts over (the old one is kept for learning the exponent).
-    fn follow(&mut self, effective: Option<u8>) {
+    fn follow(&mut self, effective: Option<u8>, live: bool) {
         if self.share == effective {
             return;
         }
         if let (Some(s), Some(q)) = (self.share, self.log_q.filter(|_| self.samples >= 3)) {
             self.before = Some((s, q));
         }
-        if self.share.is_some() {
+        // A live change (MPS v3) has no downtime to skip.
+        if self.share.is_some() && !live {
             self.skip = 1;
         }
         self.share = effective;
@@ -127,8 +133,9 @@ impl GpuModel {
 
     /// The share to publish: restart spacing and hysteresis over what is wanted. Grows at
     /// once, shrinks only after a lasting, sizeable surplus, holds while a restart is
-    /// pending or on too few samples.
-    fn choose(&mut self, ask: ShareAsk, cfg: &MlConfig, now_ms: u64) -> u8 {
+    /// pending or on too few samples. Where a change costs nothing (`live`: no restart),
+    /// a surplus of one step is given back as soon as it has been measured.
+    fn choose(&mut self, ask: ShareAsk, cfg: &MlConfig, now_ms: u64, live: bool) -> u8 {
         let step = |x: f64| {
             let x = (x / GPU_STEP_PCT).ceil() * GPU_STEP_PCT;
             u8::try_from(cohabit_core::whole(x.clamp(GPU_STEP_PCT, 100.0))).unwrap_or(100)
@@ -136,6 +143,11 @@ impl GpuModel {
         let (want, share_now) = (ask.want, ask.now);
         let now_pct = u8::try_from(cohabit_core::whole(share_now)).unwrap_or(100);
         let mut chosen = now_pct;
+        let (hysteresis, shrink_after_ms) = if live {
+            (GPU_STEP_PCT, 0)
+        } else {
+            (f64::from(cfg.gpu_hysteresis_pct), cfg.gpu_shrink_after_ms)
+        };
         let enough = self.samples >= GPU_MIN_SAMPLES || !self.placed;
         if let (false, true, Some(q)) = (ask.pending, enough, self.log_q) {
             let first = !self.placed;
@@ -145,9 +157,9 @@ impl GpuModel {
             if want > share_now + GPU_STEP_PCT - 0.5 && (first || q > cfg.margin.ln()) {
                 chosen = step(want);
                 self.surplus_since_ms = None;
-            } else if want + f64::from(cfg.gpu_hysteresis_pct) < share_now {
+            } else if want + hysteresis < share_now {
                 let since = *self.surplus_since_ms.get_or_insert(now_ms);
-                if now_ms >= since + cfg.gpu_shrink_after_ms {
+                if now_ms >= since + shrink_after_ms {
                     chosen = step(want);
                     self.surplus_since_ms = None;
                 }
@@ -178,10 +190,11 @@ impl MlPolicy {
         let current = obs.current.services.get(name).copied();
         let published = current.and_then(|a| a.gpu_mps_pct);
         let effective = o.and_then(|o| o.gpu_mps_effective_pct).or(published);
+        let live = o.and_then(|o| o.spec.gpu).is_some_and(|i| self.live(i));
         let st = self.state.entry(name.to_string()).or_default();
         st.seen = true;
         let g = &mut st.gpu;
-        g.follow(effective);
+        g.follow(effective, live);
         let pending = published != effective;
         g.observe(pending, log_qos_ratio(&sample, target), sample.gpu_util_pct);
         let e = g.exponent.unwrap_or(cfg.gpu_exponent_prior);
@@ -210,13 +223,22 @@ impl MlPolicy {
             published,
             pending,
         };
-        let chosen = g.choose(ask, &cfg, now_ms);
+        let chosen = g.choose(ask, &cfg, now_ms, live);
         let over_target = slack(obs, name).is_some_and(|s| s < 0.0);
         let cores = cpu_side_cores(&sample, current.map_or(1, |a| a.cores), over_target, g);
         ServicePlan {
             gpu_pct: Some(chosen),
             ..ServicePlan::fixed(name, cores, 1, Reason::new(DecisionPath::Model, why), false)
         }
+    }
+
+    /// Whether a share change on `gpu` reaches running clients without a restart.
+    fn live(&self, gpu: u32) -> bool {
+        self.ctx
+            .host
+            .gpus
+            .get(gpu as usize)
+            .is_some_and(|g| g.share_change == ShareChange::Live)
     }
 
     /// Keeps the GPU services on each GPU within 99 % (the pool keeps 1 %), by
@@ -368,7 +390,7 @@ mod tests {
             pending: true,
             ..ask(40.0, 80.0)
         };
-        assert_eq!(g.choose(pending, &cfg, 1_000), 60);
+        assert_eq!(g.choose(pending, &cfg, 1_000, false), 60);
         // And the interval's readings are not taken as the new share's.
         g.observe(true, Some(2.0), Some(90.0));
         assert_eq!((g.log_q, g.samples, g.util), (Some(1.0), 10, None));
@@ -379,22 +401,22 @@ mod tests {
         let cfg = MlConfig::default();
         // Over the target, wanting 80 % at 40 %, with 2 samples: hold.
         let mut g = placed(40, 0.5, 2);
-        assert_eq!(g.choose(ask(40.0, 80.0), &cfg, 1_000), 40);
+        assert_eq!(g.choose(ask(40.0, 80.0), &cfg, 1_000, false), 40);
         // With 3 it grows, in steps of 5: 80 -> 80.
         g.samples = 3;
-        assert_eq!(g.choose(ask(40.0, 78.0), &cfg, 1_000), 80);
+        assert_eq!(g.choose(ask(40.0, 78.0), &cfg, 1_000, false), 80);
         // The very first placement needs one sample only.
         let mut first = GpuModel {
             placed: false,
             ..placed(40, -1.0, 1)
         };
-        assert_eq!(first.choose(ask(40.0, 52.0), &cfg, 1_000), 55);
+        assert_eq!(first.choose(ask(40.0, 52.0), &cfg, 1_000, false), 55);
     }
 
     #[test]
     fn a_restart_skips_the_interval_that_held_it_and_starts_the_count_over() {
         let mut g = placed(40, 0.5, 5);
-        g.follow(Some(60));
+        g.follow(Some(60), false);
         assert_eq!(
             (g.share, g.log_q, g.samples, g.skip),
             (Some(60), None, 0, 1)
@@ -412,26 +434,26 @@ mod tests {
         let cfg = MlConfig::default();
         // Within the target at 60 %, needing 40 %: a surplus of 20 > 15 points.
         let mut g = placed(60, -0.5, 5);
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 10_000), 60);
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 129_999), 60);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 10_000, false), 60);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 129_999, false), 60);
         // 120 s after it started, the share shrinks to the need (in steps: 40).
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 130_000), 40);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 130_000, false), 40);
         // A surplus of 10 points (< 15) never shrinks it, however long it lasts.
         let mut g = placed(60, -0.5, 5);
-        assert_eq!(g.choose(ask(60.0, 50.0), &cfg, 0), 60);
-        assert_eq!(g.choose(ask(60.0, 50.0), &cfg, 1_000_000), 60);
+        assert_eq!(g.choose(ask(60.0, 50.0), &cfg, 0, false), 60);
+        assert_eq!(g.choose(ask(60.0, 50.0), &cfg, 1_000_000, false), 60);
     }
 
     #[test]
     fn a_surplus_that_pauses_restarts_the_shrink_clock() {
         let cfg = MlConfig::default();
         let mut g = placed(60, -0.5, 5);
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 0), 60);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 0, false), 60);
         // The need comes back near the share at 100 s: the surplus ends.
-        assert_eq!(g.choose(ask(60.0, 55.0), &cfg, 100_000), 60);
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 110_000), 60);
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 229_999), 60);
-        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 230_000), 40);
+        assert_eq!(g.choose(ask(60.0, 55.0), &cfg, 100_000, false), 60);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 110_000, false), 60);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 229_999, false), 60);
+        assert_eq!(g.choose(ask(60.0, 40.0), &cfg, 230_000, false), 40);
     }
 
     #[test]
@@ -439,14 +461,14 @@ mod tests {
         let cfg = MlConfig::default();
         // ln(0.8) < ln(0.9): the smoothed tail is within the margin.
         let mut g = placed(40, 0.8f64.ln(), 5);
-        assert_eq!(g.choose(ask(40.0, 60.0), &cfg, 0), 40);
+        assert_eq!(g.choose(ask(40.0, 60.0), &cfg, 0, false), 40);
     }
 
     #[test]
     fn the_exponent_is_learned_from_the_tail_before_and_after_a_change() {
         // 40 % -> 80 % moved the smoothed tail from 0.5 to 0.5 - 0.6 ln 2: e = 0.6.
         let mut g = placed(40, 0.5, 3);
-        g.follow(Some(80));
+        g.follow(Some(80), false);
         g.skip = 0;
         let q1 = 0.5 - 0.6 * 2f64.ln();
         for _ in 0..3 {
@@ -455,6 +477,21 @@ mod tests {
         let e = g.exponent.unwrap();
         assert!((e - 0.6).abs() < 1e-9, "{e}");
         assert_eq!(g.before, None);
+    }
+
+    #[test]
+    fn a_live_share_change_skips_nothing_and_gives_a_surplus_back_at_once() {
+        let cfg = MlConfig::default();
+        // No restart, no downtime: the next interval already measures the new share.
+        let mut g = placed(40, 0.5, 5);
+        g.follow(Some(60), true);
+        assert_eq!((g.share, g.skip), (Some(60), 0));
+        // A surplus of 10 points: given back at once where a change is free, kept (under
+        // the 15-point hysteresis) where it costs a restart.
+        let mut live = placed(60, -0.5, 5);
+        assert_eq!(live.choose(ask(60.0, 50.0), &cfg, 0, true), 50);
+        let mut restart = placed(60, -0.5, 5);
+        assert_eq!(restart.choose(ask(60.0, 50.0), &cfg, 0, false), 60);
     }
 
     #[test]

@@ -210,12 +210,14 @@ fn gpu_capacity(gpus: Option<&Gpus>, configured: Option<u32>) -> Vec<GpuCapacity
             .map(|i| GpuCapacity {
                 name: i.name.clone(),
                 sms: 1,
+                share_change: cohabit_core::ShareChange::Restart,
             })
             .collect(),
         (None, Some(n)) => (0..n)
             .map(|i| GpuCapacity {
                 name: format!("GPU {i} (configured)"),
                 sms: 1,
+                share_change: cohabit_core::ShareChange::Restart,
             })
             .collect(),
         (None, None) => vec![],

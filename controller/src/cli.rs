@@ -80,6 +80,13 @@ pub enum Command {
         /// Seed of the measurement noise (default: the scenario's).
         #[arg(long)]
         seed: Option<u64>,
+        /// Explore safely around the policy's plans, as `cohabit run --explore` does
+        /// (decision path `explore`; the log trains a model with cohabit-train).
+        #[arg(long)]
+        explore: bool,
+        /// Margin under every target that exploration keeps (with --explore).
+        #[arg(long, default_value_t = 0.3, requires = "explore")]
+        explore_margin: f64,
         #[command(flatten)]
         sim: SimArgs,
     },
@@ -104,6 +111,11 @@ pub enum Command {
         /// the host from it, or refusing to start over one that cannot be read.
         #[arg(long)]
         discard_state: bool,
+        /// Explore safely around the policy's plans to collect training logs: vary
+        /// allocations a little while every service keeps its margin under its target,
+        /// stop at the first violation (settings: `explore = { … }` in the configuration).
+        #[arg(long)]
+        explore: bool,
     },
     /// Run several policies side by side on the same simulated scenario and seed.
     Compare {
@@ -181,6 +193,7 @@ impl SimArgs {
         SimOptions {
             platform: self.platform.clone(),
             model: self.model.clone(),
+            explore: None,
         }
     }
 }
@@ -196,8 +209,21 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             policy,
             out: dir,
             seed,
+            explore,
+            explore_margin,
             sim,
-        } => commands::simulate_cmd(&scenario, policy, &dir, seed, &sim.options(), out),
+        } => {
+            let mut options = sim.options();
+            if explore {
+                let cfg = cohabit_policy::ExploreConfig {
+                    margin: explore_margin,
+                    ..cohabit_policy::ExploreConfig::default()
+                };
+                cfg.validate().map_err(anyhow::Error::msg)?;
+                options.explore = Some(cfg);
+            }
+            commands::simulate_cmd(&scenario, policy, &dir, seed, &options, out)
+        }
         Command::Compare {
             scenario,
             policies,
@@ -243,12 +269,14 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             dry_run,
             ticks,
             discard_state,
+            explore,
         } => {
             let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
             let opts = crate::daemon::RunOptions {
                 dry_run,
                 max_ticks: ticks,
                 discard_state,
+                explore,
             };
             let n = crate::daemon::run_blocking(cfg, opts)?;
             writeln!(out, "cohabit stopped after {n} ticks; host restored")?;

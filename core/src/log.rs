@@ -231,6 +231,7 @@ pub struct DecisionLogReader<R: BufRead> {
     buf: String,
     line: usize,
     header: Option<LogHeader>,
+    headers: usize,
     failed: bool,
     cut: Option<usize>,
 }
@@ -243,9 +244,18 @@ impl<R: BufRead> DecisionLogReader<R> {
             buf: String::new(),
             line: 0,
             header: None,
+            headers: 0,
             failed: false,
             cut: None,
         }
+    }
+
+    /// How many headers the iterator has taken in so far. It grows when a new part of the
+    /// log begins (a daemon restarted), even under a header equal to the last one, so a
+    /// caller iterating records can tell parts apart without [`Self::segments`], which
+    /// stops at the first bad line.
+    pub fn headers_read(&self) -> usize {
+        self.headers
     }
 
     /// The number (from 1) of the last line, when it was cut short and skipped: it had no
@@ -345,7 +355,10 @@ impl<R: BufRead> Iterator for DecisionLogReader<R> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             match self.next_line()? {
-                Ok(Line::Header(h)) => self.header = Some(h),
+                Ok(Line::Header(h)) => {
+                    self.header = Some(h);
+                    self.headers += 1;
+                }
                 Ok(Line::Record(r)) => return Some(Ok(*r)),
                 Err(e) => return Some(Err(e)),
             }
@@ -494,6 +507,7 @@ mod tests {
                         name: "kv".into(),
                         class: ServiceClass::LatencyCritical { p99_target_ms: 1.5 },
                         gpu: None,
+                        priority: 0,
                     },
                     sample: Sample {
                         p99_ms,
@@ -724,9 +738,13 @@ mod tests {
         let mut reader = DecisionLogReader::new(&bytes[..]);
         let mut hosts = Vec::new();
         while let Some(r) = reader.next() {
-            hosts.push((r.unwrap().observation.t_ms, reader.host().unwrap().cores));
+            hosts.push((
+                r.unwrap().observation.t_ms,
+                reader.host().unwrap().cores,
+                reader.headers_read(),
+            ));
         }
-        assert_eq!(hosts, vec![(0, 8), (1, 8), (2, 16)]);
+        assert_eq!(hosts, vec![(0, 8, 1), (1, 8, 1), (2, 16, 2)]);
         assert_eq!(reader.header(), Some(&second));
         let segments = DecisionLogReader::new(&bytes[..]).segments().unwrap();
         assert_eq!(segments.len(), 2);
@@ -765,6 +783,7 @@ mod tests {
                 name: "batch".into(),
                 class: ServiceClass::BestEffort,
                 gpu: None,
+                priority: 0,
             },
             sample: Sample::default(),
             gpu_mps_effective_pct: None,

@@ -24,16 +24,20 @@ pub enum DecisionPath {
     Oracle,
     /// A fixed share: the static policy, or an initial plan before any measurement.
     Static,
+    /// Safe exploration (`cohabit run --explore`): a bounded step away from the base
+    /// policy's plan, taken only while every service kept its margin under its target.
+    Explore,
 }
 
 impl DecisionPath {
     /// Every path, in legend order.
-    pub const ALL: [DecisionPath; 5] = [
+    pub const ALL: [DecisionPath; 6] = [
         DecisionPath::Model,
         DecisionPath::Fallback,
         DecisionPath::Feedback,
         DecisionPath::Oracle,
         DecisionPath::Static,
+        DecisionPath::Explore,
     ];
 
     /// Short name, as written in logs and metrics labels.
@@ -44,6 +48,7 @@ impl DecisionPath {
             DecisionPath::Feedback => "feedback",
             DecisionPath::Oracle => "oracle",
             DecisionPath::Static => "static",
+            DecisionPath::Explore => "explore",
         }
     }
 }

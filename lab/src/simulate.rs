@@ -155,9 +155,29 @@ pub fn run_policy(
     kind: LabPolicy,
     seed: Option<u64>,
     model: Option<&Arc<Model>>,
+    sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
+) -> Result<SimRun, RunError> {
+    run_policy_with(scenario, kind, seed, model, None, sink)
+}
+
+/// [`run_policy`], exploring around the policy's plans when `explore` is given
+/// ([`cohabit_policy::Explore`]).
+pub fn run_policy_with(
+    scenario: &Arc<Scenario>,
+    kind: LabPolicy,
+    seed: Option<u64>,
+    model: Option<&Arc<Model>>,
+    explore: Option<&cohabit_policy::ExploreConfig>,
     mut sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
 ) -> Result<SimRun, RunError> {
     let mut policy = build_policy(kind, scenario, model)?;
+    if let Some(cfg) = explore {
+        let ctx = HostContext {
+            host: scenario.capacity().clone(),
+            specs: scenario.specs(),
+        };
+        policy = Box::new(cohabit_policy::Explore::new(policy, ctx, cfg.clone()));
+    }
     let initial = policy.initial();
     let mut host = SimulatedHost::launch(Arc::clone(scenario), &initial.plan, seed)?;
     let mut records = Vec::with_capacity(usize::try_from(scenario.ticks()).unwrap_or(0));

@@ -13,18 +13,22 @@
 //! - [`control`]: the loop that collects, decides, applies and records.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cohabit_core::{
     Allocation, HostCapacity, Observation, Plan, Prediction, Reason, ServiceSpec, WayRange,
     MBA_MAX_PCT,
 };
+use cohabit_models::Model;
 
 pub mod control;
+mod explore;
 mod kind;
 mod ml;
 mod parties;
 mod static_share;
 
+pub use explore::{Explore, ExploreConfig};
 pub use kind::{BuildError, PolicyKind};
 pub use ml::{MlConfig, MlPolicy};
 pub use parties::{PartiesConfig, PartiesPolicy};
@@ -60,6 +64,12 @@ pub trait Policy: Send {
     fn initial(&mut self) -> Decision;
     /// The plan for the interval starting at `now_ms`, given what the last interval showed.
     fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision;
+    /// Decides with `model` from now on (a model reloaded from disk), keeping the rest of
+    /// the policy's state. False when the policy uses no model (the default).
+    fn replace_model(&mut self, model: Arc<Model>) -> bool {
+        let _ = model;
+        false
+    }
 }
 
 /// What every policy knows of the host it manages.
@@ -277,6 +287,7 @@ pub(crate) mod tests {
                 name: format!("lc{i}"),
                 class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
                 gpu: (i < gpus).then_some(0),
+                priority: 0,
             })
             .collect();
         if be_cpu {
@@ -284,6 +295,7 @@ pub(crate) mod tests {
                 name: "be".into(),
                 class: ServiceClass::BestEffort,
                 gpu: None,
+                priority: 0,
             });
         }
         if be_gpu {
@@ -291,6 +303,7 @@ pub(crate) mod tests {
                 name: "train".into(),
                 class: ServiceClass::BestEffort,
                 gpu: Some(0),
+                priority: 0,
             });
         }
         HostContext {
@@ -304,7 +317,8 @@ pub(crate) mod tests {
                 gpus: vec![
                     cohabit_core::GpuCapacity {
                         name: "g".into(),
-                        sms: 100
+                        sms: 100,
+                        share_change: cohabit_core::ShareChange::Restart,
                     };
                     usize::from(gpus > 0 || be_gpu)
                 ],

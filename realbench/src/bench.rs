@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::antagonists::{self, Scenario, Throughput};
 use crate::client::{Load, LoadSpec};
+use crate::host_model::{self, FitSettings, HostModel};
 use crate::policies::{self, CohabitConfig, LcEntry, Policy};
 use crate::procs::Lab;
 use crate::report::{
@@ -119,8 +120,16 @@ pub struct Options {
     pub probe_timeout_ms: u64,
     /// The cohabit binary (default: beside this one, then `PATH`).
     pub cohabit: Option<PathBuf>,
-    /// The model for `ml` (default: the built-in one, written into `out`).
+    /// The model for `ml` (default: the built-in one, written into `out`); `ml-host` is
+    /// warm-started from it.
     pub model: Option<PathBuf>,
+    /// Seconds of each explore run (`cohabit run --explore` around `ml`, per batch job)
+    /// whose logs train the `ml-host` model; only when `ml-host` is asked for.
+    pub explore_s: u32,
+    /// `cohabit-train` (default: beside this binary, then `PATH`), for `ml-host`.
+    pub cohabit_train: Option<PathBuf>,
+    /// How the host model is fitted.
+    pub train: FitSettings,
     /// Also run the services alone and each batch job alone (without them the batch
     /// job's relative throughput is unknown).
     pub baselines: bool,
@@ -150,6 +159,12 @@ impl Options {
             probe_timeout_ms: 100,
             cohabit: None,
             model: None,
+            explore_s: 60,
+            cohabit_train: None,
+            train: FitSettings {
+                members: 5,
+                epochs: 60,
+            },
             baselines: true,
         }
     }
@@ -162,6 +177,11 @@ impl Options {
             duration_s: 6,
             warmup_s: 2,
             interval_ms: 500,
+            explore_s: 10,
+            train: FitSettings {
+                members: 2,
+                epochs: 10,
+            },
             ..Self::full(out)
         }
     }
@@ -194,6 +214,12 @@ impl Options {
         }
         if self.policies.is_empty() {
             return bad("at least one policy".into());
+        }
+        if self.policies.contains(&Policy::MlHost) && !(2..=3600).contains(&self.explore_s) {
+            return bad(format!(
+                "an explore run from 2 to 3600 s for ml-host, not {}",
+                self.explore_s
+            ));
         }
         Ok(())
     }
@@ -276,7 +302,11 @@ fn machine(cgroup: &str) -> Machine {
 struct Ctx<'a> {
     opts: &'a Options,
     cohabit: Option<PathBuf>,
+    /// The built-in (simulator-trained) model, for `ml` and the explore runs.
     model: Option<PathBuf>,
+    cohabit_train: Option<PathBuf>,
+    /// The host-trained model, once trained.
+    host_model: Option<PathBuf>,
     stress_ng: PathBuf,
     programs: Vec<(Kind, PathBuf)>,
     cpus: Vec<u32>,
@@ -306,6 +336,12 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
     } else {
         None
     };
+    let host_column = opts.policies.contains(&Policy::MlHost);
+    let cohabit_train = if host_column {
+        Some(tools::cohabit_train(opts.cohabit_train.as_deref())?)
+    } else {
+        None
+    };
     let foreign = foreign_processes(&opts.services);
     if !foreign.is_empty() {
         return Err(Error::Host(format!(
@@ -319,7 +355,8 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
         path: opts.out.clone(),
         source,
     })?;
-    let model = match (&opts.model, opts.policies.contains(&Policy::Ml)) {
+    let needs_model = opts.policies.contains(&Policy::Ml) || host_column;
+    let model = match (&opts.model, needs_model) {
         (Some(m), true) => Some(m.clone()),
         (None, true) => Some(write_model(&opts.out)?),
         _ => None,
@@ -331,6 +368,8 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
         opts,
         cohabit,
         model,
+        cohabit_train,
+        host_model: None,
         stress_ng,
         programs,
         cpus: policies::online_cpus(),
@@ -338,7 +377,7 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
     };
     let runs = all_runs(&mut ctx, &mut lab);
     let problems = lab.cleanup();
-    let runs = runs?;
+    let (runs, host_model) = runs?;
     if !problems.is_empty() {
         return Err(Error::Host(format!(
             "a clean host after the runs, but: {}",
@@ -349,6 +388,7 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
         machine,
         settings: serde_json::to_value(opts).unwrap_or_default(),
         runs,
+        host_model,
     };
     let json = opts.out.join("results.json");
     let text = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -366,7 +406,10 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
     Ok(report)
 }
 
-fn all_runs(ctx: &mut Ctx<'_>, lab: &mut Lab) -> Result<Vec<RunResult>, Error> {
+fn all_runs(
+    ctx: &mut Ctx<'_>,
+    lab: &mut Lab,
+) -> Result<(Vec<RunResult>, Option<HostModel>), Error> {
     let mut runs = Vec::new();
     if ctx.opts.baselines {
         runs.push(one_run(
@@ -378,6 +421,7 @@ fn all_runs(ctx: &mut Ctx<'_>, lab: &mut Lab) -> Result<Vec<RunResult>, Error> {
             &[],
         )?);
     }
+    let mut baselines = Vec::new();
     for &scenario in &ctx.opts.scenarios {
         let mut baseline = Vec::new();
         if ctx.opts.baselines {
@@ -392,18 +436,78 @@ fn all_runs(ctx: &mut Ctx<'_>, lab: &mut Lab) -> Result<Vec<RunResult>, Error> {
             baseline = alone.batch.iter().map(|b| b.throughput.clone()).collect();
             runs.push(alone);
         }
+        baselines.push(baseline);
+    }
+    let host_model = if ctx.opts.policies.contains(&Policy::MlHost) {
+        Some(explore_and_train(ctx, lab, &baselines, &mut runs)?)
+    } else {
+        None
+    };
+    for (&scenario, baseline) in ctx.opts.scenarios.iter().zip(&baselines) {
         for &policy in &ctx.opts.policies {
+            if policy == Policy::MlHost && ctx.host_model.is_none() {
+                continue;
+            }
             runs.push(one_run(
                 ctx,
                 lab,
                 RunKind::Colocated,
                 Some(scenario),
                 policy,
-                &baseline,
+                baseline,
             )?);
         }
     }
-    Ok(runs)
+    Ok((runs, host_model))
+}
+
+/// The explore phase: one `cohabit run --explore` run around `ml` per batch job, then the
+/// host model trained from their logs (kept in `ctx.host_model` when it trained).
+fn explore_and_train(
+    ctx: &mut Ctx<'_>,
+    lab: &mut Lab,
+    baselines: &[Vec<Throughput>],
+    runs: &mut Vec<RunResult>,
+) -> Result<HostModel, Error> {
+    let mut logs = Vec::new();
+    for (&scenario, baseline) in ctx.opts.scenarios.iter().zip(baselines) {
+        let r = one_run(
+            ctx,
+            lab,
+            RunKind::Explore,
+            Some(scenario),
+            Policy::Ml,
+            baseline,
+        )?;
+        logs.extend(r.cohabit.as_ref().map(|c| c.log.clone()));
+        runs.push(r);
+    }
+    let (Some(train), Some(init)) = (ctx.cohabit_train.clone(), ctx.model.clone()) else {
+        return Err(Error::Host(
+            "cohabit-train and the built-in model for ml-host".into(),
+        ));
+    };
+    progress(
+        ctx,
+        "training the host model (cohabit-train logs, fit --init)",
+    );
+    let dir = ctx.opts.out.join("host-model");
+    let m = host_model::train(&train, &logs, &init, &dir, ctx.opts.train)?;
+    let line = match (&m.model, &m.error) {
+        (Some(p), _) => format!(
+            "  {} rows, trained in {:.1} s: {}",
+            m.rows,
+            m.train_s,
+            p.display()
+        ),
+        (None, e) => format!(
+            "  no host model, the ml-host runs are skipped: {}",
+            e.as_deref().unwrap_or("unknown")
+        ),
+    };
+    progress(ctx, &line);
+    ctx.host_model.clone_from(&m.model);
+    Ok(m)
 }
 
 fn progress(ctx: &mut Ctx<'_>, line: &str) {
@@ -423,7 +527,7 @@ fn start_daemon(
     ctx: &mut Ctx<'_>,
     lab: &mut Lab,
     dir: &Path,
-    policy: Policy,
+    (policy, explore): (Policy, bool),
     running: &[services::Running],
     batch_names: &[String],
 ) -> Result<Option<Daemon>, Error> {
@@ -444,10 +548,10 @@ fn start_daemon(
     let text = policies::cohabit_toml(&CohabitConfig {
         policy: name,
         interval_ms: ctx.opts.interval_ms,
-        model: if policy == Policy::Ml {
-            ctx.model.as_deref()
-        } else {
-            None
+        model: match policy {
+            Policy::Ml => ctx.model.as_deref(),
+            Policy::MlHost => ctx.host_model.as_deref(),
+            _ => None,
         },
         log: &log,
         state_dir: &state_dir,
@@ -458,11 +562,14 @@ fn start_daemon(
     });
     std::fs::write(&config, text).map_err(crate::io_err("writing", &config))?;
     let output = dir.join("cohabit.log");
-    let args = vec![
+    let mut args = vec![
         "run".to_string(),
         "--config".into(),
         config.display().to_string(),
     ];
+    if explore {
+        args.push("--explore".into());
+    }
     // Started through a link named `cohabit`, so it runs under that name whatever the
     // binary is called (`cohabit-realbench cleanup` recognises it by it).
     let link = dir.join("cohabit");
@@ -539,6 +646,7 @@ fn label(kind: RunKind, scenario: Option<Scenario>, policy: Policy) -> String {
     match (kind, scenario) {
         (RunKind::ServicesAlone, _) => "services-alone".into(),
         (RunKind::BatchAlone, Some(s)) => format!("{}-batch-alone", s.name()),
+        (RunKind::Explore, Some(s)) => format!("{}-explore", s.name()),
         (_, Some(s)) => format!("{}-{}", s.name(), policy.name()),
         (_, None) => policy.name().into(),
     }
@@ -570,19 +678,25 @@ fn one_run(
     let batch_names: Vec<String> = scenario
         .map(|s| vec![s.worker_name().to_string()])
         .unwrap_or_default();
-    let daemon = if kind == RunKind::Colocated {
-        start_daemon(ctx, lab, &dir, policy, &running, &batch_names)?
+    let explore = kind == RunKind::Explore;
+    let daemon = if matches!(kind, RunKind::Colocated | RunKind::Explore) {
+        start_daemon(ctx, lab, &dir, (policy, explore), &running, &batch_names)?
     } else {
         None
     };
+    let duration_s = if explore {
+        ctx.opts.explore_s
+    } else {
+        ctx.opts.duration_s
+    };
     let batch = match scenario {
         Some(s) if kind != RunKind::ServicesAlone => {
-            Some(start_batch(ctx, lab, &dir, s, &batch_names)?)
+            Some(start_batch(ctx, lab, &dir, s, &batch_names, duration_s)?)
         }
         _ => None,
     };
     crate::interrupt::sleep(Duration::from_millis(500))?;
-    let services = measure(ctx, lab, &running, daemon.as_ref(), policy)?;
+    let services = measure(ctx, lab, &running, daemon.as_ref(), policy, duration_s)?;
     let cohabit = daemon.map(|d| stop_daemon(lab, d));
     let batch = match &batch {
         Some(b) => relative(
@@ -599,7 +713,7 @@ fn one_run(
     let result = RunResult {
         kind,
         scenario: scenario.map(|s| s.name().to_string()),
-        policy: policy.name().into(),
+        policy: if explore { "explore" } else { policy.name() }.into(),
         dir,
         services,
         batch,
@@ -636,8 +750,9 @@ fn start_batch(
     dir: &Path,
     scenario: Scenario,
     expected: &[String],
+    duration_s: u32,
 ) -> Result<antagonists::Batch, Error> {
-    let seconds = ctx.opts.warmup_s + ctx.opts.duration_s + 1;
+    let seconds = ctx.opts.warmup_s + duration_s + 1;
     let b = antagonists::start(lab, scenario, &ctx.stress_ng, dir, ctx.cpus.len(), seconds)?;
     let names = antagonists::worker_names(lab, &b)?;
     if !names.iter().any(|n| expected.contains(n)) {
@@ -659,8 +774,9 @@ fn measure(
     running: &[services::Running],
     daemon: Option<&Daemon>,
     policy: Policy,
+    duration_s: u32,
 ) -> Result<Vec<ServiceResult>, Error> {
-    let seconds = ctx.opts.warmup_s + ctx.opts.duration_s;
+    let seconds = ctx.opts.warmup_s + duration_s;
     let t0 = Instant::now();
     let mut loads = Vec::new();
     for (i, r) in running.iter().enumerate() {
@@ -799,6 +915,15 @@ mod tests {
         let mut o = Options::quick("/tmp/x".into());
         o.duration_s = 0;
         assert!(o.validate().is_err());
+        let mut o = Options::quick("/tmp/x".into());
+        o.policies.push(Policy::MlHost);
+        assert!(o.validate().is_ok());
+        o.explore_s = 1;
+        assert!(o
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("explore run"));
     }
 
     #[test]
@@ -814,6 +939,10 @@ mod tests {
         assert_eq!(
             label(RunKind::ServicesAlone, None, Policy::None),
             "services-alone"
+        );
+        assert_eq!(
+            label(RunKind::Explore, Some(Scenario::Cpu), Policy::Ml),
+            "cpu-explore"
         );
     }
 }

@@ -5,7 +5,9 @@
 //! stress-ng batch job that presses on one resource ([`antagonists`]), and does so under
 //! each policy ([`policies`]): no control, a cap set by hand, and cohabit's `static`,
 //! `parties` and `ml` run by the real `cohabit run` daemon, whose latency source is its
-//! own probe. The client's latencies, never cohabit's, decide: per one-second window,
+//! own probe; with `ml-host`, an explore phase (`cohabit run --explore`) first collects
+//! decision logs that train a host model ([`host_model`]) run beside the simulator-trained
+//! one. The client's latencies, never cohabit's, decide: per one-second window,
 //! whether the p99 met the target ([`report`]). The batch job's throughput is compared
 //! with the same job alone.
 //!
@@ -18,6 +20,7 @@ pub mod antagonists;
 pub mod bench;
 pub mod cgroups;
 pub mod client;
+pub mod host_model;
 pub mod interrupt;
 pub mod policies;
 pub mod procs;

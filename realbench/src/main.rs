@@ -25,7 +25,8 @@ struct Cli {
     /// Batch jobs, comma-separated: cpu, membw, cache.
     #[arg(long, value_delimiter = ',')]
     scenarios: Option<Vec<Scenario>>,
-    /// Policies, comma-separated: none, cap, static, parties, ml.
+    /// Policies, comma-separated: none, cap, static, parties, ml, ml-host (ml with a model
+    /// trained on this host's own logs from an explore phase first).
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<Policy>>,
     /// A service as KIND[:RPS[:P99_MS]] (repeat; default memcached:2000:1 and nginx:500:2).
@@ -49,9 +50,18 @@ struct Cli {
     /// The cohabit binary (default: beside this one, then PATH).
     #[arg(long)]
     cohabit: Option<PathBuf>,
-    /// The model for ml (default: cohabit's built-in one).
+    /// The model for ml (default: cohabit's built-in one); ml-host starts from it.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Seconds of each explore run (`cohabit run --explore`, per batch job) for ml-host.
+    #[arg(long)]
+    explore_s: Option<u32>,
+    /// The cohabit-train binary, for ml-host (default: beside this one, then PATH).
+    #[arg(long)]
+    cohabit_train: Option<PathBuf>,
+    /// Epochs per ensemble member when training the host model.
+    #[arg(long)]
+    train_epochs: Option<usize>,
     /// Skip the runs of the services alone and of each batch job alone.
     #[arg(long)]
     no_baselines: bool,
@@ -85,6 +95,9 @@ fn options(cli: Cli) -> Options {
     o.probe_timeout_ms = cli.probe_timeout_ms.unwrap_or(o.probe_timeout_ms);
     o.cohabit = cli.cohabit;
     o.model = cli.model;
+    o.explore_s = cli.explore_s.unwrap_or(o.explore_s);
+    o.cohabit_train = cli.cohabit_train;
+    o.train.epochs = cli.train_epochs.unwrap_or(o.train.epochs).max(1);
     o.baselines = !cli.no_baselines;
     o
 }

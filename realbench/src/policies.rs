@@ -21,8 +21,13 @@ pub enum Policy {
     Static,
     /// `cohabit run` with `policy = "parties"`.
     Parties,
-    /// `cohabit run` with `policy = "ml"` and the built-in model.
+    /// `cohabit run` with `policy = "ml"` and the built-in model, trained on the simulator.
     Ml,
+    /// `cohabit run` with `policy = "ml"` and a model trained on this host's own logs: the
+    /// benchmark's explore phase (`cohabit run --explore`) collects them, and
+    /// `cohabit-train logs` + `fit --init` warm-start it from the built-in one.
+    #[serde(rename = "ml-host")]
+    MlHost,
 }
 
 impl std::str::FromStr for Policy {
@@ -34,8 +39,9 @@ impl std::str::FromStr for Policy {
             "static" => Ok(Policy::Static),
             "parties" => Ok(Policy::Parties),
             "ml" => Ok(Policy::Ml),
+            "ml-host" => Ok(Policy::MlHost),
             _ => Err(format!(
-                "unknown policy {s:?}: none, cap, static, parties or ml"
+                "unknown policy {s:?}: none, cap, static, parties, ml or ml-host"
             )),
         }
     }
@@ -50,6 +56,7 @@ impl Policy {
             Policy::Static => "static",
             Policy::Parties => "parties",
             Policy::Ml => "ml",
+            Policy::MlHost => "ml-host",
         }
     }
 
@@ -59,7 +66,7 @@ impl Policy {
             Policy::None | Policy::Cap => None,
             Policy::Static => Some("static"),
             Policy::Parties => Some("parties"),
-            Policy::Ml => Some("ml"),
+            Policy::Ml | Policy::MlHost => Some("ml"),
         }
     }
 }
@@ -235,6 +242,8 @@ mod tests {
         assert!(t.contains("[paths]\nstate_dir = \"/tmp/run/cohabit-state\""));
         assert!(!t.contains("model"));
         assert_eq!("ml".parse::<Policy>().unwrap().cohabit(), Some("ml"));
+        assert_eq!("ml-host".parse::<Policy>().unwrap().cohabit(), Some("ml"));
+        assert_eq!(Policy::MlHost.name(), "ml-host");
         assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
     }
 }

@@ -18,6 +18,9 @@ pub enum RunKind {
     BatchAlone,
     /// Services under load and the batch job together, under a policy.
     Colocated,
+    /// Like `Colocated`, with `cohabit run --explore` around `ml`: the logs that train the
+    /// host model.
+    Explore,
 }
 
 /// A distribution of per-window p99s, in milliseconds.
@@ -209,6 +212,8 @@ pub struct Report {
     pub settings: serde_json::Value,
     /// Every run, in the order run.
     pub runs: Vec<RunResult>,
+    /// The host-trained model of the `ml-host` column, when it was asked for.
+    pub host_model: Option<crate::host_model::HostModel>,
 }
 
 fn f2(x: f64) -> String {
@@ -247,7 +252,7 @@ impl Report {
             let policy = match r.kind {
                 RunKind::ServicesAlone => "services-alone",
                 RunKind::BatchAlone => "batch-alone",
-                RunKind::Colocated => r.policy.as_str(),
+                RunKind::Colocated | RunKind::Explore => r.policy.as_str(),
             };
             let thr = match r.kind {
                 RunKind::BatchAlone => r
@@ -288,6 +293,77 @@ impl Report {
             t,
             "met: 1-second windows whose client-side p99 is within the target; window p99 and all p99 in ms;\nbatch thr: stress-ng bogo-ops/s relative to the batch job alone."
         );
+        t.push_str(&self.side_by_side());
+        t
+    }
+
+    /// `ml` with the simulator-trained model beside `ml-host` with the host-trained one,
+    /// per batch job and service, and how the host model was made.
+    pub fn side_by_side(&self) -> String {
+        let mut t = String::new();
+        let Some(m) = &self.host_model else {
+            return t;
+        };
+        match (&m.model, &m.error) {
+            (Some(p), _) => {
+                let _ = writeln!(
+                    t,
+                    "\nhost model: {} rows from {} explore run(s), trained in {:.1} s ({})",
+                    m.rows,
+                    m.logs.len(),
+                    m.train_s,
+                    p.display()
+                );
+            }
+            (None, e) => {
+                let _ = writeln!(
+                    t,
+                    "\nhost model: none, the ml-host runs were skipped: {}",
+                    e.as_deref().unwrap_or("unknown")
+                );
+                return t;
+            }
+        }
+        let _ = writeln!(
+            t,
+            "{:<8} {:<10} {:>16} {:>16} {:>10} {:>10}",
+            "batch", "service", "ml (sim) met", "ml-host met", "ml thr", "host thr"
+        );
+        let find = |scenario: &str, policy: &str| {
+            self.runs.iter().find(|r| {
+                r.kind == RunKind::Colocated
+                    && r.scenario.as_deref() == Some(scenario)
+                    && r.policy == policy
+            })
+        };
+        let mut scenarios: Vec<&str> = self
+            .runs
+            .iter()
+            .filter_map(|r| r.scenario.as_deref())
+            .collect();
+        scenarios.dedup();
+        for sc in scenarios {
+            let (Some(sim), Some(host)) = (find(sc, "ml"), find(sc, "ml-host")) else {
+                continue;
+            };
+            for s in &sim.services {
+                let Some(h) = host.services.iter().find(|x| x.service == s.service) else {
+                    continue;
+                };
+                let pct =
+                    |u: &Summary| format!("{}/{} {:>3.0}%", u.met, u.windows, u.met_share * 100.0);
+                let thr = |r: &RunResult| r.batch_relative().map_or("-".into(), f2);
+                let _ = writeln!(
+                    t,
+                    "{sc:<8} {:<10} {:>16} {:>16} {:>10} {:>10}",
+                    s.service,
+                    pct(&s.summary),
+                    pct(&h.summary),
+                    thr(sim),
+                    thr(host)
+                );
+            }
+        }
         t
     }
 }

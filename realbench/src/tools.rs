@@ -83,25 +83,50 @@ pub fn require(tools: &[Tool]) -> Result<Vec<PathBuf>, Error> {
 /// The cohabit daemon binary: the one given, else `cohabit` next to this executable (cargo
 /// puts both in the same `target/<profile>`), else in `PATH`.
 pub fn cohabit(given: Option<&Path>) -> Result<PathBuf, Error> {
+    workspace_binary(
+        given,
+        "cohabit",
+        "cargo build --release -p cohabit-controller",
+        "--cohabit",
+    )
+}
+
+/// `cohabit-train` (it trains the host model; it links libtorch, so it is a program of its
+/// own): the one given, else next to this executable, else in `PATH`.
+pub fn cohabit_train(given: Option<&Path>) -> Result<PathBuf, Error> {
+    workspace_binary(
+        given,
+        "cohabit-train",
+        "cargo build --release -p cohabit-training --bin cohabit-train",
+        "--cohabit-train",
+    )
+}
+
+/// A program of this workspace: `given`, else `name` beside this executable, else in `PATH`.
+fn workspace_binary(
+    given: Option<&Path>,
+    name: &str,
+    build: &str,
+    flag: &str,
+) -> Result<PathBuf, Error> {
     if let Some(p) = given {
         return if is_executable(p) {
             Ok(p.to_path_buf())
         } else {
             Err(Error::Host(format!(
-                "the cohabit binary at {} (it is not there or not executable)",
+                "the {name} binary at {} (it is not there or not executable)",
                 p.display()
             )))
         };
     }
     let beside = std::env::current_exe()
         .ok()
-        .and_then(|e| e.parent().map(|d| d.join("cohabit")))
+        .and_then(|e| e.parent().map(|d| d.join(name)))
         .filter(|p| is_executable(p));
-    beside.or_else(|| find("cohabit")).ok_or_else(|| {
-        Error::Host(
-            "the cohabit binary: build it (cargo build --release -p cohabit-controller) or pass --cohabit PATH"
-                .into(),
-        )
+    beside.or_else(|| find(name)).ok_or_else(|| {
+        Error::Host(format!(
+            "the {name} binary: build it ({build}) or pass {flag} PATH"
+        ))
     })
 }
 
@@ -123,5 +148,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("/nonexistent/cohabit"));
+        let e = cohabit_train(Some(Path::new("/nonexistent/cohabit-train")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cohabit-train binary at /nonexistent"), "{e}");
     }
 }

@@ -1,6 +1,7 @@
 //! The benchmark end to end, short: `cohabit-realbench --quick` with the real services,
-//! stress-ng and the real `cohabit run` daemon, then an interrupted run, then a probe that
-//! does not answer. Each checks that the host is left as it was: no process the
+//! stress-ng and the real `cohabit run` daemon, then the host-trained model's path (explore,
+//! train with `cohabit-train`, run `ml-host` with it), then an interrupted run, then a probe
+//! that does not answer. Each checks that the host is left as it was: no process the
 //! benchmark started, no cgroup of its own or of cohabit's.
 //!
 //! Needs root, writable cgroups and the Debian packages memcached, nginx-light and
@@ -99,6 +100,38 @@ fn cohabit_binary() -> PathBuf {
         .expect("cargo runs");
     assert!(status.success(), "building the cohabit daemon");
     profile_dir.join("cohabit")
+}
+
+/// `cohabit-train`, built now like the daemon (it links libtorch: `LIBTORCH` must be set);
+/// `REALBENCH_COHABIT_TRAIN` names another binary. `None` when it cannot be built here.
+fn cohabit_train_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("REALBENCH_COHABIT_TRAIN") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("LIBTORCH")?;
+    let daemon = cohabit_binary();
+    let profile_dir = daemon.parent().expect("target/<profile>");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev".to_string(),
+        Some(p) => p.to_string(),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "cohabit-training",
+            "--bin",
+            "cohabit-train",
+        ])
+        .args(["--profile", &profile])
+        .arg("--target-dir")
+        .arg(profile_dir.parent().expect("target"))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building cohabit-train");
+    Some(profile_dir.join("cohabit-train"))
 }
 
 /// Processes that would show the benchmark left something running.
@@ -252,6 +285,98 @@ fn the_quick_benchmark_measures_every_run_and_leaves_the_host_as_it_was() {
         } else {
             assert!(run["cohabit"].is_null());
         }
+    }
+}
+
+#[test]
+fn a_short_explore_run_trains_a_host_model_that_ml_host_runs_with() {
+    let _host = lock();
+    if let Some(why) = unusable() {
+        println!("skipped: {why}");
+        return;
+    }
+    if !leftovers().is_empty() {
+        println!("skipped: the host is busy");
+        return;
+    }
+    let cohabit = cohabit_binary();
+    let Some(train) = cohabit_train_binary() else {
+        println!("skipped: LIBTORCH is not set, so cohabit-train cannot be built");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // One service, so that a 2-CPU host leaves the walk a core to move.
+    let run = Command::new(BENCH)
+        .args([
+            "--quick",
+            "--no-baselines",
+            "--policies",
+            "ml,ml-host",
+            "--service",
+            "memcached:2000:1",
+            "--duration-s",
+            "4",
+            "--explore-s",
+            "12",
+            "--out",
+        ])
+        .arg(&out)
+        .arg("--cohabit")
+        .arg(&cohabit)
+        .arg("--cohabit-train")
+        .arg(&train)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stderr}\n{stdout}");
+    assert_eq!(leftovers(), Vec::<String>::new(), "left behind");
+    assert!(
+        stdout.contains("ml-host met"),
+        "the side-by-side table: {stdout}"
+    );
+
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let runs = r["runs"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|x| (x["kind"].as_str().unwrap(), x["policy"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("explore", "explore"),
+            ("colocated", "ml"),
+            ("colocated", "ml-host")
+        ]
+    );
+    // The explore run's daemon explored (or said why not) and logged its decisions.
+    let explore = &runs[0]["cohabit"];
+    assert_eq!(explore["restored"], true, "{explore}");
+    let said = std::fs::read_to_string(explore["output"].as_str().unwrap()).unwrap();
+    assert!(
+        said.contains("exploring around the policy's plans"),
+        "{said}"
+    );
+    // The host model was trained from that log, from the built-in one, and loads.
+    let hm = &r["host_model"];
+    assert!(hm["rows"].as_u64().unwrap() > 0, "{hm}");
+    let model_path = hm["model"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no model: {hm}"));
+    let model = cohabit_models::Model::load(Path::new(model_path)).unwrap();
+    assert_eq!(model.meta.metrics["rows"], hm["rows"].as_f64().unwrap());
+    // ml-host ran with it; ml with the built-in one.
+    let host_cfg = std::fs::read_to_string(runs[2]["cohabit"]["config"].as_str().unwrap()).unwrap();
+    assert!(host_cfg.contains(model_path), "{host_cfg}");
+    let sim_cfg = std::fs::read_to_string(runs[1]["cohabit"]["config"].as_str().unwrap()).unwrap();
+    assert!(!sim_cfg.contains("qos-host"), "{sim_cfg}");
+    for run in &runs[1..] {
+        let c = &run["cohabit"];
+        assert_eq!(c["restored"], true, "{c}");
+        assert!(c["decisions"].as_u64().unwrap() >= 3, "{c}");
     }
 }
 

@@ -39,11 +39,16 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Turn decision logs (from `cohabit simulate` or `cohabit run`) into a dataset.
+    /// Turn decision logs (from `cohabit simulate` or `cohabit run`, one host or a fleet)
+    /// into a dataset; prints the rows per host and what each file lost.
     Logs {
-        /// decisions.jsonl files.
-        #[arg(long = "log", required = true)]
-        logs: Vec<PathBuf>,
+        /// Decision logs: files, directories (searched recursively for *.jsonl and rotated
+        /// *.jsonl.N, gzip or zstd compressed too) and glob patterns (quote them).
+        #[arg(value_name = "LOG")]
+        sources: Vec<String>,
+        /// More decision logs (the same as the positional ones).
+        #[arg(long = "log", value_name = "LOG")]
+        logs: Vec<String>,
         /// Platform preset of the host, for version-1 logs only: they do not record their
         /// host (newer logs do in their header, which is used instead).
         #[arg(long)]
@@ -151,24 +156,35 @@ fn main() -> Result<()> {
             );
         }
         Command::Logs {
+            mut sources,
             logs,
             platform: p,
             out,
         } => {
+            sources.extend(logs);
+            anyhow::ensure!(
+                !sources.is_empty(),
+                "name at least one decision log, directory or glob pattern"
+            );
             let fallback = p
                 .map(|p| platform(&p))
                 .transpose()?
                 .map(|p| p.host().capacity);
-            let mut all = Dataset::default();
-            for path in &logs {
-                let rows = cohabit_training::logs::rows_from_file(path, fallback.as_ref())?;
-                all.rows.extend(rows.rows);
-            }
+            let mut fleet = cohabit_training::logs::Fleet::new(fallback);
+            fleet.add_sources(&sources)?;
+            let (all, report) = fleet.finish();
+            print!("{}", report.render());
+            anyhow::ensure!(
+                !all.rows.is_empty(),
+                "no training rows in {} file(s) (see above)",
+                report.files.len()
+            );
             all.write(&out)?;
             println!(
-                "wrote {} rows from {} log(s) to {}",
+                "wrote {} rows from {} host(s) in {} file(s) to {}",
                 all.rows.len(),
-                logs.len(),
+                report.hosts.len(),
+                report.files.len(),
                 out.display()
             );
         }

@@ -259,6 +259,7 @@ fn path_label(p: DecisionPath) -> &'static str {
         DecisionPath::Feedback => "feedback step",
         DecisionPath::Oracle => "oracle",
         DecisionPath::Static => "fixed share",
+        DecisionPath::Explore => "exploration",
     }
 }
 
@@ -352,6 +353,7 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
             (DecisionPath::Feedback, color(4)),
             (DecisionPath::Oracle, color(5)),
             (DecisionPath::Static, color(7)),
+            (DecisionPath::Explore, color(6)),
         ];
         for (kind, c) in shapes {
             let Some(pts) = marks.get(&kind) else {
@@ -575,6 +577,7 @@ mod tests {
                             name: "kv".into(),
                             class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
                             gpu: None,
+                            priority: 0,
                         },
                         sample: Sample {
                             p99_ms: Some(0.1 + 0.8 * f64::from(k % 10) / 9.0),

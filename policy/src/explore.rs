@@ -1,0 +1,592 @@
+//! Safe exploration: a [`Policy`] wrapper that varies the base policy's plan a little, so
+//! that a host's decision logs teach a model what nearby allocations do there
+//! (`cohabit run --explore`).
+//!
+//! Problem: a model learned from a host's own logs only sees the allocations its policy
+//! chose, which sit where that policy settles. Learning what one core or one way more or
+//! less does needs those allocations tried, and trying them must never cost a service its
+//! target.
+//!
+//! Approach: a bounded random walk around the base policy's plan, taken only while every
+//! latency-critical service is measured well under its target, and abandoned for good at
+//! the first violation it may have caused.
+//!
+//! Algorithm, each tick:
+//! 1. The base policy decides as if alone (it sees every observation; its state stays its
+//!    own).
+//! 2. **Stop.** If the plan in force was an explored one and any latency-critical service
+//!    measured a p99 over its target, exploration ends for the rest of the run: the base
+//!    plan is returned from now on, and the reason is logged once.
+//! 3. **Gate.** Unless every latency-critical service has a p99 reading at most
+//!    `(1 - margin) × target`, the walk is reset and the base plan is returned unchanged.
+//! 4. **Step.** Otherwise one random step: a random CPU service, a random resource (cores;
+//!    LLC ways where the host has more than one and the service has a way range of its
+//!    own; MBA steps when enabled), one unit up or down. The walk's offset from the base
+//!    plan stays within `max_*` units per service and resource, and never takes a service
+//!    below `min_cores`, `min_ways` or the host's MBA minimum; cores come from and go to
+//!    the best-effort pool, ways are laid out again with [`crate::layout`]. A step that
+//!    does not fit (no free core, no way to spare) is not taken.
+//! 5. The explored plan is checked against the host; the groups it changed carry a
+//!    [`DecisionPath::Explore`] reason naming the step and the base policy's reason, and
+//!    lose the base policy's prediction (it was for another allocation).
+//!
+//! Properties (tested below): it never explores while a service is inside the margin or
+//! unmeasured; it stops at the first violation under an explored plan and never explores
+//! again; every plan it returns is valid for the host; with the gate closed it returns
+//! exactly the base policy's decision. Randomness comes from a seeded generator, so a run
+//! is reproducible.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cohabit_core::{Allocation, DecisionPath, Observation, Plan, Reason, BEST_EFFORT_GROUP};
+use cohabit_models::Model;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{layout, shares_of, Decision, HostContext, Policy};
+
+/// How far and when exploration may go.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExploreConfig {
+    /// Explore only while every latency-critical service's p99 is at most
+    /// `(1 - margin) × target` (0.3: 30 % under its target).
+    pub margin: f64,
+    /// Most cores the walk moves a service from the base plan, either way.
+    pub max_cores: u32,
+    /// Most LLC ways the walk moves a service from the base plan, either way.
+    pub max_ways: u32,
+    /// Most MBA steps (of the host's granularity) the walk moves a service; 0 leaves MBA
+    /// alone (a host without MBA ignores it, and its rows would teach nothing).
+    pub max_mba_steps: u32,
+    /// Fewest cores the walk leaves a service.
+    pub min_cores: u32,
+    /// Fewest LLC ways the walk leaves a service.
+    pub min_ways: u32,
+    /// Seed of the walk.
+    pub seed: u64,
+}
+
+impl Default for ExploreConfig {
+    fn default() -> Self {
+        Self {
+            margin: 0.3,
+            max_cores: 2,
+            max_ways: 2,
+            max_mba_steps: 0,
+            min_cores: 1,
+            min_ways: 1,
+            seed: 1,
+        }
+    }
+}
+
+impl ExploreConfig {
+    /// Checks the settings; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.margin > 0.0 && self.margin < 1.0) {
+            return Err(format!(
+                "explore.margin must be between 0 and 1 (exclusive), not {}",
+                self.margin
+            ));
+        }
+        if self.min_cores == 0 {
+            return Err("explore.min_cores must be at least 1".into());
+        }
+        if self.min_ways == 0 {
+            return Err("explore.min_ways must be at least 1".into());
+        }
+        if self.max_cores == 0 && self.max_ways == 0 && self.max_mba_steps == 0 {
+            return Err("explore: max_cores, max_ways and max_mba_steps are all 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// A resource the walk moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Knob {
+    Cores,
+    Ways,
+    Mba,
+}
+
+/// The walk's offset of one service from the base plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Offset {
+    cores: i64,
+    ways: i64,
+    mba_steps: i64,
+}
+
+/// The base policy, explored around.
+pub struct Explore {
+    base: Box<dyn Policy>,
+    ctx: HostContext,
+    cfg: ExploreConfig,
+    rng: ChaCha8Rng,
+    offsets: BTreeMap<String, Offset>,
+    /// The last plan returned was an explored one.
+    explored_last: bool,
+    /// Why exploration ended, once it has.
+    stopped: Option<String>,
+    explored_ticks: u64,
+}
+
+impl std::fmt::Debug for Explore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Explore")
+            .field("base", &self.base.name())
+            .field("cfg", &self.cfg)
+            .field("offsets", &self.offsets)
+            .field("stopped", &self.stopped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Explore {
+    /// Explores around `base` on the host in `ctx`. `cfg` must be valid
+    /// ([`ExploreConfig::validate`]).
+    pub fn new(base: Box<dyn Policy>, ctx: HostContext, cfg: ExploreConfig) -> Self {
+        let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        Self {
+            base,
+            ctx,
+            cfg,
+            rng,
+            offsets: BTreeMap::new(),
+            explored_last: false,
+            stopped: None,
+            explored_ticks: 0,
+        }
+    }
+
+    /// Why exploration ended, once it has.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
+    }
+
+    /// Ticks whose plan was an explored one.
+    pub fn explored_ticks(&self) -> u64 {
+        self.explored_ticks
+    }
+
+    /// The first latency-critical service over its target, in words.
+    fn violation(obs: &Observation) -> Option<String> {
+        obs.latency_critical().find_map(|s| {
+            let q = obs.qos_ratio(&s.spec.name)?;
+            (q > 1.0).then(|| format!("{} measured p99 at {q:.2} of its target", s.spec.name))
+        })
+    }
+
+    /// Why the gate is closed, or `None` when every service keeps its margin.
+    fn gate(&self, obs: &Observation) -> Option<String> {
+        let limit = 1.0 - self.cfg.margin;
+        for s in obs.latency_critical() {
+            match obs.qos_ratio(&s.spec.name) {
+                None => return Some(format!("{} has no p99 reading", s.spec.name)),
+                Some(q) if q > limit => {
+                    return Some(format!(
+                        "{} at {q:.2} of its target, inside the margin (over {limit:.2})",
+                        s.spec.name
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        None
+    }
+
+    /// The CPU latency-critical services the walk may move.
+    fn candidates(&self) -> Vec<String> {
+        self.ctx
+            .latency_critical()
+            .filter(|s| s.gpu.is_none())
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// The knobs that can move `name` on this host.
+    fn knobs(&self, name: &str) -> Vec<Knob> {
+        let mut k = Vec::new();
+        if self.cfg.max_cores > 0 {
+            k.push(Knob::Cores);
+        }
+        let own_ways = !self.ctx.shares_pool_group(name);
+        if self.cfg.max_ways > 0 && self.ctx.host.llc_ways > 1 && own_ways {
+            k.push(Knob::Ways);
+        }
+        if self.cfg.max_mba_steps > 0 && self.ctx.host.mba_gran_pct > 0 && own_ways {
+            k.push(Knob::Mba);
+        }
+        k
+    }
+
+    /// `base` moved by every offset, or `None` when the offsets do not fit the host.
+    fn walked(&self, base: &Plan) -> Option<Plan> {
+        let mut plan = base.clone();
+        let ways_moved = self.offsets.values().any(|o| o.ways != 0);
+        if ways_moved {
+            // Ways are laid out again; only a base plan in the canonical layout can be.
+            let mut shares = shares_of(base);
+            for (name, o) in &self.offsets {
+                let s = shares.get_mut(name)?;
+                s.ways = u32::try_from(i64::from(s.ways) + o.ways).ok()?;
+                if s.ways < self.cfg.min_ways {
+                    return None;
+                }
+            }
+            let canonical = layout(&self.ctx, &shares_of(base), base.best_effort.mba_pct);
+            if canonical != *base {
+                return None;
+            }
+            let lc_ways: u32 = self
+                .ctx
+                .latency_critical()
+                .enumerate()
+                .filter(|(i, _)| *i < self.ctx.isolated_services())
+                .filter_map(|(_, s)| shares.get(&s.name).map(|x| x.ways))
+                .sum();
+            let pool_ways = u32::from(self.ctx.has_cpu_best_effort());
+            if lc_ways + pool_ways > self.ctx.host.llc_ways {
+                return None;
+            }
+            plan = layout(&self.ctx, &shares, base.best_effort.mba_pct);
+        }
+        for (name, o) in &self.offsets {
+            let a = plan.services.get_mut(name)?;
+            let cores = i64::from(a.cores) + o.cores;
+            let be = i64::from(plan.best_effort.cores) - o.cores;
+            if cores < i64::from(self.cfg.min_cores) || be < 0 {
+                return None;
+            }
+            a.cores = u32::try_from(cores).ok()?;
+            plan.best_effort.cores = u32::try_from(be).ok()?;
+            if o.mba_steps != 0 {
+                let step = i64::from(self.ctx.host.mba_gran_pct);
+                let mba = i64::from(a.mba_pct) + o.mba_steps * step;
+                let lo = i64::from(self.ctx.host.mba_min_pct.max(10));
+                if !(lo..=100).contains(&mba) {
+                    return None;
+                }
+                a.mba_pct = u8::try_from(mba).ok()?;
+            }
+        }
+        plan.validate(&self.ctx.host, &self.ctx.specs).ok()?;
+        Some(plan)
+    }
+
+    /// One random step of the walk that fits: returns what it did, in words.
+    fn step(&mut self, base: &Plan) -> Option<String> {
+        let names = self.candidates();
+        for _ in 0..8 {
+            let name = names
+                .get(self.rng.gen_range(0..names.len().max(1)))?
+                .clone();
+            let knobs = self.knobs(&name);
+            let Some(&knob) = knobs.get(self.rng.gen_range(0..knobs.len().max(1))) else {
+                continue;
+            };
+            let dir: i64 = if self.rng.gen_bool(0.5) { 1 } else { -1 };
+            let before = self.offsets.get(&name).copied().unwrap_or_default();
+            let mut after = before;
+            let (field, bound, what) = match knob {
+                Knob::Cores => (&mut after.cores, self.cfg.max_cores, "cores"),
+                Knob::Ways => (&mut after.ways, self.cfg.max_ways, "LLC ways"),
+                Knob::Mba => (&mut after.mba_steps, self.cfg.max_mba_steps, "MBA steps"),
+            };
+            let moved = *field + dir;
+            if moved.abs() > i64::from(bound) {
+                continue;
+            }
+            *field = moved;
+            let offset_now = *field;
+            self.offsets.insert(name.clone(), after);
+            if self.walked(base).is_some() {
+                return Some(format!(
+                    "{name}: {what} {} one (walk offset {offset_now:+})",
+                    if dir > 0 { "up" } else { "down" }
+                ));
+            }
+            self.offsets.insert(name, before);
+        }
+        None
+    }
+
+    /// The base decision with the walk applied and the changed groups marked.
+    fn explored(&self, base: &Decision, plan: Plan, step: &str) -> Decision {
+        let mut reasons = base.reasons.clone();
+        let mut predictions = base.predictions.clone();
+        for (group, a) in plan.groups() {
+            let base_alloc: Option<&Allocation> = base.plan.get(group);
+            if base_alloc == Some(a) {
+                continue;
+            }
+            let was = reasons
+                .get(group)
+                .map_or_else(|| "none".to_string(), ToString::to_string);
+            let text = if group == BEST_EFFORT_GROUP {
+                format!("{step}; the pool gives or takes it (base {was})")
+            } else {
+                format!("{step}; base {was}")
+            };
+            reasons.insert(group.to_string(), Reason::new(DecisionPath::Explore, text));
+            predictions.remove(group);
+        }
+        Decision {
+            plan,
+            reasons,
+            predictions,
+        }
+    }
+}
+
+impl Policy for Explore {
+    fn name(&self) -> &'static str {
+        self.base.name()
+    }
+
+    fn initial(&mut self) -> Decision {
+        self.base.initial()
+    }
+
+    fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+        let base = self.base.decide(obs, now_ms);
+        if self.stopped.is_some() {
+            return base;
+        }
+        if self.explored_last {
+            if let Some(why) = Self::violation(obs) {
+                tracing::warn!(
+                    explored_ticks = self.explored_ticks,
+                    "exploration stopped for good: {why} under an explored plan; back to the base policy's plans"
+                );
+                self.stopped = Some(why);
+                self.offsets.clear();
+                self.explored_last = false;
+                return base;
+            }
+        }
+        if let Some(why) = self.gate(obs) {
+            tracing::debug!("not exploring: {why}");
+            self.offsets.clear();
+            self.explored_last = false;
+            return base;
+        }
+        let Some(step) = self.step(&base.plan) else {
+            self.explored_last = false;
+            return base;
+        };
+        let Some(plan) = self.walked(&base.plan) else {
+            self.offsets.clear();
+            self.explored_last = false;
+            return base;
+        };
+        self.explored_last = plan != base.plan;
+        if !self.explored_last {
+            return base;
+        }
+        self.explored_ticks += 1;
+        self.explored(&base, plan, &step)
+    }
+
+    fn replace_model(&mut self, model: Arc<Model>) -> bool {
+        self.base.replace_model(model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_core::{Sample, ServiceObservation};
+
+    use super::*;
+    use crate::StaticPolicy;
+
+    /// Two latency-critical services (target 1 ms) and a CPU batch job on 16 cores and 12
+    /// ways, around the static policy's plan.
+    fn explorer(cfg: ExploreConfig) -> (Explore, HostContext) {
+        let mut ctx = crate::tests::ctx(2, true, false, 0);
+        ctx.host.cores = 16;
+        ctx.host.llc_ways = 12;
+        let base = Box::new(StaticPolicy::new(ctx.clone()));
+        (Explore::new(base, ctx.clone(), cfg), ctx)
+    }
+
+    /// An observation with these p99s (ms; target 1 ms) under `current`.
+    fn obs(ctx: &HostContext, p99: &[Option<f64>], current: &Plan, t_ms: u64) -> Observation {
+        Observation {
+            t_ms,
+            services: ctx
+                .specs
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| ServiceObservation {
+                    spec: spec.clone(),
+                    sample: Sample {
+                        p99_ms: p99.get(i).copied().flatten(),
+                        ..Sample::default()
+                    },
+                    gpu_mps_effective_pct: None,
+                })
+                .collect(),
+            current: current.clone(),
+        }
+    }
+
+    #[test]
+    fn the_config_is_checked() {
+        assert!(ExploreConfig::default().validate().is_ok());
+        for bad in [0.0, 1.0, -0.1, f64::NAN] {
+            let cfg = ExploreConfig {
+                margin: bad,
+                ..ExploreConfig::default()
+            };
+            assert!(cfg.validate().unwrap_err().contains("margin"), "{bad}");
+        }
+        let cfg = ExploreConfig {
+            min_cores: 0,
+            ..ExploreConfig::default()
+        };
+        assert!(cfg.validate().unwrap_err().contains("min_cores"));
+    }
+
+    #[test]
+    fn it_never_explores_while_a_service_is_inside_the_margin_or_unmeasured() {
+        let (mut e, ctx) = explorer(ExploreConfig::default());
+        let mut base = StaticPolicy::new(ctx.clone());
+        let plan = e.initial().plan;
+        // 0.75 of target is inside a 0.3 margin; a missing reading closes the gate too.
+        let cases: [&[Option<f64>]; 4] = [
+            &[Some(0.75), Some(0.2)],
+            &[Some(0.2), Some(0.71)],
+            &[Some(0.2), None],
+            &[Some(1.5), Some(0.2)],
+        ];
+        for (k, p99) in cases.iter().cycle().take(40).enumerate() {
+            let o = obs(&ctx, p99, &plan, k as u64 * 1000);
+            let d = e.decide(&o, o.t_ms);
+            assert_eq!(d, base.decide(&o, o.t_ms), "tick {k}: {p99:?}");
+            assert!(d.reasons.values().all(|r| r.path != DecisionPath::Explore));
+        }
+        assert_eq!(e.explored_ticks(), 0);
+        assert_eq!(
+            e.stopped(),
+            None,
+            "violations under the base plan do not stop it"
+        );
+    }
+
+    #[test]
+    fn it_explores_within_bounds_with_valid_plans_while_every_service_keeps_its_margin() {
+        let (mut e, ctx) = explorer(ExploreConfig::default());
+        let base_plan = e.initial().plan;
+        let mut current = base_plan.clone();
+        let mut moved = std::collections::BTreeSet::new();
+        for k in 0..300u64 {
+            let o = obs(&ctx, &[Some(0.5), Some(0.6)], &current, k * 1000);
+            let d = e.decide(&o, o.t_ms);
+            d.plan.validate(&ctx.host, &ctx.specs).unwrap();
+            for name in ["lc0", "lc1"] {
+                let (a, b) = (&d.plan.services[name], &base_plan.services[name]);
+                assert!(a.cores.abs_diff(b.cores) <= 2, "tick {k}: {a:?} vs {b:?}");
+                assert!(a.llc_ways.count.abs_diff(b.llc_ways.count) <= 2, "tick {k}");
+                assert!(a.cores >= 1 && a.llc_ways.count >= 1);
+                assert_eq!(a.mba_pct, b.mba_pct, "MBA is left alone by default");
+                if a != b {
+                    moved.insert((name, a.cores != b.cores, a.llc_ways != b.llc_ways));
+                    assert_eq!(d.reasons[name].path, DecisionPath::Explore, "tick {k}");
+                    assert!(
+                        d.reasons[name].text.contains("base static"),
+                        "{}",
+                        d.reasons[name]
+                    );
+                }
+            }
+            current = d.plan;
+        }
+        assert!(e.explored_ticks() > 250, "{}", e.explored_ticks());
+        assert_eq!(e.stopped(), None);
+        // Both services, cores and ways both, were tried.
+        for name in ["lc0", "lc1"] {
+            assert!(
+                moved.iter().any(|m| m.0 == name && m.1),
+                "{name} cores: {moved:?}"
+            );
+            assert!(
+                moved.iter().any(|m| m.0 == name && m.2),
+                "{name} ways: {moved:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn it_stops_for_good_at_the_first_violation_under_an_explored_plan() {
+        let (mut e, ctx) = explorer(ExploreConfig::default());
+        let mut base = StaticPolicy::new(ctx.clone());
+        let base_plan = e.initial().plan;
+        let o = obs(&ctx, &[Some(0.3), Some(0.3)], &base_plan, 0);
+        let explored = e.decide(&o, 0);
+        assert_ne!(explored.plan, base_plan, "it explored");
+        // The interval under the explored plan violated lc1's target.
+        let o = obs(&ctx, &[Some(0.3), Some(1.2)], &explored.plan, 1000);
+        let d = e.decide(&o, 1000);
+        assert_eq!(d, base.decide(&o, 1000), "back to the base plan");
+        assert!(e.stopped().unwrap().contains("lc1"), "{:?}", e.stopped());
+        // Never again, however comfortable the services are.
+        for k in 2..50u64 {
+            let o = obs(&ctx, &[Some(0.1), Some(0.1)], &d.plan, k * 1000);
+            assert_eq!(e.decide(&o, k * 1000).plan, base_plan);
+        }
+        assert_eq!(e.explored_ticks(), 1);
+    }
+
+    #[test]
+    fn it_keeps_the_floor_and_mba_moves_only_when_asked() {
+        let cfg = ExploreConfig {
+            max_cores: 8,
+            max_ways: 0,
+            max_mba_steps: 3,
+            min_cores: 3,
+            seed: 7,
+            ..ExploreConfig::default()
+        };
+        let (mut e, ctx) = explorer(cfg);
+        let base_plan = e.initial().plan;
+        let mut current = base_plan.clone();
+        let mut mba_moved = false;
+        for k in 0..300u64 {
+            let o = obs(&ctx, &[Some(0.2), Some(0.2)], &current, k * 1000);
+            let d = e.decide(&o, o.t_ms);
+            d.plan.validate(&ctx.host, &ctx.specs).unwrap();
+            for name in ["lc0", "lc1"] {
+                let a = &d.plan.services[name];
+                assert!(a.cores >= 3, "tick {k}: {a:?}");
+                assert_eq!(a.llc_ways, base_plan.services[name].llc_ways);
+                mba_moved |= a.mba_pct != base_plan.services[name].mba_pct;
+                assert!(a.mba_pct >= ctx.host.mba_min_pct);
+            }
+            current = d.plan;
+        }
+        assert!(mba_moved);
+    }
+
+    #[test]
+    fn the_same_seed_walks_the_same_way() {
+        let run = |seed| {
+            let (mut e, ctx) = explorer(ExploreConfig {
+                seed,
+                ..ExploreConfig::default()
+            });
+            let mut current = e.initial().plan;
+            let mut plans = Vec::new();
+            for k in 0..20u64 {
+                let o = obs(&ctx, &[Some(0.2), Some(0.2)], &current, k * 1000);
+                current = e.decide(&o, o.t_ms).plan;
+                plans.push(current.clone());
+            }
+            plans
+        };
+        assert_eq!(run(3), run(3));
+        assert_ne!(run(3), run(4));
+    }
+}

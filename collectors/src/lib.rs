@@ -7,6 +7,8 @@
 //! - [`perf`]: hardware counters per cgroup;
 //! - [`procfs`]: processes and their statistics, the clock tick rate;
 //! - [`sysfs`]: online CPUs, their top frequency, the LLC size;
+//! - [`kubepods`]: Kubernetes pods' and containers' cgroups (kubelet drivers, runtimes) and
+//!   the kubelet's CPU manager checkpoint;
 //! - [`mountinfo`]: the one mountinfo parser (cgroup and resctrl mounts);
 //! - [`latency`]: per-service latency from a Prometheus histogram or a push socket;
 //! - [`probe`]: per-service latency measured by cohabit itself (memcached, redis, HTTP);
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub mod cgroup;
 pub mod kfs;
+pub mod kubepods;
 pub mod latency;
 pub mod mountinfo;
 pub mod mps;

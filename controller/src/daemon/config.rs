@@ -12,6 +12,10 @@
 //! metrics_addr = "127.0.0.1:9464"    # Prometheus metrics; "" disables
 //! metrics_public = false             # must be true for a non-loopback metrics_addr
 //! fail_safe_after_ticks = 20         # consecutive failed ticks before the fair share is applied
+//! model_check_every_ticks = 10       # ml: reload the model when its file changes (0: never)
+//! explore = { margin = 0.3 }         # safe exploration around the policy's plans (or --explore);
+//!                                    # also max_cores, max_ways, max_mba_steps, min_cores,
+//!                                    # min_ways, seed (docs: cohabit_policy::ExploreConfig)
 //!
 //! [paths]
 //! state_dir = "/run/cohabit"         # lock and record of changes (root-owned, 0700)
@@ -42,6 +46,15 @@
 //! [[best_effort]]
 //! name = "batch"
 //! match = { systemd_unit = "batch.service" }
+//!
+//! [kubernetes]                       # services also come from this node's annotated pods
+//! node_name = "worker-1"             # default: the environment variable NODE_NAME
+//! cgroup_driver = "auto"             # or cgroupfs | systemd (the kubelet's cgroupDriver)
+//! kubelet_dir = "/var/lib/kubelet"   # its cpu_manager_state is read
+//! cgroup_root = "/"                  # the kubelet's --cgroup-root
+//! socket_dir = "/run/cohabit/pods"   # a pod's unix latency socket must lie here
+//! # api_url = "https://10.0.0.1:6443" # out of the cluster (in it: the service account),
+//! # token_file = "/etc/cohabit/token", ca_file = "/etc/cohabit/ca.pem"
 //! ```
 
 use std::collections::BTreeSet;
@@ -54,7 +67,7 @@ use cohabit_collectors::users::{GroupRef, UserRef};
 use cohabit_collectors::HostPaths;
 use serde::Deserialize;
 
-use cohabit_policy::PolicyKind;
+use cohabit_policy::{ExploreConfig, PolicyKind};
 
 /// A configuration that failed to load; the message names the file and field.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +100,9 @@ struct File {
     metrics_public: bool,
     #[serde(default = "default_fail_safe")]
     fail_safe_after_ticks: i64,
+    #[serde(default = "default_model_check")]
+    model_check_every_ticks: i64,
+    explore: Option<ExploreFile>,
     #[serde(default)]
     host: HostFile,
     #[serde(default)]
@@ -97,6 +113,7 @@ struct File {
     service: Vec<ServiceFile>,
     #[serde(default)]
     best_effort: Vec<BestEffortFile>,
+    kubernetes: Option<KubernetesFile>,
 }
 
 fn default_interval() -> i64 {
@@ -119,6 +136,39 @@ fn default_log_keep() -> i64 {
 }
 fn default_metrics() -> String {
     "127.0.0.1:9464".into()
+}
+fn default_model_check() -> i64 {
+    10
+}
+
+/// `explore = { … }`: every field optional, defaults from [`ExploreConfig::default`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExploreFile {
+    margin: Option<f64>,
+    max_cores: Option<u32>,
+    max_ways: Option<u32>,
+    max_mba_steps: Option<u32>,
+    min_cores: Option<u32>,
+    min_ways: Option<u32>,
+    seed: Option<u64>,
+}
+
+impl ExploreFile {
+    fn config(&self) -> Result<ExploreConfig, String> {
+        let d = ExploreConfig::default();
+        let cfg = ExploreConfig {
+            margin: self.margin.unwrap_or(d.margin),
+            max_cores: self.max_cores.unwrap_or(d.max_cores),
+            max_ways: self.max_ways.unwrap_or(d.max_ways),
+            max_mba_steps: self.max_mba_steps.unwrap_or(d.max_mba_steps),
+            min_cores: self.min_cores.unwrap_or(d.min_cores),
+            min_ways: self.min_ways.unwrap_or(d.min_ways),
+            seed: self.seed.unwrap_or(d.seed),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -151,6 +201,8 @@ struct ServiceFile {
     placement: Placement,
     latency: LatencyFile,
     gpu: Option<GpuFile>,
+    #[serde(default)]
+    priority: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,6 +216,8 @@ struct GpuFile {
     min_restart_interval_ms: i64,
     #[serde(default = "default_hook_timeout")]
     hook_timeout_ms: i64,
+    #[serde(default)]
+    mps_server: Option<String>,
 }
 
 fn default_hook_timeout() -> i64 {
@@ -212,7 +266,7 @@ enum IdFile {
     Name(String),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LatencyFile {
     push: Option<String>,
@@ -250,6 +304,14 @@ pub enum Matcher {
     SystemdUnit(String),
     /// The pid written in this file.
     PidFile(PathBuf),
+    /// The processes of a Kubernetes pod's containers (services made from pods, never
+    /// written in a file; see `daemon::kube`).
+    Pod {
+        /// The pod's UID.
+        uid: String,
+        /// Its containers' cgroup paths (`/kubepods/burstable/pod<uid>/<id>`).
+        cgroups: Vec<String>,
+    },
 }
 
 /// Where a service's latency comes from.
@@ -346,6 +408,9 @@ pub struct GpuConfig {
     pub min_restart_interval_ms: u64,
     /// Longest the restart command may run before its process group is killed.
     pub hook_timeout_ms: u64,
+    /// The MPS v3 named server that serves only this client: where the host offers
+    /// dynamic adjustment, its share changes there without a restart.
+    pub mps_server: Option<String>,
 }
 
 /// The MPS control daemon.
@@ -376,6 +441,8 @@ pub struct ServiceConfig {
     pub latency: Option<LatencySource>,
     /// GPU share handling, for GPU services.
     pub gpu: Option<GpuConfig>,
+    /// Overload priority (higher wins; 0 unless a pod's `cohabit.io/priority` says).
+    pub priority: i32,
 }
 
 /// A validated daemon configuration.
@@ -414,8 +481,14 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Consecutive failed ticks after which the policy's fair-share initial plan is applied.
     pub fail_safe_after_ticks: u32,
+    /// Every how many ticks `ml`'s model file is checked for a new version (0: never).
+    pub model_check_every_ticks: u32,
+    /// Safe exploration around the policy's plans (`explore = { … }` or `--explore`).
+    pub explore: Option<ExploreConfig>,
     /// Latency-critical services, then best-effort jobs.
     pub services: Vec<ServiceConfig>,
+    /// `[kubernetes]`: more services come from this node's pods.
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 impl DaemonConfig {
@@ -430,6 +503,15 @@ impl DaemonConfig {
 
     /// Parses and validates configuration text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Self::parse_with_env(text, origin, &|k| std::env::var(k).ok())
+    }
+
+    /// [`Self::parse`] with the environment read through `env` (`NODE_NAME`).
+    pub fn parse_with_env(
+        text: &str,
+        origin: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let err = |message: String| ConfigError {
             path: origin.to_string(),
             message,
@@ -547,12 +629,27 @@ impl DaemonConfig {
                 placement: s.placement,
                 latency: Some(latency(&s.latency).map_err(|m| err(format!("{who}: {m}")))?),
                 p99_target_ms: Some(s.p99_target_ms),
+                priority: i32::try_from(s.priority)
+                    .ok()
+                    .filter(|p| (-1000..=1000).contains(p))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{who}: priority must be a whole number from -1000 to 1000, got {}",
+                            s.priority
+                        ))
+                    })?,
                 name: s.name,
             });
         }
-        if services.is_empty() {
+        let kubernetes = f
+            .kubernetes
+            .as_ref()
+            .map(|k| kubernetes(k, env))
+            .transpose()
+            .map_err(err)?;
+        if services.is_empty() && kubernetes.is_none() {
             return Err(err(
-                "needs at least one [[service]] (latency-critical)".into()
+                "needs at least one [[service]] (latency-critical), or a [kubernetes] section to take services from pods".into()
             ));
         }
         for b in f.best_effort {
@@ -568,6 +665,7 @@ impl DaemonConfig {
                 placement: b.placement,
                 latency: None,
                 p99_target_ms: None,
+                priority: 0,
                 name: b.name,
             });
         }
@@ -596,6 +694,18 @@ impl DaemonConfig {
             }
         }
         check_shared(&services, f.interval_ms.unsigned_abs()).map_err(err)?;
+        let model_check_every_ticks = u32::try_from(f.model_check_every_ticks).map_err(|_| {
+            err(format!(
+                "model_check_every_ticks must be a whole number >= 0, got {}",
+                f.model_check_every_ticks
+            ))
+        })?;
+        let explore = f
+            .explore
+            .as_ref()
+            .map(ExploreFile::config)
+            .transpose()
+            .map_err(err)?;
         Ok(Self {
             interval_ms: f.interval_ms.unsigned_abs(),
             policy,
@@ -623,11 +733,19 @@ impl DaemonConfig {
                 pipe_dir: f.mps.pipe_dir,
                 pinned_mem_limit: f.mps.pinned_mem_limit,
             },
-            host_name: f.host.name.unwrap_or_else(|| "this host".into()),
+            // A node agent's logs are told apart by node when fleets retrain from them.
+            host_name: f.host.name.unwrap_or_else(|| {
+                kubernetes
+                    .as_ref()
+                    .map_or_else(|| "this host".into(), |k| k.node_name.clone())
+            }),
             paths,
             state_dir,
             fail_safe_after_ticks: u32::try_from(f.fail_safe_after_ticks).unwrap_or(u32::MAX),
+            model_check_every_ticks,
+            explore,
             services,
+            kubernetes,
         })
     }
 }
@@ -712,6 +830,9 @@ fn check_matcher(m: &Matcher) -> Result<(), String> {
             "match.process_name {n:?} is {} bytes; the kernel keeps at most {COMM_MAX} bytes of a process name, so it would never match (use the first {COMM_MAX})",
             n.len()
         )),
+        Matcher::Pod { cgroups, .. } => cgroups
+            .iter()
+            .try_for_each(|c| check_matcher(&Matcher::Cgroup(c.clone()))),
         Matcher::Cgroup(c) => {
             let parts: Vec<&str> = c.split('/').filter(|p| !p.is_empty()).collect();
             if !c.starts_with('/') || parts.is_empty() {
@@ -834,6 +955,7 @@ fn check_shared(services: &[ServiceConfig], interval_ms: u64) -> Result<(), Stri
             Matcher::Cgroup(c) => format!("match.cgroup {c:?}"),
             Matcher::SystemdUnit(u) => format!("match.systemd_unit {u:?}"),
             Matcher::PidFile(p) => format!("match.pid_file {:?}", p.display().to_string()),
+            Matcher::Pod { uid, .. } => format!("pod {uid}"),
         }];
         match &s.latency {
             Some(LatencySource::Push {
@@ -888,12 +1010,23 @@ fn gpu(g: &GpuFile) -> Result<GpuConfig, String> {
             g.hook_timeout_ms
         ));
     }
+    if let Some(name) = g.mps_server.as_deref().filter(|n| {
+        n.is_empty()
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    }) {
+        return Err(format!(
+            "gpu.mps_server {name:?} must be a name of letters, digits, -, _ and ."
+        ));
+    }
     Ok(GpuConfig {
         index,
         env_file: g.env_file.clone(),
         restart: g.restart.clone(),
         min_restart_interval_ms: g.min_restart_interval_ms.unsigned_abs(),
         hook_timeout_ms: g.hook_timeout_ms.unsigned_abs(),
+        mps_server: g.mps_server.clone(),
     })
 }
 
@@ -1000,6 +1133,260 @@ fn probe(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
     })
 }
 
+// ---- [kubernetes] ----------------------------------------------------------------------
+
+/// `[kubernetes]` as written (its presence turns pod discovery on).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KubernetesFile {
+    node_name: Option<String>,
+    #[serde(default = "default_driver")]
+    cgroup_driver: String,
+    cgroup_root: Option<String>,
+    kubelet_dir: Option<PathBuf>,
+    api_url: Option<String>,
+    token_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    socket_dir: Option<PathBuf>,
+}
+
+fn default_driver() -> String {
+    "auto".into()
+}
+
+/// The kubelet's directory when `kubelet_dir` is not given.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+/// Where pods' Unix push sockets may be, when `socket_dir` is not given.
+pub const DEFAULT_POD_SOCKET_DIR: &str = "/run/cohabit/pods";
+
+/// How the daemon reaches the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeApi {
+    /// The pod's service account (the DaemonSet).
+    InCluster,
+    /// An explicit server (`api_url`), for out-of-cluster use and tests.
+    Url {
+        /// `https://host:port` or `http://host:port`.
+        url: String,
+        /// A file holding the bearer token.
+        token_file: Option<PathBuf>,
+        /// The CA bundle (PEM) to trust.
+        ca_file: Option<PathBuf>,
+    },
+}
+
+/// `[kubernetes]`, validated: services also come from the pods of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// This node's name (`node_name`, else the environment variable `NODE_NAME`).
+    pub node_name: String,
+    /// The kubelet's cgroup driver; `None`: detected from which kubepods tree exists.
+    pub cgroup_driver: Option<cohabit_collectors::kubepods::Driver>,
+    /// The kubelet's `--cgroup-root` (`/` by default).
+    pub cgroup_root: String,
+    /// The kubelet's directory (`cpu_manager_state` is read there).
+    pub kubelet_dir: PathBuf,
+    /// The API server.
+    pub api: KubeApi,
+    /// The only directory under which a pod's `cohabit.io/latency` may name a Unix socket.
+    pub socket_dir: PathBuf,
+}
+
+/// Validates `[kubernetes]`; `env` reads the environment (`NODE_NAME`).
+fn kubernetes(
+    k: &KubernetesFile,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<KubernetesConfig, String> {
+    let node_name = match (&k.node_name, env("NODE_NAME")) {
+        (Some(n), _) => n.clone(),
+        (None, Some(n)) if !n.is_empty() => n,
+        _ => {
+            return Err("kubernetes.node_name is not set and neither is the environment variable NODE_NAME (the DaemonSet sets it from spec.nodeName)".into())
+        }
+    };
+    let dns = !node_name.is_empty()
+        && node_name.len() <= 253
+        && node_name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if !dns {
+        return Err(format!(
+            "kubernetes.node_name {node_name:?} is not a node name (lowercase letters, digits, - and ., at most 253)"
+        ));
+    }
+    use cohabit_collectors::kubepods::Driver;
+    let cgroup_driver = match k.cgroup_driver.as_str() {
+        "auto" => None,
+        "cgroupfs" => Some(Driver::Cgroupfs),
+        "systemd" => Some(Driver::Systemd),
+        other => {
+            return Err(format!(
+                "kubernetes.cgroup_driver {other:?} must be auto, cgroupfs or systemd"
+            ))
+        }
+    };
+    let cgroup_root = k.cgroup_root.clone().unwrap_or_else(|| "/".into());
+    if !cgroup_root.starts_with('/') || cgroup_root.split('/').any(|p| p == "." || p == "..") {
+        return Err(format!(
+            "kubernetes.cgroup_root {cgroup_root:?} must be an absolute cgroup path without . or .. (the kubelet's --cgroup-root)"
+        ));
+    }
+    let absolute = |key: &str, p: &Path| {
+        if p.is_absolute() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!(
+                "kubernetes.{key} {} must be an absolute path",
+                p.display()
+            ))
+        }
+    };
+    let kubelet_dir = absolute(
+        "kubelet_dir",
+        k.kubelet_dir
+            .as_deref()
+            .unwrap_or(Path::new(DEFAULT_KUBELET_DIR)),
+    )?;
+    let socket_dir = absolute(
+        "socket_dir",
+        k.socket_dir
+            .as_deref()
+            .unwrap_or(Path::new(DEFAULT_POD_SOCKET_DIR)),
+    )?;
+    let api = match &k.api_url {
+        None if k.token_file.is_some() || k.ca_file.is_some() => {
+            return Err("kubernetes.token_file and ca_file go with api_url (in the cluster the service account's are used)".into())
+        }
+        None => KubeApi::InCluster,
+        Some(url) => {
+            let ok = ["https://", "http://"].iter().any(|scheme| {
+                url.strip_prefix(scheme)
+                    .is_some_and(|r| !r.is_empty() && !r.contains(char::is_whitespace))
+            });
+            if !ok {
+                return Err(format!(
+                    "kubernetes.api_url {url:?} must be an https:// (or http://) URL"
+                ));
+            }
+            KubeApi::Url {
+                url: url.clone(),
+                token_file: k
+                    .token_file
+                    .as_deref()
+                    .map(|p| absolute("token_file", p))
+                    .transpose()?,
+                ca_file: k
+                    .ca_file
+                    .as_deref()
+                    .map(|p| absolute("ca_file", p))
+                    .transpose()?,
+            }
+        }
+    };
+    Ok(KubernetesConfig {
+        node_name,
+        cgroup_driver,
+        cgroup_root,
+        kubelet_dir,
+        api,
+        socket_dir,
+    })
+}
+
+/// A pod's `cohabit.io/latency` annotation as a latency source: a probe URL
+/// (`memcached://`, `redis://`, `http://`, with the default rate and time-out), or an inline
+/// table with the keys of a `[[service]]`'s `latency`, checked the same way, e.g.
+/// `{ prometheus = "http://10.0.0.5:9150/metrics", metric = "request_duration_seconds" }`.
+/// A Unix socket must lie in `socket_dir` (the annotation comes from whoever may create
+/// pods, and cohabit binds the socket as root).
+pub fn pod_latency(
+    text: &str,
+    socket_dir: &Path,
+    pod_ips: &[std::net::IpAddr],
+) -> Result<LatencySource, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Wrapper {
+        latency: LatencyFile,
+    }
+    let t = text.trim();
+    let file = if t.starts_with('{') {
+        toml::from_str::<Wrapper>(&format!("latency = {t}"))
+            .map_err(|e| format!("not a latency table: {}", e.message()))?
+            .latency
+    } else {
+        LatencyFile {
+            probe: Some(t.to_string()),
+            ..LatencyFile::default()
+        }
+    };
+    let source = latency(&file)?;
+    if let LatencySource::Push {
+        addr: PushAddr::Unix(p),
+        ..
+    } = &source
+    {
+        let inside = p.starts_with(socket_dir)
+            && p.components()
+                .all(|c| !matches!(c, std::path::Component::ParentDir));
+        if !inside {
+            return Err(format!(
+                "latency.unix {} must lie in {} (kubernetes.socket_dir)",
+                p.display(),
+                socket_dir.display()
+            ));
+        }
+    }
+    // Whoever may create pods may write annotations: the root daemon contacts only the
+    // pod's own addresses, never one an annotation picks elsewhere on the network.
+    let contacted = match &source {
+        LatencySource::Probe { url, .. } => Some((url.addr.ip(), url.to_string())),
+        LatencySource::Prometheus { url, .. } => Some((
+            url_ip(url).ok_or_else(|| {
+                format!("latency.prometheus {url}: the host must be the pod's IP address")
+            })?,
+            url.clone(),
+        )),
+        LatencySource::Push { .. } => None,
+    };
+    if let Some((ip, url)) = contacted {
+        if !pod_ips.contains(&ip) {
+            let ips: Vec<String> = pod_ips.iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "{url}: {ip} is not one of the pod's addresses ({})",
+                if ips.is_empty() {
+                    "none reported yet".to_string()
+                } else {
+                    ips.join(", ")
+                }
+            ));
+        }
+    }
+    Ok(source)
+}
+
+/// The IP address literal an `http://` URL names (`None` for a host name, user info or
+/// anything unparsable).
+fn url_ip(url: &str) -> Option<std::net::IpAddr> {
+    let rest = url
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &url[7..])?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.contains('@') {
+        return None;
+    }
+    if let Ok(sa) = authority.parse::<std::net::SocketAddr>() {
+        return Some(sa.ip());
+    }
+    authority
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .unwrap_or(authority)
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1044,6 +1431,20 @@ mod tests {
     }
 
     const MIN: &str = "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\", unauthenticated = true }\n";
+
+    #[test]
+    fn a_service_priority_is_read_and_bounded() {
+        let c = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!(c.services[0].priority, 0, "default");
+        let c = DaemonConfig::parse(&MIN.replace("match =", "priority = 5\nmatch ="), "t.toml")
+            .unwrap();
+        assert_eq!(c.services[0].priority, 5);
+        let e = err(&MIN.replace("match =", "priority = 5000\nmatch ="));
+        assert!(
+            e.contains("service kv: priority") && e.contains("5000"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn placement_is_in_place_unless_move_is_asked_for() {
@@ -1426,6 +1827,35 @@ mod tests {
     }
 
     #[test]
+    fn exploration_and_the_model_check_have_defaults_and_are_checked() {
+        let d = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!((d.explore.clone(), d.model_check_every_ticks), (None, 10));
+        let c = DaemonConfig::parse(
+            &format!(
+                "model_check_every_ticks = 0\nexplore = {{ margin = 0.4, max_ways = 0, seed = 9 }}\n{MIN}"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.model_check_every_ticks, 0);
+        assert_eq!(
+            c.explore,
+            Some(ExploreConfig {
+                margin: 0.4,
+                max_ways: 0,
+                seed: 9,
+                ..ExploreConfig::default()
+            })
+        );
+        let e = err(&format!("explore = {{ margin = 1.5 }}\n{MIN}"));
+        assert!(e.contains("explore.margin"), "{e}");
+        let e = err(&format!("explore = {{ margins = 0.3 }}\n{MIN}"));
+        assert!(e.contains("margins"), "{e}");
+        let e = err(&format!("model_check_every_ticks = -1\n{MIN}"));
+        assert!(e.contains("model_check_every_ticks"), "{e}");
+    }
+
+    #[test]
     fn log_rotation_and_the_hook_time_out_have_defaults_and_bounds() {
         let d = DaemonConfig::parse(MIN, "t.toml").unwrap();
         assert_eq!((d.log_max_bytes, d.log_keep), (100_000_000, 5));
@@ -1454,5 +1884,156 @@ log_keep = 0
         assert_eq!(g.services[0].gpu.as_ref().unwrap().hook_timeout_ms, 60_000);
         let gpu = "gpu = { env_file = \"/run/x.env\", restart = \"true\", hook_timeout_ms = 0 }\n";
         assert!(err(&format!("{MIN}{gpu}")).contains("gpu.hook_timeout_ms"));
+    }
+
+    #[test]
+    fn a_kubernetes_section_takes_services_from_pods_and_is_checked() {
+        use cohabit_collectors::kubepods::Driver;
+        let node = |k: &str| (k == "NODE_NAME").then(|| "node-7".to_string());
+        let nothing = |_: &str| None;
+        let parse = |t: &str, env: &dyn Fn(&str) -> Option<String>| {
+            DaemonConfig::parse_with_env(t, "t.toml", env)
+        };
+        let c = parse("[kubernetes]\n", &node).unwrap();
+        assert!(c.services.is_empty(), "services may all come from pods");
+        assert_eq!(c.host_name, "node-7", "logs are named after the node");
+        let k = c.kubernetes.unwrap();
+        assert_eq!(k.node_name, "node-7", "from NODE_NAME");
+        assert_eq!(k.cgroup_driver, None, "auto");
+        assert_eq!(k.cgroup_root, "/");
+        assert_eq!(k.kubelet_dir, PathBuf::from(DEFAULT_KUBELET_DIR));
+        assert_eq!(k.socket_dir, PathBuf::from(DEFAULT_POD_SOCKET_DIR));
+        assert_eq!(k.api, KubeApi::InCluster);
+        let e = parse("[kubernetes]\n", &nothing).unwrap_err().to_string();
+        assert!(
+            e.contains("kubernetes.node_name") && e.contains("NODE_NAME"),
+            "{e}"
+        );
+        let c = parse(
+            "[kubernetes]\nnode_name = \"worker-1.example\"\ncgroup_driver = \"systemd\"\ncgroup_root = \"/custom\"\nkubelet_dir = \"/data/kubelet\"\napi_url = \"https://10.0.0.1:6443\"\ntoken_file = \"/etc/cohabit/token\"\nca_file = \"/etc/cohabit/ca.pem\"\n",
+            &nothing,
+        )
+        .unwrap();
+        let k = c.kubernetes.unwrap();
+        assert_eq!(
+            k.node_name, "worker-1.example",
+            "the file wins over NODE_NAME"
+        );
+        assert_eq!(k.cgroup_driver, Some(Driver::Systemd));
+        assert_eq!(k.cgroup_root, "/custom");
+        assert_eq!(k.kubelet_dir, PathBuf::from("/data/kubelet"));
+        assert_eq!(
+            k.api,
+            KubeApi::Url {
+                url: "https://10.0.0.1:6443".into(),
+                token_file: Some("/etc/cohabit/token".into()),
+                ca_file: Some("/etc/cohabit/ca.pem".into()),
+            }
+        );
+        for (section, why) in [
+            (
+                "cgroup_driver = \"cgroupv2\"",
+                "kubernetes.cgroup_driver \"cgroupv2\" must be auto, cgroupfs or systemd",
+            ),
+            (
+                "kubelet_dir = \"var/lib/kubelet\"",
+                "kubernetes.kubelet_dir var/lib/kubelet must be an absolute path",
+            ),
+            ("socket_dir = \"pods\"", "kubernetes.socket_dir"),
+            (
+                "token_file = \"/t\"",
+                "token_file and ca_file go with api_url",
+            ),
+            ("api_url = \"ftp://10.0.0.1\"", "kubernetes.api_url"),
+            ("api_url = \"https://\"", "kubernetes.api_url"),
+            (
+                "node_name = \"Node_1\"",
+                "kubernetes.node_name \"Node_1\" is not a node name",
+            ),
+            ("cgroup_root = \"kubepods\"", "kubernetes.cgroup_root"),
+            ("cgroup_root = \"/a/../b\"", "kubernetes.cgroup_root"),
+            ("nodename = \"x\"", "unknown field"),
+        ] {
+            let e = parse(&format!("[kubernetes]\n{section}\n"), &node)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{section}: {e}");
+        }
+        let e = parse("", &node).unwrap_err().to_string();
+        assert!(e.contains("[kubernetes]"), "{e}");
+        // Configured services stay next to the pods.
+        let c = parse(&format!("{MIN}[kubernetes]\n"), &node).unwrap();
+        assert_eq!(c.services.len(), 1);
+    }
+
+    #[test]
+    fn a_pods_latency_annotation_is_a_probe_url_or_a_latency_table() {
+        let dir = Path::new(DEFAULT_POD_SOCKET_DIR);
+        let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
+        let pod_latency = |text: &str, dir: &Path| super::pod_latency(text, dir, &ips);
+        assert!(matches!(
+            pod_latency("memcached://10.1.2.3:11211", dir),
+            Ok(LatencySource::Probe {
+                rate_hz: DEFAULT_PROBE_RATE_HZ,
+                ..
+            })
+        ));
+        assert!(matches!(
+            pod_latency(
+                " { probe = \"http://10.1.2.3:8080/health\", rate_hz = 10 } ",
+                dir
+            ),
+            Ok(LatencySource::Probe { rate_hz: 10, .. })
+        ));
+        assert!(matches!(
+            pod_latency(
+                "{ prometheus = \"http://10.1.2.3:9150/metrics\", metric = \"rpc_seconds\" }",
+                dir
+            ),
+            Ok(LatencySource::Prometheus { .. })
+        ));
+        assert!(matches!(
+            pod_latency("{ unix = \"/run/cohabit/pods/kv.sock\" }", dir),
+            Ok(LatencySource::Push { .. })
+        ));
+        for (bad, why) in [
+            ("", "needs a scheme"),
+            (
+                "{ probe = \"redis://10.0.0.1\" } x = 1",
+                "not a latency table",
+            ),
+            (
+                "{ probe = \"redis://10.0.0.1\", other = 1 }",
+                "unknown field",
+            ),
+            (
+                "{ unix = \"/run/kv.sock\" }",
+                "must lie in /run/cohabit/pods",
+            ),
+            (
+                "{ unix = \"/run/cohabit/pods/../../etc/x\" }",
+                "must lie in",
+            ),
+            ("redis://cache.internal", "names are not resolved"),
+            (
+                "redis://10.9.9.9:6379",
+                "not one of the pod's addresses (10.1.2.3)",
+            ),
+            (
+                "http://127.0.0.1:8080/",
+                "127.0.0.1 is not one of the pod's addresses",
+            ),
+            (
+                "{ prometheus = \"http://10.9.9.9:9150/metrics\", metric = \"m\" }",
+                "not one of the pod's addresses",
+            ),
+            (
+                "{ prometheus = \"http://metrics.internal:9150/\", metric = \"m\" }",
+                "the host must be the pod's IP address",
+            ),
+        ] {
+            let e = pod_latency(bad, dir).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 }

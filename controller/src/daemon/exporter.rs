@@ -153,9 +153,25 @@ const PROBE_CPU_SECONDS: MetricDef = counter(
     "cohabit_probe_cpu_seconds_total",
     "CPU time the built-in latency probes spent, per service, in seconds.",
 );
+const MODEL_RELOADS: MetricDef = counter(
+    "cohabit_model_reloads_total",
+    "New versions of the model file loaded and put in use.",
+);
+const MODEL_RELOAD_FAILURES: MetricDef = counter(
+    "cohabit_model_reload_failures_total",
+    "New versions of the model file that did not load (the previous model kept running).",
+);
+const KUBERNETES_PODS: MetricDef = gauge(
+    "cohabit_kubernetes_pods",
+    "Annotated pods on this node, by state: managed, or skipped (a bad annotation, CPUs of their own from the kubelet, a name in use).",
+);
+const KUBERNETES_API_REACHABLE: MetricDef = gauge(
+    "cohabit_kubernetes_api_reachable",
+    "1 when the last request to the Kubernetes API server succeeded, else 0 (the pods known stay controlled meanwhile).",
+);
 
 /// Every metric the daemon exports.
-pub const METRICS: [MetricDef; 13] = [
+pub const METRICS: [MetricDef; 17] = [
     SERVICE_P99_MS,
     SERVICE_TARGET_MS,
     ALLOCATION,
@@ -169,6 +185,10 @@ pub const METRICS: [MetricDef; 13] = [
     BANDWIDTH_DROPPED,
     LAST_SUCCESSFUL_TICK,
     PROBE_CPU_SECONDS,
+    MODEL_RELOADS,
+    MODEL_RELOAD_FAILURES,
+    KUBERNETES_PODS,
+    KUBERNETES_API_REACHABLE,
 ];
 
 /// Kinds of errors counted in `cohabit_errors_total`.
@@ -253,6 +273,11 @@ struct GroupLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PodStateLabels {
+    state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupResourceLabels {
     group: String,
     resource: String,
@@ -312,6 +337,10 @@ pub struct Exporter {
     bandwidth_dropped: Family<GroupLabels, Counter>,
     last_successful_tick: GaugeF64,
     probe_cpu_seconds: Family<ServiceLabels, CounterF64>,
+    model_reloads: Counter,
+    model_reload_failures: Counter,
+    kubernetes_pods: Family<PodStateLabels, Gauge>,
+    kubernetes_api_reachable: Gauge,
 }
 
 impl Default for Exporter {
@@ -339,6 +368,10 @@ impl Exporter {
             bandwidth_dropped: Family::default(),
             last_successful_tick: GaugeF64::default(),
             probe_cpu_seconds: Family::default(),
+            model_reloads: Counter::default(),
+            model_reload_failures: Counter::default(),
+            kubernetes_pods: Family::default(),
+            kubernetes_api_reachable: Gauge::default(),
         };
         let mut r = Registry::default();
         register(&mut r, &SERVICE_P99_MS, e.service_p99_ms.clone());
@@ -358,6 +391,18 @@ impl Exporter {
             e.last_successful_tick.clone(),
         );
         register(&mut r, &PROBE_CPU_SECONDS, e.probe_cpu_seconds.clone());
+        register(&mut r, &MODEL_RELOADS, e.model_reloads.clone());
+        register(
+            &mut r,
+            &MODEL_RELOAD_FAILURES,
+            e.model_reload_failures.clone(),
+        );
+        register(&mut r, &KUBERNETES_PODS, e.kubernetes_pods.clone());
+        register(
+            &mut r,
+            &KUBERNETES_API_REACHABLE,
+            e.kubernetes_api_reachable.clone(),
+        );
         for kind in ErrorKind::ALL {
             e.errors.get_or_create(&ErrorLabels { kind }).inc_by(0);
         }
@@ -408,6 +453,29 @@ impl Exporter {
         if matches!(rec.apply, Some(ApplyOutcome::Refused { .. })) {
             self.error(ErrorKind::Apply);
         }
+    }
+
+    /// Counts a model reload: `loaded`, or it failed and the previous model stayed.
+    pub fn model_reload(&mut self, loaded: bool) {
+        if loaded {
+            self.model_reloads.inc();
+        } else {
+            self.model_reload_failures.inc();
+        }
+    }
+
+    /// The pods of this node (`[kubernetes]`): how many are managed and skipped, and
+    /// whether the API server answered last time.
+    pub fn kubernetes(&mut self, managed: usize, skipped: usize, api_reachable: bool) {
+        for (state, n) in [("managed", managed), ("skipped", skipped)] {
+            let l = PodStateLabels {
+                state: state.to_string(),
+            };
+            self.kubernetes_pods
+                .get_or_create(&l)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.kubernetes_api_reachable.set(i64::from(api_reachable));
     }
 
     /// Counts an error.
@@ -834,6 +902,7 @@ mod tests {
                         name: "kv".into(),
                         class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
                         gpu: Some(0),
+                        priority: 0,
                     },
                     sample: Sample {
                         p99_ms: Some(0.8),
@@ -878,6 +947,9 @@ mod tests {
         e.bandwidth_dropped("kv", 2);
         e.tick_succeeded(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
         e.probe_cpu("kv", 0.25);
+        e.model_reload(true);
+        e.model_reload(false);
+        e.kubernetes(2, 1, true);
         e
     }
 

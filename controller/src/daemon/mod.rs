@@ -28,7 +28,9 @@ mod files;
 pub mod gpu;
 mod hook;
 pub mod host;
+pub mod kube;
 pub mod log;
+pub mod model;
 pub mod probe;
 pub mod signals;
 pub mod state;
@@ -50,11 +52,12 @@ use self::exporter::{ErrorKind, Exporter};
 use self::host::changes::{ChangeLog, HostChanges, InMemory};
 use self::host::RealHost;
 use self::log::{LogFile, LogLimits, RotatingLog};
+use self::model::ModelWatch;
 use self::signals::{Signals, Stop};
 use self::state::StateDir;
 use self::supervise::{panic_message, Checked, FailSafe};
 use cohabit_policy::control;
-use cohabit_policy::{HostContext, Policy, PolicyKind};
+use cohabit_policy::{Explore, ExploreConfig, HostContext, Policy, PolicyKind};
 
 struct Loop {
     host: Checked<RealHost>,
@@ -63,6 +66,10 @@ struct Loop {
     dry_run: bool,
     /// The policy's fair-share initial plan, which the fail-safe puts back.
     fair_share: Plan,
+    /// `ml`'s model file, reloaded when it changes ([`model`]).
+    model_watch: Option<ModelWatch>,
+    /// `[kubernetes]`: services also come from this node's pods ([`kube`]).
+    pods: Option<kube::Pods>,
 }
 
 /// How `cohabit run` was asked to run.
@@ -76,6 +83,9 @@ pub struct RunOptions {
     /// Move the state file aside unread instead of restoring from it (or refusing to start
     /// over one this build cannot read).
     pub discard_state: bool,
+    /// Explore around the policy's plans (`--explore`), with the configuration's
+    /// `explore` settings or the defaults.
+    pub explore: bool,
 }
 
 /// How long shutdown waits for a tick still in flight before it restores the host from the
@@ -99,7 +109,7 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
     let opts = RunOptions {
         dry_run,
         max_ticks,
-        discard_state: false,
+        ..RunOptions::default()
     };
     run_with(cfg, opts).await
 }
@@ -107,7 +117,10 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
 /// Runs the daemon until a stop signal (or `max_ticks`), then restores the host. Returns the
 /// number of ticks run; an error when the start failed, a tick panicked (after the host was
 /// restored) or the host could not be restored.
-pub async fn run_with(cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
+pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
+    if opts.explore && cfg.explore.is_none() {
+        cfg.explore = Some(ExploreConfig::default());
+    }
     // Before anything else, so that a signal during the start is not lost.
     let mut signals = Signals::new().context("listening for signals")?;
     let (state, change_log) = take_over(&cfg, opts)?;
@@ -174,6 +187,14 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         .transpose()?;
     gpu::check_env_files(&cfg.services, dry_run).context("a GPU client's environment file")?;
     let policy_kind = cfg.policy;
+    // Before the model is loaded, so that a change in between is caught at the first check.
+    let model_watch = match (&cfg.model, policy_kind) {
+        (Some(path), PolicyKind::Ml) if cfg.model_check_every_ticks > 0 => {
+            Some(ModelWatch::new(path, cfg.model_check_every_ticks))
+        }
+        _ => None,
+    };
+    let explore = cfg.explore.clone();
     // A model that does not load stops the start, naming the file: an operator who asked
     // for ml should not silently get something else.
     let model = match (&cfg.model, policy_kind) {
@@ -182,12 +203,26 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         )),
         _ => None,
     };
+    let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
     let mut host = Checked::real(open_host(cfg, dry_run, change_log).context("opening the host")?);
     let ctx = HostContext {
         host: host.host().capacity().clone(),
         specs: host.host().specs(),
     };
-    let mut policy: Box<dyn Policy> = policy_kind.build(ctx, model)?;
+    let mut policy: Box<dyn Policy> = policy_kind.build(ctx.clone(), model.clone())?;
+    let pods = for_pods
+        .map(|c| kube::start(&c, host.host(), policy_kind, model))
+        .transpose()?;
+    if let Some(e) = explore {
+        tracing::info!(
+            margin = e.margin,
+            max_cores = e.max_cores,
+            max_ways = e.max_ways,
+            max_mba_steps = e.max_mba_steps,
+            "exploring around the policy's plans while every service keeps its margin"
+        );
+        policy = Box::new(Explore::new(policy, ctx, e));
+    }
     let log = match log {
         Some(file) => {
             let header = LogHeader::new(
@@ -216,6 +251,8 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         log,
         dry_run,
         fair_share: initial.plan,
+        model_watch,
+        pods,
     })
 }
 
@@ -285,6 +322,17 @@ impl Loop {
     /// One control interval: collect, decide, apply (checked), log, export.
     fn tick(&mut self, exporter: &Mutex<Exporter>) -> TickEnd {
         let started = std::time::Instant::now();
+        if let Some(watch) = &mut self.model_watch {
+            watch.tick_and_swap(self.policy.as_mut(), exporter);
+        }
+        if let Some(pods) = &mut self.pods {
+            let plan = &mut self.fair_share;
+            pods.tick(&mut self.host, &mut self.policy, plan, self.dry_run);
+            let s = pods.status();
+            if let Ok(mut ex) = exporter.lock() {
+                ex.kubernetes(s.managed, s.skipped, s.api_reachable);
+            }
+        }
         let record = match control::step(&mut self.host, self.policy.as_mut(), self.dry_run) {
             Ok(r) => r,
             Err(e) => return TickEnd::Failed(e.to_string()),
@@ -685,6 +733,8 @@ mod tests {
                     log: None,
                     dry_run: false,
                     fair_share,
+                    model_watch: None,
+                    pods: None,
                 })),
                 exporter: Arc::new(Mutex::new(Exporter::default())),
                 stopping: Arc::new(AtomicBool::new(false)),

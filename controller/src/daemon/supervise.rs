@@ -71,6 +71,13 @@ impl Checked<RealHost> {
         Self::new(host, capacity, specs)
     }
 
+    /// Checks plans against what the host offers from now on (after its services or CPUs
+    /// changed: pods came or went).
+    pub fn refresh(&mut self) {
+        self.capacity = self.host.capacity().clone();
+        self.specs = self.host.specs();
+    }
+
     /// Applies the first plan (checked) and starts managing processes.
     pub fn launch(&mut self, plan: &Plan) -> Result<(), ApplyError<HostError>> {
         self.validate(plan).map_err(ApplyError::Invalid)?;
@@ -226,11 +233,13 @@ mod tests {
                     name: "kv".into(),
                     class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
                     gpu: None,
+                    priority: 0,
                 },
                 ServiceSpec {
                     name: "batch".into(),
                     class: ServiceClass::BestEffort,
                     gpu: None,
+                    priority: 0,
                 },
             ],
         }

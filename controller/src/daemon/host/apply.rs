@@ -884,11 +884,13 @@ mod tests {
                 name: "kv".into(),
                 class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
                 gpu: None,
+                priority: 0,
             },
             ServiceSpec {
                 name: "batch".into(),
                 class: ServiceClass::BestEffort,
                 gpu: None,
+                priority: 0,
             },
         ]
     }
@@ -1333,6 +1335,7 @@ mod tests {
             name: n.into(),
             class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
             gpu: None,
+            priority: 0,
         };
         let specs = vec![lc("a"), lc("b"), lc("c"), specs()[1].clone()];
         let cg = h.kernel.cgroups.as_ref().unwrap();

@@ -344,6 +344,7 @@ mod tests {
             name: name.into(),
             class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
             gpu: None,
+            priority: 0,
         }
     }
 
@@ -352,6 +353,7 @@ mod tests {
             name: name.into(),
             class: ServiceClass::BestEffort,
             gpu: None,
+            priority: 0,
         }
     }
 

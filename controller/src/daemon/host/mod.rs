@@ -141,6 +141,26 @@ struct Service {
     vetting: find::Vetting,
 }
 
+impl Service {
+    /// A service as configured, its latency source bound, no process found yet.
+    fn bind(s: &ServiceConfig, timeout: Duration) -> Result<Self, HostError> {
+        Ok(Service {
+            spec: spec_of(s),
+            cfg: s.clone(),
+            pids: BTreeSet::new(),
+            telemetry: Telemetry::bind(s, timeout)?,
+            missing_logged: false,
+            unplaced_logged: BTreeSet::new(),
+            vetting: find::Vetting::new(&s.name, &s.matcher, &s.constraint).map_err(|source| {
+                HostError::User {
+                    service: s.name.clone(),
+                    source,
+                }
+            })?,
+        })
+    }
+}
+
 /// A real Linux host driven by cohabit.
 #[derive(Debug)]
 pub struct RealHost {
@@ -184,8 +204,12 @@ impl RealHost {
         dry_run: bool,
         resctrl_fs: Arc<dyn KernelFs>,
     ) -> Result<Self, HostError> {
-        let found = discover::discover(&cfg, resctrl_fs)?;
-        let gpu = super::gpu::GpuActuator::new(&cfg.services, found.mps);
+        let mut found = discover::discover(&cfg, resctrl_fs)?;
+        let gpu = super::gpu::GpuActuator::with_probe(&cfg.services, found.mps);
+        // Policies weigh what a share change costs on this host.
+        for g in &mut found.facts.capacity.gpus {
+            g.share_change = gpu.share_change();
+        }
         if let (false, Some(limit)) = (dry_run, &cfg.mps.pinned_mem_limit) {
             gpu.apply_pinned_default(limit);
         }
@@ -193,22 +217,7 @@ impl RealHost {
         let services = cfg
             .services
             .iter()
-            .map(|s| {
-                Ok(Service {
-                    spec: spec_of(s),
-                    cfg: s.clone(),
-                    pids: BTreeSet::new(),
-                    telemetry: Telemetry::bind(s, timeout)?,
-                    missing_logged: false,
-                    unplaced_logged: BTreeSet::new(),
-                    vetting: find::Vetting::new(&s.name, &s.matcher, &s.constraint).map_err(
-                        |source| HostError::User {
-                            service: s.name.clone(),
-                            source,
-                        },
-                    )?,
-                })
-            })
+            .map(|s| Service::bind(s, timeout))
             .collect::<Result<Vec<_>, HostError>>()?;
         let ways = found.facts.capacity.llc_ways;
         let now = Instant::now();
@@ -257,6 +266,49 @@ impl RealHost {
     /// The services and jobs, latency-critical first.
     pub fn specs(&self) -> Vec<ServiceSpec> {
         self.services.iter().map(|s| s.spec.clone()).collect()
+    }
+
+    /// The CPUs cohabit hands out.
+    pub fn cpus(&self) -> &[u32] {
+        &self.facts.cpus
+    }
+
+    /// Replaces the services and jobs, and the CPUs handed out (`[kubernetes]`: pods come
+    /// and go; the kubelet gives some CPUs to single containers). A service configured as
+    /// before keeps its telemetry and processes; a new one binds its latency source, and
+    /// one that cannot is left out and returned with why. Nothing is written here: the next
+    /// apply writes the new set's values, and the cgroups of services that left get their
+    /// original values back then (see `apply`). The capacity follows the CPUs (and, without
+    /// RDT allocation, the CLOSIDs the number of latency-critical services).
+    pub fn reconfigure(
+        &mut self,
+        services: Vec<ServiceConfig>,
+        cpus: Vec<u32>,
+    ) -> Vec<(String, HostError)> {
+        let timeout = Duration::from_millis(self.cfg.collect_timeout_ms);
+        let mut old = std::mem::take(&mut self.services);
+        let mut failed = Vec::new();
+        for s in services {
+            if let Some(i) = old.iter().position(|o| o.cfg == s) {
+                self.services.push(old.swap_remove(i));
+                continue;
+            }
+            match Service::bind(&s, timeout) {
+                Ok(svc) => self.services.push(svc),
+                Err(e) => failed.push((s.name.clone(), e)),
+            }
+        }
+        self.cfg.services = self.services.iter().map(|s| s.cfg.clone()).collect();
+        let latency_critical = self
+            .services
+            .iter()
+            .filter(|s| s.spec.is_latency_critical())
+            .count();
+        self.facts.capacity.cores = u32::try_from(cpus.len()).unwrap_or(u32::MAX).max(1);
+        self.facts.capacity.closids =
+            discover::closids(self.facts.resctrl.as_ref(), latency_critical);
+        self.facts.cpus = cpus;
+        failed
     }
 
     /// Cleans what a run left without a record, finds the processes, applies the first
@@ -461,6 +513,10 @@ impl RealHost {
                 .cgroups_any()
                 .map(|c| c.processes_at(path))
                 .unwrap_or_default()),
+            Matcher::Pod { cgroups, .. } => Ok(self
+                .cgroups_any()
+                .map(|c| cgroups.iter().flat_map(|p| c.processes_at(p)).collect())
+                .unwrap_or_default()),
             Matcher::SystemdUnit(unit) => Ok(self
                 .cgroups_any()
                 .map(|c| {
@@ -594,6 +650,35 @@ fn spec_of(s: &ServiceConfig) -> ServiceSpec {
         name: s.name.clone(),
         class,
         gpu: s.gpu.as_ref().map(|g| g.index),
+        priority: s.priority,
+    }
+}
+
+impl RealHost {
+    /// Plans each GPU client's pinned device-memory limit from its processes' measured use
+    /// (see [`super::gpu::plan_pinned_limits`]).
+    fn guard_gpu_memory(&mut self, readings: &[cohabit_collectors::nvml::GpuReading]) {
+        let used: BTreeMap<String, u64> = self
+            .services
+            .iter()
+            .filter_map(|s| {
+                let r = readings.get(usize::try_from(s.spec.gpu?).ok()?)?;
+                let sum: u64 = s
+                    .pids
+                    .iter()
+                    .filter_map(|p| r.process_memory_bytes.get(p))
+                    .sum();
+                (sum > 0).then(|| (s.spec.name.clone(), sum))
+            })
+            .collect();
+        let totals: Vec<Option<u64>> = readings.iter().map(|r| r.memory_total_bytes).collect();
+        let lc: std::collections::BTreeSet<String> = self
+            .services
+            .iter()
+            .filter(|s| s.spec.is_latency_critical())
+            .map(|s| s.spec.name.clone())
+            .collect();
+        self.gpu.guard_memory(&used, &totals, &|n| lc.contains(n));
     }
 }
 
@@ -614,6 +699,9 @@ impl Collector for RealHost {
             self.gpu.restart_due(now, &pids);
         }
         let readings = self.gpus.as_mut().map(Gpus::read);
+        if let (false, Some(r)) = (self.dry_run, readings.as_deref()) {
+            self.guard_gpu_memory(r);
+        }
         // Every scrape of this tick ends by then.
         let deadline = now + Duration::from_millis(self.cfg.collect_timeout_ms);
         let counters = matches!(self.facts.perf, PerfSupport::Supported) && !self.dry_run;

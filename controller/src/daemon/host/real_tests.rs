@@ -159,6 +159,7 @@ fn lc(name: &str) -> ServiceSpec {
         name: name.into(),
         class: ServiceClass::LatencyCritical { p99_target_ms: 1.0 },
         gpu: None,
+        priority: 0,
     }
 }
 
@@ -167,6 +168,7 @@ fn batch() -> ServiceSpec {
         name: "batch".into(),
         class: ServiceClass::BestEffort,
         gpu: None,
+        priority: 0,
     }
 }
 

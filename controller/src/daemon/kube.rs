@@ -1,0 +1,495 @@
+//! Pods as services (`[kubernetes]`): the daemon's side of the node agent.
+//!
+//! Problem: on a Kubernetes node the services come and go with the pods the scheduler puts
+//! there, classed by their annotations; cohabit must control them in the cgroups the
+//! kubelet and the runtime made, never move their processes, leave alone the containers
+//! the kubelet's static CPU manager pinned, and keep the host as it is while the API server
+//! cannot be reached.
+//!
+//! Approach: a [`PodSource`] (the [`cohabit_kube::NodeAgent`] in production, a script in
+//! tests) gives a view of the node's annotated pods with a generation. Each tick
+//! [`Pods::tick`] compares the view's generation and the CPUs the kubelet gave away
+//! (`cpu_manager_state`) with what is in force; when either changed it:
+//! 1. turns each pod into a service ([`pod_service`], pure): a latency-critical pod gets its
+//!    target and its `cohabit.io/latency` source (parsed by the configuration's own latency
+//!    parser: [`config::pod_latency`]), a best-effort pod joins the pool; its processes are
+//!    the ones in its containers' cgroups ([`Matcher::Pod`], paths from
+//!    [`cohabit_collectors::kubepods`]); placement is always in place; containers with CPUs
+//!    of their own are left out, and a pod with nothing else is skipped;
+//! 2. gives the host the configured services plus the pods' ([`RealHost::reconfigure`]),
+//!    and the CPUs left once the exclusive ones are taken out;
+//! 3. builds the policy again for the new set and applies its first plan: the cgroups of
+//!    pods that left get their recorded original values back in that apply (the record of
+//!    changes and its give-back, `host::apply`).
+//!
+//! A pod whose annotation cannot be used (a latency source that does not parse, or cannot
+//! be bound) gets a Warning Event and a log line and is skipped; the other pods go on. While
+//! the API server is unreachable the agent's last view stays, so nothing changes. Until the
+//! first list has completed, no pod is taken (a partial list would drop pods that are
+//! there).
+//!
+//! Properties: a pod's services are named `<namespace>.<name>` (shortened with a UID
+//! prefix when too long); the services are ordered configured latency-critical, pods'
+//! latency-critical (by namespace and name), configured best-effort, pods' best-effort; the
+//! same view and checkpoint give the same services.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use cohabit_collectors::cgroup::{Cgroups, CpuList};
+use cohabit_collectors::kubepods::{CpuManagerState, Kubepods, Qos, Runtime};
+use cohabit_core::{Actuator as _, Plan, BEST_EFFORT_GROUP};
+use cohabit_kube::{ManagedPod, PodClass, PodKey, PodView, QosClass};
+use cohabit_policy::{Explore, HostContext, Policy, PolicyKind, StaticPolicy};
+
+use super::config::{self, DaemonConfig, KubernetesConfig, Matcher, Placement, ServiceConfig};
+use super::host::RealHost;
+use super::supervise::Checked;
+
+/// Where the pods come from: the node agent, or a script in tests.
+pub trait PodSource: Send {
+    /// The latest view (never blocks on the network).
+    fn view(&self) -> PodView;
+    /// Posts a Warning Event on the pod and logs it (de-duplicated per pod and reason).
+    fn warn(&self, pod: &PodKey, reason: &str, message: &str);
+}
+
+impl PodSource for cohabit_kube::NodeAgent {
+    fn view(&self) -> PodView {
+        cohabit_kube::NodeAgent::view(self)
+    }
+
+    fn warn(&self, pod: &PodKey, reason: &str, message: &str) {
+        cohabit_kube::NodeAgent::warn(self, pod, reason, message);
+    }
+}
+
+/// Starts the node agent `cfg` asks for.
+pub fn start_agent(
+    cfg: &KubernetesConfig,
+) -> Result<cohabit_kube::NodeAgent, cohabit_kube::KubeError> {
+    let api = match &cfg.api {
+        config::KubeApi::InCluster => cohabit_kube::ApiAccess::InCluster,
+        config::KubeApi::Url {
+            url,
+            token_file,
+            ca_file,
+        } => cohabit_kube::ApiAccess::Url {
+            url: url.clone(),
+            token_file: token_file.clone(),
+            ca_file: ca_file.clone(),
+        },
+    };
+    cohabit_kube::NodeAgent::start(cohabit_kube::NodeAgentConfig::new(&cfg.node_name, api))
+}
+
+/// Starts the node agent and the pods' side of the loop for the host `cfg` describes
+/// (which has `[kubernetes]`), just opened as `host`; the policy is built again as `kind`
+/// (with `model`, and `cfg.explore` around it) whenever the pods change.
+pub fn start(
+    cfg: &DaemonConfig,
+    host: &RealHost,
+    kind: PolicyKind,
+    model: Option<Arc<cohabit_models::Model>>,
+) -> anyhow::Result<Pods> {
+    let kube = cfg
+        .kubernetes
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no [kubernetes] section"))?;
+    let agent = start_agent(&kube).context("starting the Kubernetes node agent")?;
+    tracing::info!(node = %kube.node_name, "watching this node's pods");
+    let explore = cfg.explore.clone();
+    let factory: PolicyFactory = Box::new(move |ctx: HostContext| {
+        let mut policy = kind.build(ctx.clone(), model.clone())?;
+        if let Some(e) = &explore {
+            policy = Box::new(Explore::new(policy, ctx, e.clone()));
+        }
+        Ok(policy)
+    });
+    Ok(Pods::new(
+        Box::new(agent),
+        cfg,
+        kube,
+        host.cpus().to_vec(),
+        factory,
+    ))
+}
+
+/// Builds the policy for a new set of services.
+pub type PolicyFactory = Box<dyn Fn(HostContext) -> anyhow::Result<Box<dyn Policy>> + Send>;
+
+/// Why a pod is not managed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// Its annotations cannot be used: a Warning Event with this reason and message.
+    Warn {
+        /// The Event's reason (CamelCase).
+        reason: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// Every container has CPUs of its own (the kubelet's static CPU manager): left alone.
+    Exclusive,
+}
+
+/// The longest service name (the configuration's limit).
+const NAME_MAX: usize = 48;
+
+/// The service name of a pod: `<namespace>.<name>`, or, when that is longer than the
+/// configuration allows, its first 39 characters, `-` and the UID's first 8.
+pub fn service_name(key: &PodKey) -> String {
+    let full = format!("{}.{}", key.namespace, key.name);
+    if full.len() <= NAME_MAX {
+        return full;
+    }
+    let uid: String = key
+        .uid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(8)
+        .collect();
+    let head: String = full.chars().take(NAME_MAX - 1 - uid.len()).collect();
+    format!("{}-{uid}", head.trim_end_matches(['.', '-']))
+}
+
+fn qos(q: QosClass) -> Qos {
+    match q {
+        QosClass::Guaranteed => Qos::Guaranteed,
+        QosClass::Burstable => Qos::Burstable,
+        QosClass::BestEffort => Qos::BestEffort,
+    }
+}
+
+/// What pod `pod` becomes on a host whose kubepods tree is `tree`, with the kubelet's CPU
+/// manager checkpoint `state` (pure: paths are built, not looked up).
+pub fn pod_service(
+    pod: &ManagedPod,
+    tree: &Kubepods,
+    state: Option<&CpuManagerState>,
+    cfg: &KubernetesConfig,
+) -> Result<ServiceConfig, Skip> {
+    let warn = |reason, message: String| Skip::Warn { reason, message };
+    let mut cgroups = Vec::new();
+    let mut exclusive = 0;
+    for c in &pod.containers {
+        if state.is_some_and(|s| s.exclusive(&pod.key.uid, &c.name).is_some()) {
+            exclusive += 1;
+            continue;
+        }
+        let runtime: Runtime = c
+            .runtime
+            .parse()
+            .map_err(|e| warn("UnsupportedRuntime", format!("container {}: {e}", c.name)))?;
+        let paths = tree
+            .container_paths(qos(pod.qos), &pod.key.uid, runtime, &c.id)
+            .map_err(|e| warn("BadContainerId", format!("container {}: {e}", c.name)))?;
+        cgroups.extend(paths);
+    }
+    if cgroups.is_empty() && exclusive > 0 {
+        return Err(Skip::Exclusive);
+    }
+    let (p99_target_ms, latency) = match &pod.class {
+        PodClass::BestEffort => (None, None),
+        PodClass::LatencyCritical {
+            p99_target_ms,
+            latency,
+        } => {
+            let source = latency
+                .as_deref()
+                .map(|l| config::pod_latency(l, &cfg.socket_dir, &pod.ips))
+                .transpose()
+                .map_err(|m| warn("BadLatencyAnnotation", format!("cohabit.io/latency: {m}")))?;
+            (Some(*p99_target_ms), source)
+        }
+    };
+    Ok(ServiceConfig {
+        name: service_name(&pod.key),
+        p99_target_ms,
+        matcher: Matcher::Pod {
+            uid: pod.key.uid.clone(),
+            cgroups,
+        },
+        constraint: config::ProcessConstraint::default(),
+        placement: Placement::InPlace,
+        latency,
+        gpu: None,
+        priority: pod.priority.unwrap_or(0),
+    })
+}
+
+/// What the pods come to now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodStatus {
+    /// Pods managed (a service each).
+    pub managed: usize,
+    /// Pods skipped (bad annotations, exclusive CPUs, a name already in use).
+    pub skipped: usize,
+    /// The last request to the API server succeeded.
+    pub api_reachable: bool,
+    /// The first list of pods has completed.
+    pub synced: bool,
+}
+
+/// How often a failure that repeats every tick is logged.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The pods' side of the loop: when the pods or the exclusive CPUs change, the host's
+/// services and the policy follow (see the module doc).
+pub struct Pods {
+    source: Box<dyn PodSource>,
+    cfg: KubernetesConfig,
+    cgroups: Option<Cgroups>,
+    tree: Option<Kubepods>,
+    /// The configured services (latency-critical first).
+    fixed: Vec<ServiceConfig>,
+    /// The CPUs configured (or online), before exclusive ones are taken out.
+    base_cpus: Vec<u32>,
+    factory: PolicyFactory,
+    /// The view generation and exclusive CPUs in force.
+    in_force: Option<(u64, CpuList)>,
+    /// The last checkpoint read (kept while the file cannot be read).
+    state: Option<CpuManagerState>,
+    status: PodStatus,
+    last_logged: std::collections::HashMap<&'static str, Instant>,
+}
+
+impl std::fmt::Debug for Pods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pods")
+            .field("cfg", &self.cfg)
+            .field("in_force", &self.in_force)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pods {
+    /// The pods of `source` on the host `cfg` describes (which has `[kubernetes]`), whose
+    /// CPUs before exclusions are `base_cpus`; `factory` builds the policy for each new set.
+    pub fn new(
+        source: Box<dyn PodSource>,
+        cfg: &DaemonConfig,
+        kube: KubernetesConfig,
+        base_cpus: Vec<u32>,
+        factory: PolicyFactory,
+    ) -> Self {
+        let cgroups = Cgroups::detect(&cfg.paths).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cgroups unreadable; pods cannot be found");
+            None
+        });
+        Self {
+            source,
+            cfg: kube,
+            cgroups,
+            tree: None,
+            fixed: cfg.services.clone(),
+            base_cpus,
+            factory,
+            in_force: None,
+            state: None,
+            status: PodStatus::default(),
+            last_logged: std::collections::HashMap::new(),
+        }
+    }
+
+    /// What the pods come to now.
+    pub fn status(&self) -> &PodStatus {
+        &self.status
+    }
+
+    /// Logs under `key` at most once a minute.
+    fn log_due(&mut self, key: &'static str) -> bool {
+        let now = Instant::now();
+        match self.last_logged.get(key) {
+            Some(t) if now.duration_since(*t) < LOG_EVERY => false,
+            _ => {
+                self.last_logged.insert(key, now);
+                true
+            }
+        }
+    }
+
+    /// The kubepods tree, found once (retried each tick until it is).
+    fn tree(&mut self) -> Option<Kubepods> {
+        if self.tree.is_none() {
+            let cg = self.cgroups.clone()?;
+            match Kubepods::new(cg, self.cfg.cgroup_driver, &self.cfg.cgroup_root) {
+                Ok(t) => {
+                    tracing::info!(driver = %t.driver(), "found the kubelet's pod cgroups");
+                    self.tree = Some(t);
+                }
+                Err(e) => {
+                    if self.log_due("tree") {
+                        tracing::warn!(error = %e, "pods cannot be placed yet (logged once a minute)");
+                    }
+                }
+            }
+        }
+        self.tree.clone()
+    }
+
+    /// Re-reads `cpu_manager_state`; keeps the last good one when it cannot be read.
+    fn read_state(&mut self) {
+        match CpuManagerState::read(&self.cfg.kubelet_dir) {
+            Ok(s) => self.state = s,
+            Err(e) => {
+                if self.log_due("state") {
+                    tracing::warn!(error = %e, "the kubelet's CPU manager state is unreadable; keeping the last one read (logged once a minute)");
+                }
+            }
+        }
+    }
+
+    /// One tick: when the pods or the exclusive CPUs changed, gives `host` the new
+    /// services and CPUs, builds `policy` again and applies its first plan (unless
+    /// `dry_run`), which also becomes the fail-safe's `fair_share`. Returns true when it did.
+    pub fn tick(
+        &mut self,
+        host: &mut Checked<RealHost>,
+        policy: &mut Box<dyn Policy>,
+        fair_share: &mut Plan,
+        dry_run: bool,
+    ) -> bool {
+        let view = self.source.view();
+        self.status.api_reachable = view.api_reachable;
+        self.status.synced = view.synced;
+        if !view.api_reachable && self.log_due("api") {
+            tracing::warn!(error = ?view.last_error, pods = self.status.managed, "the API server is unreachable; keeping the pods known (logged once a minute)");
+        }
+        if !view.synced {
+            return false;
+        }
+        self.read_state();
+        let exclusive = self
+            .state
+            .as_ref()
+            .map(CpuManagerState::exclusive_cpus)
+            .unwrap_or_default();
+        let now = (view.generation, exclusive.clone());
+        if self.in_force.as_ref() == Some(&now) {
+            return false;
+        }
+        let Some(tree) = self.tree() else {
+            return false;
+        };
+        let services = self.services(&view, &tree);
+        let cpus: Vec<u32> = self
+            .base_cpus
+            .iter()
+            .copied()
+            .filter(|c| !exclusive.0.contains(c))
+            .collect();
+        let cpus = if cpus.is_empty() {
+            tracing::error!(exclusive = %exclusive, "every CPU cohabit manages is exclusive to a container; keeping the CPUs in force");
+            host.host().cpus().to_vec()
+        } else {
+            cpus
+        };
+        let failed = host.host_mut().reconfigure(services, cpus);
+        for (name, e) in &failed {
+            if let Some(pod) = view.pods.iter().find(|p| service_name(&p.key) == *name) {
+                self.source.warn(
+                    &pod.key,
+                    "LatencySourceFailed",
+                    &format!("cohabit.io/latency: {e}"),
+                );
+                self.status.managed = self.status.managed.saturating_sub(1);
+                self.status.skipped += 1;
+            }
+        }
+        host.refresh();
+        self.rebuild(host, policy, fair_share, dry_run);
+        tracing::info!(
+            generation = view.generation,
+            pods = self.status.managed,
+            skipped = self.status.skipped,
+            exclusive = %exclusive,
+            "services follow the node's pods"
+        );
+        self.in_force = Some(now);
+        true
+    }
+
+    /// The configured services and the pods', in the order of the module doc; pods that
+    /// cannot be managed are warned about and left out.
+    fn services(&mut self, view: &PodView, tree: &Kubepods) -> Vec<ServiceConfig> {
+        let mut names: BTreeSet<String> = self.fixed.iter().map(|s| s.name.clone()).collect();
+        names.insert(BEST_EFFORT_GROUP.to_string());
+        let (mut lc, mut be) = (Vec::new(), Vec::new());
+        self.status.managed = 0;
+        self.status.skipped = 0;
+        for pod in &view.pods {
+            let made = pod_service(pod, tree, self.state.as_ref(), &self.cfg).and_then(|s| {
+                if names.insert(s.name.clone()) {
+                    Ok(s)
+                } else {
+                    Err(Skip::Warn {
+                        reason: "NameInUse",
+                        message: format!(
+                            "cohabit already manages a service named {:?}; this pod is skipped",
+                            s.name
+                        ),
+                    })
+                }
+            });
+            match made {
+                Ok(s) if s.p99_target_ms.is_some() => lc.push(s),
+                Ok(s) => be.push(s),
+                Err(Skip::Warn { reason, message }) => {
+                    self.source.warn(&pod.key, reason, &message);
+                    self.status.skipped += 1;
+                    continue;
+                }
+                Err(Skip::Exclusive) => {
+                    tracing::debug!(pod = %service_name(&pod.key), "every container has CPUs of its own; left alone");
+                    self.status.skipped += 1;
+                    continue;
+                }
+            }
+            self.status.managed += 1;
+        }
+        let (fixed_lc, fixed_be): (Vec<_>, Vec<_>) = self
+            .fixed
+            .iter()
+            .cloned()
+            .partition(|s| s.p99_target_ms.is_some());
+        fixed_lc
+            .into_iter()
+            .chain(lc)
+            .chain(fixed_be)
+            .chain(be)
+            .collect()
+    }
+
+    /// Builds the policy for the host's services now and applies its first plan.
+    fn rebuild(
+        &mut self,
+        host: &mut Checked<RealHost>,
+        policy: &mut Box<dyn Policy>,
+        fair_share: &mut Plan,
+        dry_run: bool,
+    ) {
+        let ctx = HostContext {
+            host: host.host().capacity().clone(),
+            specs: host.host().specs(),
+        };
+        *policy = (self.factory)(ctx.clone()).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the policy could not be built for the new services; using static until the next change");
+            Box::new(StaticPolicy::new(ctx))
+        });
+        let initial = policy.initial();
+        *fair_share = initial.plan.clone();
+        if dry_run {
+            return;
+        }
+        if let Err(e) = host.apply(&initial.plan, &[]) {
+            tracing::warn!(error = %e, "the first plan for the new services was refused; the next tick tries again");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

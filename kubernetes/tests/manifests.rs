@@ -1,0 +1,606 @@
+//! deploy/kubernetes/: every manifest parses into its typed Kubernetes object with no
+//! unknown field, and the objects fit together the way the daemon needs (mounts,
+//! privileges, selectors, RBAC, config paths, probes, dashboard metric names).
+//!
+//! k8s-openapi's types ignore unknown fields when deserialising, so "no unknown field" is
+//! checked by re-serialising the typed object and comparing it with the YAML as written:
+//! a misspelt or misplaced key is dropped by the typed parse and the two differ.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
+}
+
+fn repo_file(rel: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Every YAML document under deploy/kubernetes/, by file name.
+fn yaml_files() -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(deploy_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(docs.len(), 1, "{}: one object per file", path.display());
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        out.insert(name, docs.into_iter().next().unwrap());
+    }
+    out
+}
+
+/// Parses `doc` as `T` and fails if any field of `doc` is not a field of `T`.
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
+    let t: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let back = serde_json::to_value(&t).unwrap();
+    if let Some(path) = first_difference(doc, &back, String::new()) {
+        panic!(
+            "{file}: field {path} is unknown or malformed (the typed object reads it differently)"
+        );
+    }
+    t
+}
+
+/// The first path where `a` and `b` differ; numbers compare by value, and `b` may add
+/// nothing (k8s-openapi writes no defaults).
+fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys()) {
+                let (va, vb) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                if let Some(p) = first_difference(va, vb, format!("{at}.{k}")) {
+                    return Some(p);
+                }
+            }
+            None
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            if x.len() != y.len() {
+                return Some(at);
+            }
+            x.iter()
+                .zip(y)
+                .enumerate()
+                .find_map(|(i, (va, vb))| first_difference(va, vb, format!("{at}[{i}]")))
+        }
+        (Value::Number(x), Value::Number(y)) => (x.as_f64() != y.as_f64()).then_some(at),
+        _ => (a != b).then_some(at),
+    }
+}
+
+#[test]
+fn the_difference_check_catches_unknown_and_misplaced_fields() {
+    let good: Value = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x"}});
+    let _: ServiceAccount = typed("good", &good);
+    for bad in [
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x", "labelz": {"a": "b"}}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x"}, "spec": {}}),
+    ] {
+        let r = std::panic::catch_unwind(|| {
+            let _: ServiceAccount = typed("bad", &bad);
+        });
+        assert!(r.is_err(), "{bad} passed");
+    }
+}
+
+/// The Prometheus Operator's PodMonitor, the fields used here (monitoring.coreos.com/v1).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PodMonitor {
+    api_version: String,
+    kind: String,
+    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: PodMonitorSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PodMonitorSpec {
+    selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    namespace_selector: NamespaceSelector,
+    pod_metrics_endpoints: Vec<PodMetricsEndpoint>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NamespaceSelector {
+    match_names: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PodMetricsEndpoint {
+    port: String,
+    path: String,
+    interval: String,
+    scrape_timeout: String,
+    #[serde(default)]
+    relabelings: Vec<Relabeling>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Relabeling {
+    source_labels: Vec<String>,
+    target_label: String,
+    action: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Kustomization {
+    api_version: String,
+    kind: String,
+    resources: Vec<String>,
+}
+
+/// The objects, typed.
+struct Manifests {
+    namespace: Namespace,
+    service_account: ServiceAccount,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
+    config: ConfigMap,
+    daemonset: DaemonSet,
+    service: Service,
+    monitor: PodMonitor,
+}
+
+fn manifests() -> Manifests {
+    let f = yaml_files();
+    let expected: BTreeSet<&str> = [
+        "namespace.yaml",
+        "serviceaccount.yaml",
+        "clusterrole.yaml",
+        "clusterrolebinding.yaml",
+        "configmap.yaml",
+        "daemonset.yaml",
+        "service.yaml",
+        "podmonitor.yaml",
+        "kustomization.yaml",
+    ]
+    .into();
+    assert_eq!(
+        f.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        expected
+    );
+    let kinds: BTreeMap<&str, &str> = [
+        ("namespace.yaml", "Namespace"),
+        ("serviceaccount.yaml", "ServiceAccount"),
+        ("clusterrole.yaml", "ClusterRole"),
+        ("clusterrolebinding.yaml", "ClusterRoleBinding"),
+        ("configmap.yaml", "ConfigMap"),
+        ("daemonset.yaml", "DaemonSet"),
+        ("service.yaml", "Service"),
+        ("podmonitor.yaml", "PodMonitor"),
+        ("kustomization.yaml", "Kustomization"),
+    ]
+    .into();
+    for (file, kind) in &kinds {
+        assert_eq!(f[*file]["kind"], *kind, "{file}");
+    }
+    let monitor: PodMonitor = serde_json::from_value(f["podmonitor.yaml"].clone())
+        .unwrap_or_else(|e| panic!("podmonitor.yaml: {e}"));
+    assert_eq!(
+        (monitor.api_version.as_str(), monitor.kind.as_str()),
+        ("monitoring.coreos.com/v1", "PodMonitor")
+    );
+    Manifests {
+        namespace: typed("namespace.yaml", &f["namespace.yaml"]),
+        service_account: typed("serviceaccount.yaml", &f["serviceaccount.yaml"]),
+        role: typed("clusterrole.yaml", &f["clusterrole.yaml"]),
+        binding: typed("clusterrolebinding.yaml", &f["clusterrolebinding.yaml"]),
+        config: typed("configmap.yaml", &f["configmap.yaml"]),
+        daemonset: typed("daemonset.yaml", &f["daemonset.yaml"]),
+        service: typed("service.yaml", &f["service.yaml"]),
+        monitor,
+    }
+}
+
+#[test]
+fn the_kustomization_lists_every_manifest() {
+    let f = yaml_files();
+    let k: Kustomization = serde_json::from_value(f["kustomization.yaml"].clone()).unwrap();
+    assert_eq!(k.api_version, "kustomize.config.k8s.io/v1beta1");
+    assert_eq!(k.kind, "Kustomization");
+    let listed: BTreeSet<String> = k.resources.into_iter().collect();
+    let files: BTreeSet<String> = f
+        .keys()
+        .filter(|n| *n != "kustomization.yaml")
+        .cloned()
+        .collect();
+    assert_eq!(listed, files);
+}
+
+#[test]
+fn every_namespaced_object_is_in_the_agents_namespace() {
+    let m = manifests();
+    let ns = m.namespace.metadata.name.clone().unwrap();
+    for (what, got) in [
+        ("ServiceAccount", &m.service_account.metadata.namespace),
+        ("ConfigMap", &m.config.metadata.namespace),
+        ("DaemonSet", &m.daemonset.metadata.namespace),
+        ("Service", &m.service.metadata.namespace),
+        ("PodMonitor", &m.monitor.metadata.namespace),
+    ] {
+        assert_eq!(got.as_deref(), Some(ns.as_str()), "{what}");
+    }
+    assert_eq!(m.monitor.spec.namespace_selector.match_names, [ns]);
+}
+
+#[test]
+fn rbac_is_least_privilege_and_bound_to_the_agents_account() {
+    let m = manifests();
+    let mut rules: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for r in m.role.rules.iter().flatten() {
+        assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                rules
+                    .entry((g.clone(), res.clone()))
+                    .or_default()
+                    .extend(r.verbs.iter().cloned());
+            }
+        }
+    }
+    let want: BTreeMap<(String, String), BTreeSet<String>> = [
+        (
+            ("".to_string(), "pods".to_string()),
+            ["get", "list", "watch"].map(String::from).into(),
+        ),
+        (
+            ("".to_string(), "events".to_string()),
+            ["create"].map(String::from).into(),
+        ),
+    ]
+    .into();
+    assert_eq!(rules, want);
+    assert_eq!(m.binding.role_ref.kind, "ClusterRole");
+    assert_eq!(
+        Some(&m.binding.role_ref.name),
+        m.role.metadata.name.as_ref()
+    );
+    let subjects = m.binding.subjects.unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(
+        Some(&subjects[0].name),
+        m.service_account.metadata.name.as_ref()
+    );
+    assert_eq!(subjects[0].namespace, m.service_account.metadata.namespace);
+    let pod = m.daemonset.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name, m.service_account.metadata.name);
+}
+
+#[test]
+fn the_daemonset_has_the_privileges_mounts_and_env_the_daemon_needs() {
+    let m = manifests();
+    let spec = m.daemonset.spec.clone().unwrap();
+    let pod = spec.template.spec.clone().unwrap();
+    assert_eq!(pod.host_pid, Some(true), "hostPID: pods' tasks in /proc");
+    assert_eq!(pod.containers.len(), 1);
+    let c = &pod.containers[0];
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(sc.privileged, Some(true));
+    assert_eq!(sc.run_as_user, Some(0));
+    // NODE_NAME from the downward API.
+    let env = c.env.clone().unwrap();
+    let node = env
+        .iter()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME");
+    let field = node
+        .value_from
+        .as_ref()
+        .unwrap()
+        .field_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(field.field_path, "spec.nodeName");
+    // Host paths and where they are mounted.
+    let volumes = pod.volumes.clone().unwrap();
+    let host: BTreeMap<String, String> = volumes
+        .iter()
+        .filter_map(|v| Some((v.name.clone(), v.host_path.as_ref()?.path.clone())))
+        .collect();
+    let mounts: BTreeMap<String, (String, bool)> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.name.clone(),
+                (m.mount_path.clone(), m.read_only.unwrap_or(false)),
+            )
+        })
+        .collect();
+    let declared: BTreeSet<&String> = volumes.iter().map(|v| &v.name).collect();
+    assert_eq!(
+        declared,
+        mounts.keys().collect(),
+        "every volume mounted, every mount declared"
+    );
+    let mount_of = |host_path: &str| -> (String, bool) {
+        let (name, _) = host
+            .iter()
+            .find(|(_, p)| *p == host_path)
+            .unwrap_or_else(|| panic!("no hostPath {host_path}"));
+        mounts[name].clone()
+    };
+    assert!(!mount_of("/sys/fs/cgroup").1, "cgroup is written");
+    assert!(!mount_of("/sys/fs/resctrl").1, "resctrl is written");
+    assert!(mount_of("/var/lib/kubelet").1, "kubelet state is read-only");
+    assert!(!mount_of("/run/cohabit").1);
+    assert!(!mount_of("/run/nvidia-mps").1);
+    assert!(!mount_of("/var/log/cohabit").1);
+    // Selectors: the DaemonSet's, the Service's and the PodMonitor's pick the agent's pods.
+    let labels = spec.template.metadata.clone().unwrap().labels.unwrap();
+    let subset = |sel: &BTreeMap<String, String>| sel.iter().all(|(k, v)| labels.get(k) == Some(v));
+    let ds_sel = spec.selector.match_labels.clone().unwrap();
+    assert!(!ds_sel.is_empty() && subset(&ds_sel));
+    assert!(subset(&m.service.spec.clone().unwrap().selector.unwrap()));
+    assert!(subset(
+        m.monitor.spec.selector.match_labels.as_ref().unwrap()
+    ));
+    // An opt-in node selector on Linux nodes.
+    let ns = pod.node_selector.clone().unwrap();
+    assert_eq!(
+        ns.get("kubernetes.io/os").map(String::as_str),
+        Some("linux")
+    );
+    assert_eq!(
+        ns.get("cohabit.io/enabled").map(String::as_str),
+        Some("true")
+    );
+    // Resource requests and limits.
+    let res = c.resources.clone().unwrap();
+    for key in ["cpu", "memory"] {
+        assert!(
+            res.requests.as_ref().unwrap().contains_key(key),
+            "request {key}"
+        );
+        assert!(
+            res.limits.as_ref().unwrap().contains_key(key),
+            "limit {key}"
+        );
+    }
+}
+
+#[test]
+fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
+    let m = manifests();
+    let pod = m.daemonset.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let port = c
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .unwrap();
+    let exporter = repo_file("controller/src/daemon/exporter.rs");
+    for probe in [
+        c.liveness_probe.as_ref().unwrap(),
+        c.readiness_probe.as_ref().unwrap(),
+    ] {
+        let get = probe.http_get.as_ref().unwrap();
+        assert_eq!(serde_json::to_value(&get.port).unwrap(), "metrics");
+        let path = get.path.as_deref().unwrap();
+        assert!(
+            exporter.contains(&format!("\"{path}\"")),
+            "the exporter does not serve {path}"
+        );
+    }
+    let svc = m.service.spec.unwrap();
+    let sp = &svc.ports.unwrap()[0];
+    assert_eq!(sp.port, port.container_port);
+    assert_eq!(serde_json::to_value(&sp.target_port).unwrap(), "metrics");
+    let ep = &m.monitor.spec.pod_metrics_endpoints[0];
+    assert_eq!(ep.port, "metrics");
+    let secs = |d: &str| {
+        d.strip_suffix('s')
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{d}: not N s"))
+    };
+    assert!(
+        secs(&ep.scrape_timeout) <= secs(&ep.interval),
+        "scrapeTimeout within interval"
+    );
+    assert!(exporter.contains(&format!("\"{}\"", ep.path)));
+    assert!(ep.relabelings.iter().any(|r| r.target_label == "node"
+        && r.source_labels == ["__meta_kubernetes_pod_node_name"]
+        && r.action == "replace"));
+    // The daemon listens on that port (hostNetwork: containerPort is the node's port).
+    let cfg = daemon_config(&m.config);
+    let addr = cfg["metrics_addr"].as_str().unwrap();
+    assert!(
+        addr.ends_with(&format!(":{}", port.container_port)),
+        "{addr}"
+    );
+    assert_eq!(
+        cfg["metrics_public"].as_bool(),
+        Some(true),
+        "a non-loopback address needs metrics_public"
+    );
+    assert_eq!(port.host_port, Some(port.container_port));
+    assert_eq!(pod.host_network, Some(true));
+}
+
+fn daemon_config(cm: &ConfigMap) -> toml::Table {
+    let text = &cm.data.as_ref().unwrap()["cohabit.toml"];
+    toml::from_str(text).unwrap_or_else(|e| panic!("configmap.yaml cohabit.toml: {e}"))
+}
+
+/// The field names of `struct <name> { … }` in the daemon's config parser.
+fn parser_fields(src: &str, name: &str) -> BTreeSet<String> {
+    let start = src
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("no struct {name} in config.rs"));
+    let body = &src[start..];
+    let body = &body[body.find('{').unwrap() + 1..body.find("\n}").unwrap()];
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && !l.starts_with("#["))
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, _)| k.trim().trim_start_matches("pub ").to_string())
+        })
+        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .collect()
+}
+
+#[test]
+fn the_daemon_config_uses_keys_the_daemon_knows_and_paths_the_pod_mounts() {
+    // The daemon's own parser (cohabit-controller) would be a dependency cycle once the
+    // daemon depends on this crate, and pulls in libtorch; so the TOML's keys are checked
+    // against the field names of the parser's structs in config.rs, which all deny
+    // unknown fields.
+    let src = repo_file("controller/src/daemon/config.rs");
+    let m = manifests();
+    let cfg = daemon_config(&m.config);
+    let sections: BTreeMap<&str, &str> = [
+        ("paths", "PathsFile"),
+        ("kubernetes", "KubernetesFile"),
+        ("host", "HostFile"),
+        ("mps", "MpsFile"),
+    ]
+    .into();
+    let top = parser_fields(&src, "File");
+    for (key, value) in &cfg {
+        assert!(
+            top.contains(key),
+            "unknown top-level key {key} (config.rs File has {top:?})"
+        );
+        if let Some(table) = value.as_table() {
+            let known = parser_fields(&src, sections[key.as_str()]);
+            for k in table.keys() {
+                assert!(
+                    known.contains(k),
+                    "unknown key {key}.{k} (config.rs has {known:?})"
+                );
+            }
+        }
+    }
+    assert!(cfg.contains_key("kubernetes"), "services come from pods");
+    // Every path the daemon uses is inside a mount (or the host's /proc and /sys).
+    let pod = m.daemonset.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let mounts: Vec<String> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.clone())
+        .collect();
+    let mounted = |p: &str| {
+        mounts
+            .iter()
+            .any(|m| p == m || p.starts_with(&format!("{m}/")))
+    };
+    let paths = cfg["paths"].as_table().unwrap();
+    for key in ["cgroup", "resctrl", "state_dir"] {
+        let p = paths[key].as_str().unwrap();
+        assert!(mounted(p), "paths.{key} = {p} is not mounted");
+    }
+    assert_eq!(paths["proc"].as_str(), Some("/proc"));
+    let log = cfg["log"].as_str().unwrap();
+    assert!(
+        mounted(Path::new(log).parent().unwrap().to_str().unwrap()),
+        "log {log}"
+    );
+    let kubelet = cfg["kubernetes"]["kubelet_dir"].as_str().unwrap();
+    assert!(mounted(kubelet), "kubelet_dir {kubelet}");
+    assert!(
+        cfg["kubernetes"].get("node_name").is_none(),
+        "node_name comes from NODE_NAME"
+    );
+    // The command reads this ConfigMap's key where the ConfigMap is mounted.
+    let cm_volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| {
+            v.config_map.as_ref().map(|c| c.name.as_str()) == m.config.metadata.name.as_deref()
+        })
+        .unwrap();
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == cm_volume.name)
+        .unwrap();
+    let command = c.command.clone().unwrap();
+    let at = command.iter().position(|a| a == "--config").unwrap();
+    assert_eq!(
+        command[at + 1],
+        format!("{}/cohabit.toml", mount.mount_path)
+    );
+    assert_eq!(command[1], "run");
+}
+
+#[test]
+fn the_dashboard_plots_metrics_the_exporter_exports() {
+    let text = std::fs::read_to_string(deploy_dir().join("grafana-dashboard.json")).unwrap();
+    let dash: Value = serde_json::from_str(&text).unwrap();
+    let exporter = repo_file("controller/src/daemon/exporter.rs");
+    let mut exprs = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        assert!(p["title"].as_str().is_some_and(|t| !t.is_empty()));
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    for v in dash["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    let mut used = BTreeSet::new();
+    for e in &exprs {
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("cohabit_") {
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            used.insert(name);
+        }
+    }
+    for name in &used {
+        assert!(
+            exporter.contains(&format!("\"{name}\"")),
+            "{name} is not a metric of exporter.rs"
+        );
+    }
+    for needed in [
+        "cohabit_service_p99_ms",
+        "cohabit_service_target_ms",
+        "cohabit_allocation",
+        "cohabit_fallbacks_total",
+    ] {
+        assert!(used.contains(needed), "the dashboard lacks {needed}");
+    }
+    // Labels the exporter sets, plus `node` from the PodMonitor's relabeling.
+    for label in ["service", "group", "resource", "kind"] {
+        assert!(
+            exporter.contains(&format!("    {label}: ")),
+            "exporter has no label {label}"
+        );
+    }
+}

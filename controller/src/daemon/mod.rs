@@ -327,7 +327,15 @@ impl Loop {
         }
         if let Some(pods) = &mut self.pods {
             let plan = &mut self.fair_share;
-            pods.tick(&mut self.host, &mut self.policy, plan, self.dry_run);
+            let rebuilt = pods.tick(&mut self.host, &mut self.policy, plan, self.dry_run);
+            // A policy built again for the new pods starts from the model given at start;
+            // a version reloaded since then is the one in force.
+            if let Some(latest) = rebuilt
+                .then(|| self.model_watch.as_ref().and_then(ModelWatch::latest))
+                .flatten()
+            {
+                self.policy.replace_model(latest);
+            }
             let s = pods.status();
             if let Ok(mut ex) = exporter.lock() {
                 ex.kubernetes(s.managed, s.skipped, s.api_reachable);

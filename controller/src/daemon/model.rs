@@ -80,6 +80,8 @@ pub struct ModelWatch {
     every: u32,
     ticks: u32,
     seen: Version,
+    /// The last version that loaded, for a policy built again later (the pods changed).
+    latest: Option<Arc<Model>>,
 }
 
 impl ModelWatch {
@@ -92,7 +94,14 @@ impl ModelWatch {
             every: every.max(1),
             ticks: 0,
             seen: version(path),
+            latest: None,
         }
+    }
+
+    /// The last version that loaded since start (`None`: the one loaded at start is
+    /// still the newest): a policy built again for new services takes it.
+    pub fn latest(&self) -> Option<Arc<Model>> {
+        self.latest.clone()
     }
 
     /// The model's metadata file.
@@ -130,7 +139,11 @@ impl ModelWatch {
             return Reload::Unchanged;
         }
         match Model::load(&self.path) {
-            Ok(m) => Reload::Loaded(Arc::new(m)),
+            Ok(m) => {
+                let m = Arc::new(m);
+                self.latest = Some(Arc::clone(&m));
+                Reload::Loaded(m)
+            }
             Err(e) => Reload::Failed(e.to_string()),
         }
     }
@@ -316,6 +329,9 @@ mod tests {
         ));
         assert_eq!(policy.model.as_deref(), Some(second.as_str()));
         assert_eq!(counters(&ex), (1.0, 0.0));
+        let latest = watch
+            .latest()
+            .expect("the reloaded model is kept for rebuilt policies");
 
         // Not a model: the loader's error, counted; the second model stays.
         std::fs::write(&path, "{\"format\": \"something else\"}").unwrap();
@@ -326,6 +342,10 @@ mod tests {
         );
         assert_eq!(policy.model.as_deref(), Some(second.as_str()));
         assert_eq!(counters(&ex), (1.0, 1.0));
+        assert!(
+            watch.latest().is_some_and(|m| Arc::ptr_eq(&m, &latest)),
+            "a version that failed does not replace the last good one"
+        );
         // The same bad version is not retried.
         assert!(tick(&mut watch, &mut policy).is_empty());
         assert_eq!(counters(&ex), (1.0, 1.0));

@@ -336,12 +336,14 @@ impl Report {
                     && r.policy == policy
             })
         };
-        let mut scenarios: Vec<&str> = self
-            .runs
-            .iter()
-            .filter_map(|r| r.scenario.as_deref())
-            .collect();
-        scenarios.dedup();
+        // Each batch job once, in the order its first run came (explore runs come first,
+        // so the same names recur further on).
+        let mut scenarios: Vec<&str> = Vec::new();
+        for sc in self.runs.iter().filter_map(|r| r.scenario.as_deref()) {
+            if !scenarios.contains(&sc) {
+                scenarios.push(sc);
+            }
+        }
         for sc in scenarios {
             let (Some(sim), Some(host)) = (find(sc, "ml"), find(sc, "ml-host")) else {
                 continue;

@@ -423,3 +423,72 @@ fn an_amd_host_gets_absolute_mb_units() {
         MbaUnits::Percent { .. }
     ));
 }
+
+#[test]
+fn monitoring_groups_count_their_own_tasks_and_follow_the_kernels_rules() {
+    let fake = FakeResctrl::builder().num_rmids(4).build().unwrap();
+    for t in [100, 101, 102] {
+        fake.add_task(t).unwrap();
+    }
+    let r = open(&fake);
+    r.ensure_group("cohabit-a").unwrap();
+    r.ensure_group("cohabit-b").unwrap();
+    r.move_tasks(Some("cohabit-a"), &[100, 101]).unwrap();
+    r.ensure_mon_group("cohabit-a", "kv").unwrap();
+    r.ensure_mon_group("cohabit-a", "kv").unwrap();
+    assert_eq!(r.mon_groups("cohabit-a").unwrap(), vec!["kv".to_string()]);
+    // Only a task of the parent control group may join; the kernel says why not.
+    r.move_tasks_to_mon("cohabit-a", "kv", &[100]).unwrap();
+    let e = r.move_tasks_to_mon("cohabit-a", "kv", &[102]).unwrap_err();
+    assert!(e.to_string().contains("moving a task"), "{e}");
+    let status = std::fs::read_to_string(fake.root().join("info/last_cmd_status")).unwrap();
+    assert!(status.contains("different control group"), "{status}");
+    assert_eq!(r.mon_tasks("cohabit-a", "kv").unwrap(), vec![100]);
+    assert_eq!(
+        r.tasks(Some("cohabit-a")).unwrap(),
+        vec![100, 101],
+        "the control group lists it still"
+    );
+    // Each monitoring group reads its own RMID; the control group reads them all.
+    fake.set_counter(Some("cohabit-a"), 0, "mbm_total_bytes", Some(1_000))
+        .unwrap();
+    fake.set_counter(
+        Some("cohabit-a/mon_groups/kv"),
+        0,
+        "mbm_total_bytes",
+        Some(300),
+    )
+    .unwrap();
+    assert_eq!(
+        r.read_mon_group("cohabit-a", "kv").unwrap().mbm_total_bytes,
+        Some(300)
+    );
+    assert_eq!(
+        r.read_mon(Some("cohabit-a")).unwrap().mbm_total_bytes,
+        Some(1_300)
+    );
+    // RMIDs: the root, a, b and kv use all 4.
+    let e = r.ensure_mon_group("cohabit-b", "web").unwrap_err();
+    assert!(e.to_string().contains("out of RMIDs"), "{e}");
+    // Writing the control group's tasks takes a task out of its monitoring group.
+    r.move_tasks(Some("cohabit-a"), &[100]).unwrap();
+    assert!(r.mon_tasks("cohabit-a", "kv").unwrap().is_empty());
+    r.move_tasks_to_mon("cohabit-a", "kv", &[100]).unwrap();
+    // Removing the monitoring group leaves its task in the control group.
+    r.remove_mon_group("cohabit-a", "kv").unwrap();
+    assert!(r.mon_groups("cohabit-a").unwrap().is_empty());
+    let mut left = r.tasks(Some("cohabit-a")).unwrap();
+    left.sort_unstable();
+    assert_eq!(left, vec![100, 101]);
+    // Removing a control group removes its monitoring groups; their tasks go to the root.
+    r.ensure_mon_group("cohabit-a", "kv").unwrap();
+    r.move_tasks_to_mon("cohabit-a", "kv", &[101]).unwrap();
+    r.remove_group("cohabit-a").unwrap();
+    let mut root = r.tasks(None).unwrap();
+    root.sort_unstable();
+    assert_eq!(root, vec![100, 101, 102]);
+    assert!(
+        r.ensure_mon_group("cohabit-a", "kv").is_err(),
+        "no control group, no monitoring group"
+    );
+}

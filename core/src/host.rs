@@ -32,6 +32,31 @@ pub struct HostCapacity {
     /// Step between MBA percentages (`info/MB/bandwidth_gran`); requests round to it.
     #[serde(default = "default_mba_gran_pct")]
     pub mba_gran_pct: u8,
+    /// Fewest ways one cache allocation mask may hold (`info/L3/min_cbm_bits`): a narrower
+    /// way range is widened to this many ways when it is written, and may then reach into
+    /// a neighbour's ways. Logs and configs without the field mean 1 (no widening).
+    #[serde(
+        default = "default_min_cbm_bits",
+        skip_serializing_if = "is_default_min_cbm_bits"
+    )]
+    pub min_cbm_bits: u32,
+    /// Ways that other agents of the host (I/O devices) also fill, as a bit mask of
+    /// `llc_ways` bits (`info/L3/shareable_bits`): a range there is not exclusive. Logs and
+    /// configs without the field mean 0 (none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shareable_bits: u64,
+}
+
+fn default_min_cbm_bits() -> u32 {
+    1
+}
+
+fn is_default_min_cbm_bits(v: &u32) -> bool {
+    *v == default_min_cbm_bits()
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// CLOSIDs of logs and scenarios written before the field existed (L3 CAT on most Xeons).
@@ -147,6 +172,24 @@ impl HostCapacity {
                 format!("must be between 1 and 100, got {}", self.mba_gran_pct),
             ));
         }
+        if self.min_cbm_bits == 0 || self.min_cbm_bits > self.llc_ways {
+            return Err(CoreError::invalid(
+                "host.min_cbm_bits",
+                format!(
+                    "must be between 1 and llc_ways ({}), got {}",
+                    self.llc_ways, self.min_cbm_bits
+                ),
+            ));
+        }
+        if self.llc_ways < 64 && self.shareable_bits >> self.llc_ways != 0 {
+            return Err(CoreError::invalid(
+                "host.shareable_bits",
+                format!(
+                    "must lie within the {} ways, got {:#x}",
+                    self.llc_ways, self.shareable_bits
+                ),
+            ));
+        }
         for (i, gpu) in self.gpus.iter().enumerate() {
             if gpu.sms == 0 {
                 return Err(CoreError::invalid(
@@ -175,6 +218,8 @@ mod tests {
             closids: 16,
             mba_min_pct: 10,
             mba_gran_pct: 10,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
         }
     }
 
@@ -183,6 +228,35 @@ mod tests {
         let h = host();
         h.validate().unwrap();
         assert_eq!(h.llc_bytes(), 11 << 20);
+    }
+
+    #[test]
+    fn cache_mask_limits_default_for_old_files_and_are_checked() {
+        // A capacity written before the fields existed reads with no widening and no
+        // shared ways, and is written back without them.
+        let mut v = serde_json::to_value(host()).unwrap();
+        assert!(v.get("min_cbm_bits").is_none() && v.get("shareable_bits").is_none());
+        let old: HostCapacity = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!((old.min_cbm_bits, old.shareable_bits), (1, 0));
+        v["min_cbm_bits"] = 2.into();
+        v["shareable_bits"] = 0x600.into();
+        let new: HostCapacity = serde_json::from_value(v).unwrap();
+        assert_eq!((new.min_cbm_bits, new.shareable_bits), (2, 0x600));
+        new.validate().unwrap();
+        let mut h = host();
+        h.min_cbm_bits = 12;
+        assert!(h
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("host.min_cbm_bits"));
+        let mut h = host();
+        h.shareable_bits = 1 << 11;
+        assert!(h
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("host.shareable_bits"));
     }
 
     #[test]

@@ -482,6 +482,8 @@ mod tests {
             closids: 8,
             mba_min_pct: 20,
             mba_gran_pct: 5,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
         }
     }
 

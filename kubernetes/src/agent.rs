@@ -1,9 +1,18 @@
 //! The agent's thread: kube's watcher over this node's pods feeding the [`Store`], and the
 //! Warning Events it posts.
+//!
+//! A hung API server (connected, but answering nothing) is caught by an idle deadline: the
+//! client notes every response and every chunk of a body ([`Activity`], bookmarks included,
+//! which kube's watcher does not surface), and when the server has been silent for longer
+//! than the watch's `timeoutSeconds` plus a slack ([`crate::AgentTiming::idle_limit`]) the
+//! watch is dropped, the server marked unreachable, and after a back-off the pods are
+//! listed afresh. A server that works is never that silent: it ends each watch at
+//! `timeoutSeconds`, and the next request's answer counts.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -24,6 +33,64 @@ struct Warning {
     pod: PodKey,
     reason: String,
     message: String,
+}
+
+/// When the API server last sent anything: response headers, or a chunk of a body.
+#[derive(Debug)]
+struct Activity {
+    base: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// Milliseconds since the agent started.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Something arrived now.
+    fn touch(&self) {
+        self.last_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether something arrived at or after `since_ms` ([`Self::now_ms`]).
+    fn since(&self, since_ms: u64) -> bool {
+        self.last_ms.load(Ordering::Relaxed) >= since_ms
+    }
+
+    /// When something last arrived.
+    fn last(&self) -> Instant {
+        self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// The kube client for `kcfg`, noting in `activity` every response and every chunk of a
+/// body it receives.
+fn watched_client(kcfg: kube::Config, activity: &Arc<Activity>) -> Result<Client, KubeError> {
+    use http_body_util::BodyExt as _;
+    let builder = kube::client::ClientBuilder::try_from(kcfg)
+        .map_err(|e| KubeError::Client(e.to_string()))?;
+    let act = Arc::clone(activity);
+    let note = tower::util::MapResponseLayer::new(
+        move |resp: http::Response<Box<kube::client::DynBody>>| {
+            act.touch();
+            let each = Arc::clone(&act);
+            resp.map(move |body| {
+                body.map_frame(move |frame| {
+                    each.touch();
+                    frame
+                })
+            })
+        },
+    );
+    Ok(builder.with_layer(&note).build())
 }
 
 /// State shared between the agent's thread and its handle.
@@ -78,6 +145,7 @@ impl NodeAgent {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (sh, wt) = (shared.clone(), warn_tx.clone());
+        let activity = Activity::new();
         // The runtime and the client are built on the agent's own thread, so that `start`
         // may be called from inside another tokio runtime (the daemon's).
         let thread = std::thread::Builder::new()
@@ -89,9 +157,7 @@ impl NodeAgent {
                     .map_err(|e| KubeError::Client(format!("tokio runtime: {e}")))
                     .and_then(|rt| {
                         // The client spawns its request buffer on the runtime it is built in.
-                        let client = rt
-                            .block_on(async { Client::try_from(kcfg) })
-                            .map_err(|e| KubeError::Client(e.to_string()))?;
+                        let client = rt.block_on(async { watched_client(kcfg, &activity) })?;
                         Ok((rt, client))
                     });
                 match built {
@@ -102,6 +168,7 @@ impl NodeAgent {
                             client,
                             shared: sh,
                             warn_tx: wt,
+                            activity,
                         };
                         rt.block_on(task.run(warn_rx, stop_rx));
                     }
@@ -222,6 +289,7 @@ struct Loop {
     client: Client,
     shared: Arc<Shared>,
     warn_tx: mpsc::UnboundedSender<Warning>,
+    activity: Arc<Activity>,
 }
 
 impl Loop {
@@ -252,15 +320,36 @@ impl Loop {
         // the connect time-out and a second: a re-established watch yields no event until a
         // pod changes, and kube does not surface bookmarks.
         let settle = t.connect_timeout + Duration::from_secs(1);
-        let mut recovering: Option<tokio::time::Instant> = None;
+        // When the retried request started: it succeeded only if the server answered since.
+        let mut recovering: Option<(tokio::time::Instant, u64)> = None;
+        let idle_limit = t.idle_limit();
+        self.activity.touch();
         loop {
-            let deadline = recovering.unwrap_or_else(tokio::time::Instant::now);
+            let deadline = recovering.map_or_else(tokio::time::Instant::now, |r| r.0);
+            let idle_deadline = tokio::time::Instant::from_std(self.activity.last() + idle_limit);
             tokio::select! {
                 _ = stop.changed() => break,
                 Some(w) = warn_rx.recv() => self.post(w),
                 () = tokio::time::sleep_until(deadline), if recovering.is_some() => {
+                    let since = recovering.take().map(|r| r.1);
+                    if since.is_some_and(|s| self.activity.since(s)) {
+                        self.recovered(&mut backoff);
+                    }
+                }
+                () = tokio::time::sleep_until(idle_deadline) => {
+                    // Woken early by a late touch: the deadline moves on.
+                    if self.activity.last().elapsed() < idle_limit {
+                        continue;
+                    }
+                    let delay = self.on_silence(idle_limit, &mut backoff);
                     recovering = None;
-                    self.recovered(&mut backoff);
+                    // Dropping the stream drops its connection; the new watcher lists first.
+                    stream = Box::pin(watcher(pods.clone(), wc.clone()));
+                    tokio::select! {
+                        _ = stop.changed() => break,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    self.activity.touch();
                 }
                 item = stream.next() => match item {
                     // `Init` opens a (re-)list before any request is made: no news.
@@ -280,7 +369,8 @@ impl Loop {
                             _ = stop.changed() => break,
                             () = tokio::time::sleep(delay) => {}
                         }
-                        recovering = Some(tokio::time::Instant::now() + settle);
+                        recovering =
+                            Some((tokio::time::Instant::now() + settle, self.activity.now_ms()));
                     }
                     None => break,
                 },
@@ -334,6 +424,27 @@ impl Loop {
                 &bad.error.to_string(),
             );
         }
+    }
+
+    /// The server said nothing for `idle_limit`: the view says so; returns how long to wait
+    /// before listing afresh.
+    fn on_silence(&self, idle_limit: Duration, backoff: &mut Backoff) -> Duration {
+        let text = format!(
+            "the API server sent nothing for {} s (watch timeoutSeconds + slack); dropped the connection, listing afresh",
+            idle_limit.as_secs_f64()
+        );
+        let delay = backoff.next_delay(None);
+        if backoff.attempts() == 1 {
+            tracing::warn!(retry_in_ms = delay.as_millis(), "{text}");
+        } else {
+            tracing::debug!(
+                attempt = backoff.attempts(),
+                retry_in_ms = delay.as_millis(),
+                "{text}"
+            );
+        }
+        self.shared.store().unreachable(text);
+        delay
     }
 
     /// Records the failure in the view; returns how long to wait and whether to start a

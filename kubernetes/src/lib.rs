@@ -84,10 +84,22 @@ pub struct AgentTiming {
     /// Longest delay between tries (a 429's Retry-After may ask for more, up to 5 minutes).
     pub backoff_max: Duration,
     /// `timeoutSeconds` of each watch request; the server ends the watch then and the agent
-    /// resumes from the last resource version. A watch silent for this plus 5 s is dropped.
+    /// resumes from the last resource version.
     pub watch_timeout_s: u32,
     /// Time-out to open a connection to the API server.
     pub connect_timeout: Duration,
+    /// How much longer than `watch_timeout_s` the API server may stay silent (no response,
+    /// no chunk of a list or watch, bookmarks included) before the agent takes it for hung:
+    /// it drops the connection, marks the server unreachable, backs off and lists afresh.
+    /// A server that works answers sooner: it ends every watch at `watch_timeout_s`.
+    pub idle_slack: Duration,
+}
+
+impl AgentTiming {
+    /// How long the API server may stay silent: `watch_timeout_s` + `idle_slack`.
+    pub fn idle_limit(&self) -> Duration {
+        Duration::from_secs(u64::from(self.watch_timeout_s)) + self.idle_slack
+    }
 }
 
 impl Default for AgentTiming {
@@ -97,6 +109,7 @@ impl Default for AgentTiming {
             backoff_max: Duration::from_secs(30),
             watch_timeout_s: 290,
             connect_timeout: Duration::from_secs(10),
+            idle_slack: Duration::from_secs(5),
         }
     }
 }

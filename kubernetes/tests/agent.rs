@@ -20,6 +20,19 @@ struct Agent {
 }
 
 fn start(api: &FakeApi) -> Agent {
+    start_with(
+        api,
+        AgentTiming {
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(100),
+            watch_timeout_s: 5,
+            connect_timeout: Duration::from_secs(1),
+            idle_slack: Duration::from_secs(5),
+        },
+    )
+}
+
+fn start_with(api: &FakeApi, timing: AgentTiming) -> Agent {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, TOKEN).unwrap();
@@ -31,12 +44,7 @@ fn start(api: &FakeApi) -> Agent {
             ca_file: None,
         },
     );
-    cfg.timing = AgentTiming {
-        backoff_initial: Duration::from_millis(20),
-        backoff_max: Duration::from_millis(100),
-        watch_timeout_s: 5,
-        connect_timeout: Duration::from_secs(1),
-    };
+    cfg.timing = timing;
     Agent {
         agent: NodeAgent::start(cfg).unwrap(),
         _dir: dir,
@@ -574,4 +582,86 @@ fn a_watch_that_reconnects_quietly_marks_the_server_reachable_again() {
         watches.len() >= 2 && watches.iter().all(|w| w.rv() == Some("100")),
         "{watches:#?}"
     );
+}
+
+#[test]
+fn a_server_that_accepts_and_then_says_nothing_is_dropped_and_listed_afresh() {
+    // The first watch is accepted and never answered; a working server ends each watch at
+    // timeoutSeconds (1 s here), so after 1 s + 0.5 s of silence the agent gives up on it.
+    let healthy = || Reply::Watch {
+        events: vec![bookmark("200")],
+        hold: Some(Duration::from_millis(900)),
+    };
+    let mut watches = vec![Reply::Hang(Duration::from_secs(60))];
+    watches.extend((0..20).map(|_| healthy()));
+    let api = FakeApi::start(script(
+        vec![
+            pod_list("100", vec![pod("a", "u-a", "90", "Running", be())]),
+            pod_list(
+                "200",
+                vec![
+                    pod("a", "u-a", "90", "Running", be()),
+                    pod("b", "u-b", "95", "Running", be()),
+                ],
+            ),
+        ],
+        watches,
+    ));
+    let a = start_with(
+        &api,
+        AgentTiming {
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(100),
+            watch_timeout_s: 1,
+            connect_timeout: Duration::from_secs(1),
+            idle_slack: Duration::from_millis(500),
+        },
+    );
+    wait_until(5, "synced", || names(&a.agent) == ["a"]);
+    let t0 = std::time::Instant::now();
+    wait_until(5, "the silence in the view", || {
+        let v = a.agent.view();
+        !v.api_reachable
+            && v.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("sent nothing"))
+    });
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1000),
+        "not before the watch's timeoutSeconds: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(names(&a.agent), ["a"], "the last view is kept meanwhile");
+    wait_until(5, "the fresh list's view", || names(&a.agent) == ["a", "b"]);
+    let v = a.agent.view();
+    assert!(v.api_reachable && v.last_error.is_none(), "{v:?}");
+    let kinds: Vec<(bool, Option<String>)> = api
+        .pod_requests()
+        .iter()
+        .take(4)
+        .map(|q| (q.is_watch(), q.rv().map(str::to_string)))
+        .collect();
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        kinds,
+        [
+            (false, s("0")),
+            (true, s("100")),
+            (false, s("0")),
+            (true, s("200"))
+        ],
+        "a fresh list, not a retried watch"
+    );
+    // A working server's quiet watches (ended at timeoutSeconds) are never taken for hung.
+    std::thread::sleep(Duration::from_secs(3));
+    let v = a.agent.view();
+    assert!(v.api_reachable, "{v:?}");
+    assert_eq!(
+        api.pod_requests()
+            .iter()
+            .filter(|q| q.is_pod_list())
+            .count(),
+        2
+    );
+    a.agent.shutdown();
 }

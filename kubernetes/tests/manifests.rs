@@ -407,6 +407,16 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
             "the exporter does not serve {path}"
         );
     }
+    // Liveness is the tick health (a hung loop behind a live metrics server is restarted);
+    // readiness is only whether metrics are served.
+    let path = |p: Option<&k8s_openapi::api::core::v1::Probe>| {
+        p.and_then(|p| p.http_get.as_ref()?.path.clone())
+    };
+    assert_eq!(path(c.liveness_probe.as_ref()).as_deref(), Some("/healthz"));
+    assert_eq!(
+        path(c.readiness_probe.as_ref()).as_deref(),
+        Some("/metrics")
+    );
     let svc = m.service.spec.unwrap();
     let sp = &svc.ports.unwrap()[0];
     assert_eq!(sp.port, port.container_port);

@@ -9,9 +9,20 @@
 //! root holds one). A task id written to `tasks` leaves every other group; an unknown id
 //! fails with ESRCH. `rmdir` returns the group's tasks to the root.
 //!
-//! Unlike the kernel: only ids registered with [`FakeResctrl::add_task`] exist; there are
-//! no monitoring groups, no RMID limbo, no `cpus` files, and monitoring counters change
-//! only when a test sets them ([`FakeResctrl::set_counter`]).
+//! Monitoring groups as the kernel has them: every control group (the root too) has
+//! `mon_groups`; `mkdir` there makes a group with its own `tasks` and `mon_data` and takes
+//! an RMID (ENOSPC once `info/L3_MON/num_rmids` are used, control groups included). A task
+//! joins a monitoring group only from its parent control group (EINVAL, "Can't move task
+//! to different control group", otherwise) and leaves its other monitoring groups then;
+//! writing it to a control group's `tasks` takes it out of every monitoring group. A
+//! control group's `tasks` lists its monitoring groups' tasks too, and each counter in its
+//! `mon_data` reads as its own value plus its monitoring groups' (`Unavailable` if any
+//! is). `rmdir` of a monitoring group leaves its tasks in the control group; `rmdir` of a
+//! control group removes its monitoring groups.
+//!
+//! Unlike the kernel: only ids registered with [`FakeResctrl::add_task`] exist; there is no
+//! RMID limbo, no `cpus` files, and monitoring counters change only when a test sets them
+//! ([`FakeResctrl::set_counter`]; a monitoring group is `"<group>/mon_groups/<name>"`).
 
 use std::collections::HashMap;
 use std::io;
@@ -30,11 +41,13 @@ pub struct FakeResctrlBuilder {
     domains: Vec<u32>,
     mba: Option<(u32, u32)>,
     cdp: bool,
+    num_rmids: u32,
 }
 
 impl Default for FakeResctrlBuilder {
     fn default() -> Self {
         Self {
+            num_rmids: 128,
             ways: 20,
             min_cbm_bits: 1,
             num_closids: 16,
@@ -76,6 +89,11 @@ impl FakeResctrlBuilder {
         self.cdp = cdp;
         self
     }
+    /// RMIDs (`info/L3_MON/num_rmids`): control and monitoring groups, the root's included.
+    pub fn num_rmids(mut self, n: u32) -> Self {
+        self.num_rmids = n;
+        self
+    }
 
     /// Lays the tree out and returns the fake.
     pub fn build(self) -> io::Result<FakeResctrl> {
@@ -113,7 +131,10 @@ impl FakeResctrlBuilder {
                 format!("{}\n", self.num_closids.min(8)),
             )?;
         }
-        write(root.join("info/L3_MON/num_rmids"), "128\n".into())?;
+        write(
+            root.join("info/L3_MON/num_rmids"),
+            format!("{}\n", self.num_rmids),
+        )?;
         write(
             root.join("info/L3_MON/mon_features"),
             "llc_occupancy\nmbm_total_bytes\nmbm_local_bytes\n".into(),
@@ -230,8 +251,14 @@ impl FakeResctrl {
     }
 
     fn lay_group(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir.join("mon_groups"))?;
         std::fs::write(dir.join("schemata"), self.default.to_string())?;
+        self.lay_mon(dir)
+    }
+
+    /// `tasks` and `mon_data` of a control or monitoring group.
+    fn lay_mon(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
         if !dir.join("tasks").exists() {
             std::fs::write(dir.join("tasks"), "")?;
         }
@@ -247,6 +274,88 @@ impl FakeResctrl {
         let g = st.next_generation;
         st.generation.insert(dir.to_path_buf(), g);
         Ok(())
+    }
+
+    /// The monitoring groups of control group `ctrl`.
+    fn mon_groups_of(ctrl: &Path) -> io::Result<Vec<PathBuf>> {
+        let dir = ctrl.join("mon_groups");
+        if !dir.is_dir() {
+            return Ok(vec![]);
+        }
+        Ok(RealFs
+            .subdirs(&dir)?
+            .into_iter()
+            .map(|n| dir.join(n))
+            .collect())
+    }
+
+    /// The control group of a monitoring group's directory, if `dir` is one.
+    fn parent_ctrl(&self, dir: &Path) -> Option<PathBuf> {
+        let mon_groups = dir.parent()?;
+        if mon_groups.file_name()? != "mon_groups" {
+            return None;
+        }
+        let ctrl = mon_groups.parent()?;
+        (ctrl == self.root || ctrl.parent() == Some(self.root.as_path()))
+            .then(|| ctrl.to_path_buf())
+    }
+
+    /// RMIDs in use: every control group's and every monitoring group's.
+    fn rmids_used(&self) -> io::Result<u32> {
+        let mut n = 0u32;
+        for g in self.groups()? {
+            n += 1 + u32::try_from(Self::mon_groups_of(&g)?.len()).unwrap_or(u32::MAX);
+        }
+        Ok(n)
+    }
+
+    fn tasks_of(dir: &Path) -> io::Result<Vec<String>> {
+        Ok(std::fs::read_to_string(dir.join("tasks"))?
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect())
+    }
+
+    fn set_tasks(dir: &Path, tasks: &[String]) -> io::Result<()> {
+        let text: String = tasks.iter().map(|t| format!("{t}\n")).collect();
+        std::fs::write(dir.join("tasks"), text)
+    }
+
+    /// A control group's counter: its own value plus its monitoring groups'.
+    fn read_ctrl_counter(&self, path: &Path) -> Option<io::Result<String>> {
+        // <ctrl>/mon_data/mon_L3_XX/<file>
+        let file = path.file_name()?;
+        let domain = path.parent()?.file_name()?;
+        let mon_data = path.parent()?.parent()?;
+        if mon_data.file_name()? != "mon_data" {
+            return None;
+        }
+        let ctrl = mon_data.parent()?;
+        if ctrl != self.root && ctrl.parent() != Some(self.root.as_path()) {
+            return None;
+        }
+        let children = match Self::mon_groups_of(ctrl) {
+            Ok(c) if !c.is_empty() => c,
+            Ok(_) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut total = 0u64;
+        let own = std::iter::once(path.to_path_buf());
+        let others = children
+            .iter()
+            .map(|c| c.join("mon_data").join(domain).join(file));
+        for p in own.chain(others) {
+            let text = match std::fs::read_to_string(&p) {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e)),
+            };
+            match text.trim().parse::<u64>() {
+                Ok(v) => total = total.saturating_add(v),
+                Err(_) => return Some(Ok("Unavailable\n".into())),
+            }
+        }
+        Some(Ok(format!("{total}\n")))
     }
 
     fn groups(&self) -> io::Result<Vec<PathBuf>> {
@@ -310,6 +419,37 @@ impl FakeResctrl {
             self.set_status(&format!("No task {tid}"));
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        let id = tid.to_string();
+        if let Some(ctrl) = self.parent_ctrl(dir) {
+            // Into a monitoring group: only from its control group; out of its siblings.
+            if !Self::tasks_of(&ctrl)?.contains(&id) {
+                self.set_status("Can't move task to different control group");
+                return Err(einval());
+            }
+            for m in Self::mon_groups_of(&ctrl)? {
+                let kept: Vec<String> = Self::tasks_of(&m)?
+                    .into_iter()
+                    .filter(|t| *t != id)
+                    .collect();
+                Self::set_tasks(&m, &kept)?;
+            }
+            let mut list = Self::tasks_of(dir)?;
+            list.push(id);
+            Self::set_tasks(dir, &list)?;
+            self.set_status("ok");
+            return Ok(());
+        }
+        // Into a control group: out of every other group and every monitoring group.
+        for g in self.groups()? {
+            for m in Self::mon_groups_of(&g)? {
+                let kept: Vec<String> = Self::tasks_of(&m)?
+                    .into_iter()
+                    .filter(|t| *t != id)
+                    .collect();
+                Self::set_tasks(&m, &kept)?;
+            }
+        }
         for g in self.groups()? {
             let t = g.join("tasks");
             let list = std::fs::read_to_string(&t)?;
@@ -330,6 +470,9 @@ impl FakeResctrl {
 
 impl KernelFs for FakeResctrl {
     fn read_to_string(&self, path: &Path) -> io::Result<String> {
+        if let Some(summed) = self.read_ctrl_counter(path) {
+            return summed;
+        }
         std::fs::read_to_string(path)
     }
 
@@ -342,11 +485,21 @@ impl KernelFs for FakeResctrl {
     }
 
     fn create_dir(&self, path: &Path) -> io::Result<()> {
-        if path.parent() != Some(self.root.as_path()) {
-            return Err(io::Error::from_raw_os_error(libc::EPERM));
-        }
         if path.exists() {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        if let Some(ctrl) = self.parent_ctrl(path) {
+            if !ctrl.is_dir() || path.file_name().is_some_and(|n| n == "mon_groups") {
+                return Err(io::Error::from_raw_os_error(libc::EPERM));
+            }
+            if self.rmids_used()? >= self.shape.num_rmids {
+                self.set_status("out of RMIDs");
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            return self.lay_mon(path);
+        }
+        if path.parent() != Some(self.root.as_path()) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
         }
         let used = u32::try_from(self.groups()?.len()).unwrap_or(u32::MAX);
         if used >= self.shape.num_closids {
@@ -357,6 +510,12 @@ impl KernelFs for FakeResctrl {
     }
 
     fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        if self.parent_ctrl(path).is_some() && path.is_dir() {
+            // A monitoring group's tasks are its control group's already.
+            std::fs::remove_dir_all(path)?;
+            self.lock().generation.remove(path);
+            return Ok(());
+        }
         if path.parent() != Some(self.root.as_path()) || !path.is_dir() {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }

@@ -13,7 +13,15 @@
 //!   `info/last_cmd_status`;
 //! - `tasks` takes one TID per write; a task belongs to exactly one control group;
 //! - `mon_data/mon_L3_XX/{llc_occupancy,mbm_total_bytes,mbm_local_bytes}` are per-domain
-//!   byte counters (occupancy is a level); they may read `Unavailable`.
+//!   byte counters (occupancy is a level); they may read `Unavailable`;
+//! - every control group (the root too) has a `mon_groups` directory; `mkdir` there makes a
+//!   monitoring group with an RMID of its own (ENOSPC when they run out), its own `tasks`
+//!   and `mon_data`. A task may join a monitoring group only from its parent control group
+//!   (EINVAL otherwise) and leaves any other monitoring group then; writing it to the
+//!   control group's `tasks` takes it out of its monitoring group. The control group's
+//!   `tasks` lists its monitoring groups' tasks too, and its `mon_data` counts them too.
+//!   `rmdir` of a monitoring group returns its tasks to the parent control group; `rmdir`
+//!   of a control group removes its monitoring groups.
 //!
 //! Read-modify-write of a group takes `flock(LOCK_EX)` on the mount. Groups cohabit creates
 //! carry the prefix [`GROUP_PREFIX`], so it can find and remove what a crashed run left.
@@ -169,14 +177,22 @@ impl ResctrlInfo {
     /// The schemata lines an allocation asks for: its way range as a contiguous mask on
     /// every cache domain (both halves with CDP) and its MBA value on every MB domain.
     pub fn schemata_for(&self, alloc: &Allocation) -> Schemata {
-        let mut s = Schemata::default();
-        if let Some(l3) = &self.l3 {
-            let mask = contiguous_mask(
+        let mask = self.l3.as_ref().map_or(0, |l3| {
+            contiguous_mask(
                 alloc.llc_ways.first,
                 alloc.llc_ways.count,
                 l3.min_cbm_bits,
                 l3.cbm_mask,
-            );
+            )
+        });
+        self.schemata_for_mask(mask, alloc.mba_pct)
+    }
+
+    /// The schemata lines of a cache `mask` (on every cache domain, both halves with CDP;
+    /// ignored without L3 allocation) and an MBA percentage (on every MB domain).
+    pub fn schemata_for_mask(&self, mask: u64, mba_pct: u8) -> Schemata {
+        let mut s = Schemata::default();
+        if let Some(l3) = &self.l3 {
             let resources: &[&str] = if l3.cdp {
                 &["L3CODE", "L3DATA"]
             } else {
@@ -190,7 +206,7 @@ impl ResctrlInfo {
         }
         if let Some(mb) = &self.mba {
             for d in &self.mb_domains {
-                s.set("MB", *d, mb.units.value(alloc.mba_pct));
+                s.set("MB", *d, mb.units.value(mba_pct));
             }
         }
         s
@@ -451,12 +467,100 @@ impl Resctrl {
         Ok(moved)
     }
 
-    /// Monitoring counters of a group, summed over its L3 domains.
+    /// The directory of monitoring group `mon` under control group `ctrl`.
+    fn mon_dir(&self, ctrl: &str, mon: &str) -> Result<PathBuf, ResctrlError> {
+        validate_name(mon)?;
+        Ok(self.group_dir(ctrl)?.join("mon_groups").join(mon))
+    }
+
+    /// Monitoring groups under control group `ctrl`, sorted.
+    pub fn mon_groups(&self, ctrl: &str) -> Result<Vec<String>, ResctrlError> {
+        let dir = self.group_dir(ctrl)?.join("mon_groups");
+        let mut names = self
+            .fs
+            .subdirs(&dir)
+            .map_err(|e| IoError::new("listing", &dir, e))?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// Creates monitoring group `mon` (its own RMID) under control group `ctrl` unless it
+    /// exists.
+    pub fn ensure_mon_group(&self, ctrl: &str, mon: &str) -> Result<PathBuf, ResctrlError> {
+        let dir = self.mon_dir(ctrl, mon)?;
+        if self.mon_groups(ctrl)?.iter().any(|m| m == mon) {
+            return Ok(dir);
+        }
+        match self.fs.create_dir(&dir) {
+            Ok(()) => Ok(dir),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                Err(
+                    IoError::new("creating resctrl monitoring group (out of RMIDs)", &dir, e)
+                        .into(),
+                )
+            }
+            Err(e) => Err(IoError::new("creating resctrl monitoring group", &dir, e).into()),
+        }
+    }
+
+    /// Removes monitoring group `mon` of control group `ctrl`; its tasks stay in `ctrl`.
+    pub fn remove_mon_group(&self, ctrl: &str, mon: &str) -> Result<(), ResctrlError> {
+        let dir = self.mon_dir(ctrl, mon)?;
+        match self.fs.remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(IoError::new("removing resctrl monitoring group", &dir, e).into()),
+        }
+    }
+
+    /// Task ids in monitoring group `mon` of control group `ctrl`.
+    pub fn mon_tasks(&self, ctrl: &str, mon: &str) -> Result<Vec<u32>, ResctrlError> {
+        let path = self.mon_dir(ctrl, mon)?.join("tasks");
+        parse_tasks(&self.read(&path)?).map_err(|detail| ResctrlError::Parse { path, detail })
+    }
+
+    /// Moves tasks of control group `ctrl` into its monitoring group `mon` (a task not in
+    /// `ctrl` is refused by the kernel). Tasks that no longer exist are skipped; returns
+    /// how many were moved.
+    pub fn move_tasks_to_mon(
+        &self,
+        ctrl: &str,
+        mon: &str,
+        tids: &[u32],
+    ) -> Result<usize, ResctrlError> {
+        let path = self.mon_dir(ctrl, mon)?.join("tasks");
+        let mut moved = 0;
+        for tid in tids {
+            match self.fs.write(&path, &format!("{tid}\n")) {
+                Ok(()) => moved += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => {
+                    return Err(IoError::new("moving a task into", &path, e).into());
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Monitoring counters of monitoring group `mon` under control group `ctrl` (its own
+    /// RMID: only its tasks), summed over L3 domains.
+    pub fn read_mon_group(&self, ctrl: &str, mon: &str) -> Result<MonReading, ResctrlError> {
+        let dir = self.mon_dir(ctrl, mon)?;
+        self.read_mon_dir(&dir)
+    }
+
+    /// Monitoring counters of a group, summed over its L3 domains (a control group's count
+    /// its monitoring groups' tasks too).
     pub fn read_mon(&self, group: Option<&str>) -> Result<MonReading, ResctrlError> {
         let dir = match group {
             Some(g) => self.group_dir(g)?,
             None => self.info.root.clone(),
         };
+        self.read_mon_dir(&dir)
+    }
+
+    fn read_mon_dir(&self, dir: &Path) -> Result<MonReading, ResctrlError> {
+        let dir = dir.to_path_buf();
         let identity = self
             .fs
             .identity(&dir)

@@ -15,7 +15,10 @@
 //! stores, are the same in both.
 //!
 //! **Endpoint.** hyper's HTTP/1 server on the daemon's tokio runtime, with tower's limits.
-//! It answers `GET /metrics` and `GET /` (404 for other paths, 405 for other methods) and is
+//! It answers `GET /metrics` and `GET /`, and `GET /healthz` for a liveness probe: 200 while
+//! the last successful tick (or, before the first, the start) is at most
+//! [`Health::periods`] tick periods old, 503 after that, each with a line saying how old
+//! (404 for other paths, 405 for other methods). It is
 //! built so that no client can pin the daemon's file descriptors or its thread (security
 //! review row 4). [`Limits`] holds the numbers:
 //!
@@ -341,6 +344,43 @@ pub struct Exporter {
     model_reload_failures: Counter,
     kubernetes_pods: Family<PodStateLabels, Gauge>,
     kubernetes_api_reachable: Gauge,
+    health: Health,
+}
+
+/// How old the last successful tick may be while the daemon counts as alive.
+#[derive(Debug, Clone, Copy)]
+pub struct Health {
+    /// The tick period.
+    pub interval: Duration,
+    /// Tick periods without a successful tick before `/healthz` answers 503.
+    pub periods: u32,
+    /// The start, or the last successful tick.
+    last: Instant,
+}
+
+/// Tick periods without a successful tick before the daemon counts as hung (`/healthz`).
+pub const UNHEALTHY_AFTER_TICKS: u32 = 10;
+
+impl Health {
+    /// Health counted from now, with a tick every `interval`.
+    pub fn new(interval: Duration, periods: u32) -> Self {
+        Self {
+            interval,
+            periods: periods.max(1),
+            last: Instant::now(),
+        }
+    }
+
+    /// How long ticks may fail before `/healthz` says 503.
+    pub fn limit(&self) -> Duration {
+        self.interval.saturating_mul(self.periods)
+    }
+
+    /// Whether the daemon is alive at `now`, and how long ago the last successful tick was.
+    pub fn at(&self, now: Instant) -> (bool, Duration) {
+        let age = now.saturating_duration_since(self.last);
+        (age <= self.limit(), age)
+    }
 }
 
 impl Default for Exporter {
@@ -372,6 +412,7 @@ impl Exporter {
             model_reload_failures: Counter::default(),
             kubernetes_pods: Family::default(),
             kubernetes_api_reachable: Gauge::default(),
+            health: Health::new(Duration::from_secs(1), UNHEALTHY_AFTER_TICKS),
         };
         let mut r = Registry::default();
         register(&mut r, &SERVICE_P99_MS, e.service_p99_ms.clone());
@@ -504,6 +545,7 @@ impl Exporter {
     /// Records that the tick at `at` collected, decided and applied its plan (or kept the
     /// last good state).
     pub fn tick_succeeded(&mut self, at: SystemTime) {
+        self.health.last = Instant::now();
         let unix_s = at
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -519,6 +561,17 @@ impl Exporter {
                 .get_or_create(&service(service_name))
                 .inc_by(seconds);
         }
+    }
+
+    /// Counts health from now on with a tick every `interval`: `/healthz` answers 503 once
+    /// no tick has succeeded for `periods` of them.
+    pub fn set_health(&mut self, interval: Duration, periods: u32) {
+        self.health = Health::new(interval, periods);
+    }
+
+    /// The liveness state `/healthz` reports.
+    pub fn health(&self) -> Health {
+        self.health
     }
 
     /// The OpenMetrics 1.0 text exposition, ending in `# EOF`.
@@ -630,10 +683,35 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-/// Answers one request: the exposition for `GET /metrics` and `GET /`.
+/// The answer to `GET /healthz`: 200 while ticks succeed, 503 when the last successful one
+/// is older than the health limit.
+fn healthz(health: Health, now: Instant) -> Response<Full<Bytes>> {
+    let (alive, age) = health.at(now);
+    let text = format!(
+        "{}: last successful tick {:.1} s ago (limit {:.1} s: {} tick periods of {} ms)\n",
+        if alive { "ok" } else { "unhealthy" },
+        age.as_secs_f64(),
+        health.limit().as_secs_f64(),
+        health.periods,
+        health.interval.as_millis(),
+    );
+    let mut r = Response::new(Full::new(Bytes::from(text)));
+    if !alive {
+        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    }
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// Answers one request: the exposition for `GET /metrics` and `GET /`, the tick health for
+/// `GET /healthz`.
 fn respond<B>(exporter: &Mutex<Exporter>, req: &Request<B>) -> Response<Full<Bytes>> {
-    if !matches!(req.uri().path(), "/metrics" | "/") {
-        return plain(StatusCode::NOT_FOUND, "only /metrics is served\n");
+    if !matches!(req.uri().path(), "/metrics" | "/" | "/healthz") {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "only /metrics and /healthz are served\n",
+        );
     }
     if req.method() != Method::GET {
         let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n");
@@ -643,6 +721,11 @@ fn respond<B>(exporter: &Mutex<Exporter>, req: &Request<B>) -> Response<Full<Byt
     }
     // A tick that panicked while holding the lock left counters that are still true.
     let ex = exporter.lock().unwrap_or_else(PoisonError::into_inner);
+    if req.uri().path() == "/healthz" {
+        let health = ex.health();
+        drop(ex);
+        return healthz(health, Instant::now());
+    }
     let (content_type, body) = if wants_openmetrics(req.headers()) {
         (OPENMETRICS_TEXT, ex.render_openmetrics())
     } else {
@@ -1215,6 +1298,54 @@ mod tests {
         .await;
         assert_eq!(header(&om, "content-type"), Some(OPENMETRICS_TEXT));
         assert!(om.ends_with("# EOF\n"), "{om}");
+    }
+
+    #[test]
+    fn health_is_the_age_of_the_last_successful_tick_in_tick_periods() {
+        let mut ex = Exporter::new();
+        ex.set_health(Duration::from_millis(100), 3);
+        let h = ex.health();
+        assert_eq!(h.limit(), Duration::from_millis(300));
+        let t = h.last;
+        assert!(h.at(t + Duration::from_millis(300)).0);
+        let (alive, age) = h.at(t + Duration::from_millis(301));
+        assert!(!alive);
+        assert_eq!(age, Duration::from_millis(301));
+        ex.tick_succeeded(SystemTime::now());
+        assert!(
+            ex.health().last >= t,
+            "a successful tick starts the count again"
+        );
+    }
+
+    #[tokio::test]
+    async fn healthz_answers_200_while_ticks_succeed_and_503_when_they_stop() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut ex = exercised();
+        ex.set_health(Duration::from_millis(50), 4);
+        let exporter = Arc::new(Mutex::new(ex));
+        tokio::spawn(serve_with(
+            listener,
+            Arc::clone(&exporter),
+            Limits::default(),
+        ));
+        let r = get(addr, "/healthz", "").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        assert!(r.contains("ok: last successful tick"), "{r}");
+        // No successful tick for longer than 4 periods of 50 ms.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let r = get(addr, "/healthz", "").await;
+        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+        assert!(
+            r.contains("unhealthy") && r.contains("4 tick periods of 50 ms"),
+            "{r}"
+        );
+        // /metrics stays served meanwhile (the readiness probe).
+        assert!(get(addr, "/metrics", "").await.starts_with("HTTP/1.1 200"));
+        exporter.lock().unwrap().tick_succeeded(SystemTime::now());
+        let r = get(addr, "/healthz", "").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     }
 
     #[tokio::test]

@@ -15,12 +15,12 @@
 //!   dropped), and a new file starts with the header. Every file is a complete log.
 
 use std::fs::File;
-use std::io::{self, BufReader, Seek, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use cohabit_core::log::last_header;
+use cohabit_core::log::{last_header, LogError};
 use cohabit_core::{DecisionLogWriter, LogHeader};
 
 use super::files;
@@ -113,18 +113,12 @@ impl RotatingLog {
         if self.len >= self.limits.max_bytes {
             return Ok(self.rotate()?);
         }
-        let last = if self.len == 0 {
-            None
-        } else {
-            let mut reader = self.file.try_clone()?;
-            reader.rewind()?;
-            last_header(BufReader::new(reader)).with_context(|| {
-                format!(
-                    "cannot continue the decision log {}; move it aside to start a new one",
-                    self.path.display()
-                )
-            })?
-        };
+        let last = last_header_from_end(&self.file, self.len).with_context(|| {
+            format!(
+                "cannot continue the decision log {}; move it aside to start a new one",
+                self.path.display()
+            )
+        })?;
         if self.len > 0 && last.as_ref() != Some(header) {
             tracing::info!(
                 log = %self.path.display(),
@@ -194,6 +188,110 @@ fn ignore_absent(r: io::Result<()>) -> io::Result<()> {
     }
 }
 
+/// The key every header line holds (see [`cohabit_core::log`]).
+const HEADER_KEY_STR: &str = "cohabit_decision_log";
+const HEADER_KEY: &[u8] = HEADER_KEY_STR.as_bytes();
+
+/// How much of the log is read at a time from its end.
+const BLOCK: u64 = 64 * 1024;
+
+/// The last header of the first `len` bytes of `file` (whole lines), as
+/// [`cohabit_core::log::last_header`] reads it, but from the end backwards, block by block,
+/// until the last header line: a long log is not read whole at every start. An error names
+/// the header's line number.
+fn last_header_from_end(file: &File, len: u64) -> Result<Option<LogHeader>> {
+    last_header_from_end_by(file, len, BLOCK)
+}
+
+/// [`last_header_from_end`], reading `block` bytes at a time.
+fn last_header_from_end_by(file: &File, len: u64, block: u64) -> Result<Option<LogHeader>> {
+    let mut pos = len;
+    // The start of the line that ends the unread part, not yet whole (its start unseen).
+    let mut rest: Vec<u8> = Vec::new();
+    while pos > 0 {
+        let start = pos.saturating_sub(block.max(1));
+        let mut buf = vec![0u8; usize::try_from(pos - start)?];
+        file.read_exact_at(&mut buf, start)?;
+        buf.extend_from_slice(&rest);
+        // The whole lines in `buf`: after its first newline (from the file's start, all).
+        let whole_from = match buf.iter().position(|&b| b == b'\n') {
+            Some(_) if start == 0 => 0,
+            Some(i) => i + 1,
+            None if start == 0 => 0,
+            None => {
+                rest = buf;
+                pos = start;
+                continue;
+            }
+        };
+        // Only lines holding the key can be headers: jump from one to the one before.
+        let mut end = buf.len();
+        while let Some(at) = rfind_key(&buf[whole_from..end]) {
+            let at = whole_from + at;
+            let line_start = buf[..at]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1)
+                .max(whole_from);
+            let line_end = buf[at..end]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(end, |i| at + i);
+            match last_header(&buf[line_start..line_end]) {
+                Ok(Some(h)) => return Ok(Some(h)),
+                Ok(None) => {} // a record that mentions the key
+                Err(e) => {
+                    let at = start + line_start as u64;
+                    return Err(with_line(e, line_number(file, at)?).into());
+                }
+            }
+            end = line_start;
+        }
+        let end = whole_from.saturating_sub(1);
+        rest = buf[..end].to_vec();
+        pos = start;
+    }
+    Ok(None)
+}
+
+/// Where the last [`HEADER_KEY`] in `hay` starts (whole lines are UTF-8, where `str`'s
+/// search is fast; bytes that are not are searched one window at a time).
+fn rfind_key(hay: &[u8]) -> Option<usize> {
+    match std::str::from_utf8(hay) {
+        Ok(text) => text.rfind(HEADER_KEY_STR),
+        Err(_) => hay.windows(HEADER_KEY.len()).rposition(|w| w == HEADER_KEY),
+    }
+}
+
+/// The 1-based number of the line that starts at byte `at` of `file`.
+fn line_number(file: &File, at: u64) -> io::Result<usize> {
+    let mut buf = vec![0u8; usize::try_from(BLOCK).unwrap_or(65536)];
+    let (mut pos, mut lines) = (0u64, 1usize);
+    while pos < at {
+        let n = usize::try_from((at - pos).min(BLOCK)).unwrap_or(0);
+        file.read_exact_at(&mut buf[..n], pos)?;
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count();
+        pos += n as u64;
+    }
+    Ok(lines)
+}
+
+/// `e`, read from one line alone, with the line's number in the whole log.
+fn with_line(e: LogError, line: usize) -> LogError {
+    match e {
+        LogError::Header { source, .. } => LogError::Header { line, source },
+        LogError::NewerLog {
+            found, supported, ..
+        } => LogError::NewerLog {
+            line,
+            found,
+            supported,
+        },
+        LogError::Read { source, .. } => LogError::Read { line, source },
+        other => other,
+    }
+}
+
 /// The length of `file`'s content up to and including its last newline.
 fn whole_lines_len(file: &File, len: u64) -> io::Result<u64> {
     let mut buf = vec![0u8; 64 * 1024];
@@ -213,6 +311,7 @@ fn whole_lines_len(file: &File, len: u64) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::io::BufReader;
     use std::os::unix::fs::PermissionsExt;
 
     use cohabit_core::{
@@ -234,6 +333,8 @@ mod tests {
             closids: 16,
             mba_min_pct: 10,
             mba_gran_pct: 10,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
         }
     }
 
@@ -514,5 +615,131 @@ mod tests {
         assert_eq!(whole_lines_len(&f, 5).unwrap(), 5);
         assert_eq!(whole_lines_len(&f, 1).unwrap(), 0);
         assert_eq!(whole_lines_len(&f, 0).unwrap(), 0);
+    }
+
+    fn header_line(h: &LogHeader) -> String {
+        String::from_utf8(DecisionLogWriter::new(Vec::new(), h).unwrap().into_inner()).unwrap()
+    }
+
+    fn record_line(t_ms: u64, why: &str) -> String {
+        let mut r = record(t_ms);
+        r.reasons = BTreeMap::from([("kv".to_string(), Reason::new(DecisionPath::Feedback, why))]);
+        format!("{}\n", serde_json::to_string(&r).unwrap())
+    }
+
+    /// A log of several megabytes, two runs, its last lines records that mention the
+    /// header's key (one longer than a block): read from the end at any block size, the
+    /// last header is the one reading the whole log finds.
+    #[test]
+    fn the_last_header_read_from_the_end_is_the_one_a_whole_read_finds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let first = LogHeader::new("parties", false, host(8));
+        let last = LogHeader::new("ml", false, host(16));
+        let mut text = header_line(&first);
+        for t in 0..8_000 {
+            text.push_str(&record_line(t, "hold"));
+        }
+        text.push_str(&header_line(&last));
+        for t in 0..8_000 {
+            text.push_str(&record_line(t, "hold"));
+        }
+        text.push_str(&record_line(1, "\"cohabit_decision_log\":99 in a reason"));
+        text.push_str(&record_line(2, &"cohabit_decision_log ".repeat(8_000)));
+        assert!(text.len() > 4 << 20, "{}", text.len());
+        std::fs::write(&path, &text).unwrap();
+        let file = File::open(&path).unwrap();
+        let len = text.len() as u64;
+        let whole = last_header(BufReader::new(File::open(&path).unwrap())).unwrap();
+        assert_eq!(whole, Some(last.clone()));
+        assert_eq!(last_header_from_end(&file, len).unwrap(), whole);
+        // Small logs at block sizes that cut every line somewhere.
+        let small = format!(
+            "{}{}{}{}",
+            header_line(&first),
+            record_line(1, "hold"),
+            header_line(&last),
+            record_line(2, "cohabit_decision_log")
+        );
+        std::fs::write(&path, &small).unwrap();
+        let file = File::open(&path).unwrap();
+        for block in [1, 2, 3, 7, 64, 100, 1000, 1 << 20] {
+            assert_eq!(
+                last_header_from_end_by(&file, small.len() as u64, block).unwrap(),
+                Some(last.clone()),
+                "block {block}"
+            );
+        }
+        // Only the first run's header: found at the file's first byte.
+        let one = format!("{}{}", header_line(&first), record_line(1, "hold"));
+        std::fs::write(&path, &one).unwrap();
+        let file = File::open(&path).unwrap();
+        for block in [1, 5, 1 << 20] {
+            assert_eq!(
+                last_header_from_end_by(&file, one.len() as u64, block).unwrap(),
+                Some(first.clone())
+            );
+        }
+        // No header (a version-1 log) or nothing at all.
+        let v1 = record_line(1, "hold");
+        std::fs::write(&path, &v1).unwrap();
+        let file = File::open(&path).unwrap();
+        assert_eq!(
+            last_header_from_end_by(&file, v1.len() as u64, 7).unwrap(),
+            None
+        );
+        assert_eq!(last_header_from_end(&file, 0).unwrap(), None);
+    }
+
+    /// A last header from a newer version, or a broken one, stops the start as reading the
+    /// whole log did, naming its line.
+    #[test]
+    fn a_last_header_of_another_version_is_handled_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let ours = LogHeader::new("parties", false, host(8));
+        let mut text = header_line(&ours);
+        for t in 0..3_000 {
+            text.push_str(&record_line(t, "hold"));
+        }
+        text.push_str("{\"cohabit_decision_log\":99}\n");
+        text.push_str(&record_line(1, "hold"));
+        std::fs::write(&path, &text).unwrap();
+        let whole = last_header(BufReader::new(File::open(&path).unwrap())).unwrap_err();
+        let file = File::open(&path).unwrap();
+        let e = last_header_from_end(&file, text.len() as u64).unwrap_err();
+        assert_eq!(e.to_string(), whole.to_string());
+        assert!(whole.to_string().contains("line 3002"), "{whole}");
+        let Err(e) = LogFile::open(&path, BIG).unwrap().start(&ours) else {
+            panic!("a newer last header stops the start");
+        };
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("move it aside")
+                && msg.contains("version 99")
+                && msg.contains("line 3002"),
+            "{msg}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "left as it was"
+        );
+        // A broken last header.
+        let broken = format!(
+            "{}{{\"cohabit_decision_log\":\"two\"}}\n",
+            header_line(&ours)
+        );
+        std::fs::write(&path, &broken).unwrap();
+        let whole = last_header(BufReader::new(File::open(&path).unwrap())).unwrap_err();
+        let file = File::open(&path).unwrap();
+        let e = last_header_from_end_by(&file, broken.len() as u64, 5).unwrap_err();
+        assert_eq!(e.to_string(), whole.to_string());
+        // An older run's header last (another policy): continued under a new header.
+        let older = LogHeader::new("static", false, host(4));
+        let text = format!("{}{}", header_line(&older), record_line(1, "hold"));
+        std::fs::write(&path, &text).unwrap();
+        start(&path, &ours);
+        assert_eq!(headers(&path), vec![(1, older), (3, ours)]);
     }
 }

@@ -24,6 +24,7 @@
 
 pub mod config;
 pub mod exporter;
+pub mod fds;
 mod files;
 pub mod gpu;
 mod hook;
@@ -124,13 +125,22 @@ pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
     // Before anything else, so that a signal during the start is not lost.
     let mut signals = Signals::new().context("listening for signals")?;
     let (state, change_log) = take_over(&cfg, opts)?;
+    // Slots kept for restoring, so that the restore on a stop signal does not meet EMFILE
+    // when counters or connections have used every other one (see `fds`).
+    let reserve = fds::FdReserve::open(fds::RESTORE_RESERVE).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "no descriptors kept for restoring the host");
+        fds::FdReserve::default()
+    });
     let interval = Duration::from_millis(cfg.interval_ms);
     let timeout = Duration::from_millis(cfg.collect_timeout_ms.max(cfg.interval_ms));
     let (fail_safe_after, metrics_addr) = (cfg.fail_safe_after_ticks, cfg.metrics_addr);
     let host_cfg = cfg.clone();
     let looped = start(cfg, opts.dry_run, change_log)?;
-    let exporter = Arc::new(Mutex::new(Exporter::default()));
-    let _metrics = serve_metrics(metrics_addr, &exporter).await;
+    let mut ex = Exporter::default();
+    // A tick may take up to the time-out, so a period is at least that long.
+    ex.set_health(interval.max(timeout), exporter::UNHEALTHY_AFTER_TICKS);
+    let exporter = Arc::new(Mutex::new(ex));
+    let metrics = serve_metrics(metrics_addr, &exporter).await;
     let ticker = Ticker {
         state: Arc::new(Mutex::new(looped)),
         exporter,
@@ -140,7 +150,14 @@ pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
     let (ticks, exit) = ticker
         .run(&mut signals, interval, opts.max_ticks, fail_safe_after)
         .await;
-    let restored = ticker.shutdown(&host_cfg, &state, opts.dry_run).await;
+    // The listener would take the reserve's slots for new connections: it goes first.
+    if let Some(m) = metrics {
+        m.abort();
+        let _ = m.await;
+    }
+    let restored = ticker
+        .shutdown(&host_cfg, &state, opts.dry_run, reserve)
+        .await;
     match exit {
         Exit::Panic(msg) => Err(anyhow::anyhow!(
             "a tick panicked ({msg}); {}; exiting non-zero so that the service manager restarts cohabit",
@@ -204,6 +221,19 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         _ => None,
     };
     let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
+    // Hardware counters take 3 descriptors per CPU per group: before the host sizes their
+    // budget from the limit, the soft limit goes up to the hard one.
+    match cohabit_collectors::perf::raise_fd_limit() {
+        Ok((was, now)) if now > was => {
+            tracing::info!(
+                was,
+                now,
+                "raised the soft open-files limit to the hard limit"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "the open-files limit could not be raised"),
+    }
     let mut host = Checked::real(open_host(cfg, dry_run, change_log).context("opening the host")?);
     let ctx = HostContext {
         host: host.host().capacity().clone(),
@@ -527,8 +557,16 @@ impl Ticker {
     /// Ends the loop and undoes every change: waits (at most [`SHUTDOWN_GRACE`]) for a tick
     /// still in flight, then restores through the host; if the tick never lets go, restores
     /// from the state file instead (write-ahead, so it lists every change in force).
-    async fn shutdown(&self, cfg: &DaemonConfig, state: &StateDir, dry_run: bool) -> Result<()> {
+    /// The `reserve`'s descriptors are closed first, so that restoring has free slots.
+    async fn shutdown(
+        &self,
+        cfg: &DaemonConfig,
+        state: &StateDir,
+        dry_run: bool,
+        mut reserve: fds::FdReserve,
+    ) -> Result<()> {
         self.stopping.store(true, Ordering::Release);
+        reserve.release();
         let st = Arc::clone(&self.state);
         let work = tokio::task::spawn_blocking(move || {
             let mut guard = st.lock().unwrap_or_else(PoisonError::into_inner);
@@ -816,7 +854,9 @@ mod tests {
                     panic!("a tick ran on poisoned state");
                 };
                 assert!(later.contains("earlier tick panicked"), "{later}");
-                t.shutdown(&cfg, &state, false).await.unwrap();
+                t.shutdown(&cfg, &state, false, fds::FdReserve::default())
+                    .await
+                    .unwrap();
             });
             assert!(!fake.root().join("cohabit-kv").exists(), "restored");
         }
@@ -875,7 +915,9 @@ mod tests {
                 // Three in a row: the fair share is back.
                 t.run(&mut signals, every, Some(3), 3).await;
                 assert!(kv_schemata(&fake).contains("L3:0=3f"), "fair share");
-                t.shutdown(&cfg, &state, false).await.unwrap();
+                t.shutdown(&cfg, &state, false, fds::FdReserve::default())
+                    .await
+                    .unwrap();
             });
         }
 
@@ -924,7 +966,9 @@ mod tests {
                 };
                 assert!(matches!(exit, Exit::Signal(Stop::Int)), "{exit:?}");
                 assert_eq!(ticks, 0, "the tick in flight was not waited for");
-                t.shutdown(&cfg, &state, false).await.unwrap();
+                t.shutdown(&cfg, &state, false, fds::FdReserve::default())
+                    .await
+                    .unwrap();
             });
             assert!(
                 started.elapsed() < Duration::from_millis(900),

@@ -267,6 +267,8 @@ mod tests {
                 closids: 4,
                 mba_min_pct: 10,
                 mba_gran_pct: 10,
+                min_cbm_bits: 1,
+                shareable_bits: 0,
             },
             specs: vec![],
         }

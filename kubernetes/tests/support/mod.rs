@@ -74,6 +74,9 @@ pub enum Reply {
         events: Vec<Value>,
         hold: Option<Duration>,
     },
+    /// Nothing at all for this long (a hung server: the connection is accepted and the
+    /// request read, no response), then a 503.
+    Hang(Duration),
 }
 
 /// The scripts: list answers and watch answers, consumed in order. When the list script
@@ -246,11 +249,21 @@ async fn handle(
             status_reply(404, "NotFound", "not scripted", None)
         }
     };
+    if let Reply::Hang(d) = reply {
+        tokio::time::sleep(d).await;
+        return Ok(respond(status_reply(
+            503,
+            "ServiceUnavailable",
+            "hung",
+            None,
+        )));
+    }
     Ok(respond(reply))
 }
 
 fn respond(reply: Reply) -> Response<Body> {
     match reply {
+        Reply::Hang(_) => respond(status_reply(503, "ServiceUnavailable", "hung", None)),
         Reply::Json {
             code,
             body,

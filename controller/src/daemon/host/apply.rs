@@ -4,7 +4,9 @@
 //!
 //! Order of [`apply`] (firecracker's jailer: every value first, processes last):
 //! 1. resctrl: create the control groups that are missing, then write each group's
-//!    schemata (only the lines that differ from the kernel's);
+//!    schemata (only the lines that differ from the kernel's). At the CLOSID budget, groups
+//!    no longer used go first, as many as the new ones need ([`make_room`]); their tasks
+//!    wait in the root group until their new group holds its values, in the same apply;
 //! 2. cgroups, into every target of each plan group (`host::placement`: the cgroups the
 //!    processes are in, and cohabit's own groups for processes it moves): create the own
 //!    groups that are missing; CPU sets in the order of [`layout::cpu_steps`] (shrink before
@@ -145,6 +147,13 @@ impl Record {
 #[derive(Debug)]
 enum Undo {
     RemoveResctrlGroup(String),
+    /// A group removed early to make room ([`make_room`]): created again with its values
+    /// and tasks.
+    RecreateResctrlGroup {
+        name: String,
+        schemata: Schemata,
+        tasks: Vec<u32>,
+    },
     Schemata {
         group: String,
         previous: Schemata,
@@ -184,6 +193,20 @@ impl Journal {
                     .map(|()| {
                         record.forget(|c| matches!(c, Change::ResctrlGroup { name } if *name == g))
                     }),
+                Undo::RecreateResctrlGroup {
+                    name,
+                    schemata,
+                    tasks,
+                } => resctrl(k).and_then(|r| {
+                    record
+                        .note(Change::ResctrlGroup { name: name.clone() })
+                        .map_err(|e| e.to_string())?;
+                    r.ensure_group(&name)
+                        .and_then(|_| r.apply(&name, &schemata))
+                        .and_then(|_| r.move_tasks(Some(&name), &tasks))
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }),
                 Undo::Schemata { group, previous } => resctrl(k).and_then(|r| {
                     r.apply(&group, &previous)
                         .map(drop)
@@ -325,13 +348,17 @@ fn write_resctrl(
     journal: &mut Journal,
 ) -> Result<(), HostError> {
     let Some(r) = &k.resctrl else { return Ok(()) };
-    let existing: BTreeSet<String> = r.groups()?.into_iter().collect();
+    let mut existing: BTreeSet<String> = r.groups()?.into_iter().collect();
+    let evicted = make_room(r, record, next, &mut existing, journal)?;
     for g in &next.resctrl {
         if !existing.contains(&g.name) {
             record.note(Change::ResctrlGroup {
                 name: g.name.clone(),
             })?;
-            r.ensure_group(&g.name)?;
+            if let Err(e) = r.ensure_group(&g.name) {
+                record.forget(|c| matches!(c, Change::ResctrlGroup { name } if *name == g.name));
+                return Err(e.into());
+            }
             journal.0.push(Undo::RemoveResctrlGroup(g.name.clone()));
         }
     }
@@ -344,7 +371,81 @@ fn write_resctrl(
             });
         }
     }
+    // The tasks of the groups removed early wait in the root group only until their new
+    // group holds its values.
+    for (to, tasks) in evicted {
+        if let Err(e) = r.move_tasks(Some(&to), &tasks) {
+            tracing::warn!(group = %to, error = %e, "could not move the tasks of a removed resctrl group into their new group; the next tick attaches them");
+        }
+    }
     Ok(())
+}
+
+/// At the CLOSID budget, removes groups of the last apply that `next` does not keep before
+/// `next`'s new groups are created, as many as the new ones need (a regrouping would
+/// otherwise need one CLOSID more for a moment and fail). Each removed group's tasks go to
+/// the root group when it is removed; returns, for each removed group whose members all
+/// go to one group of `next`, that group and the tasks to move there once it holds its
+/// values. The journal can recreate a removed group with its values and tasks.
+fn make_room(
+    r: &Resctrl,
+    record: &mut Record,
+    next: &HostWrites,
+    existing: &mut BTreeSet<String>,
+    journal: &mut Journal,
+) -> Result<Vec<(String, Vec<u32>)>, HostError> {
+    let new = next
+        .resctrl
+        .iter()
+        .filter(|g| !existing.contains(&g.name))
+        .count();
+    // The root group holds a CLOSID too.
+    let used = existing.len() + 1;
+    let closids = r.info().num_closids() as usize;
+    let short = (used + new).saturating_sub(closids);
+    if short == 0 {
+        return Ok(Vec::new());
+    }
+    let obsolete: Vec<(String, Option<String>)> = record
+        .writes
+        .resctrl
+        .iter()
+        .filter(|old| existing.contains(&old.name))
+        .filter(|old| !next.resctrl.iter().any(|g| g.name == old.name))
+        .map(|old| {
+            let to: BTreeSet<Option<&str>> = old
+                .members
+                .iter()
+                .map(|m| next.resctrl_group_of(m))
+                .collect();
+            let one = match to.into_iter().collect::<Vec<_>>().as_slice() {
+                [Some(g)] => Some((*g).to_string()),
+                _ => None,
+            };
+            (old.name.clone(), one)
+        })
+        .collect();
+    let mut evicted = Vec::new();
+    // Groups whose tasks can go straight to their new group first.
+    let mut order: Vec<&(String, Option<String>)> = obsolete.iter().collect();
+    order.sort_by_key(|(_, to)| to.is_none());
+    for (name, to) in order.into_iter().take(short) {
+        let schemata = r.schemata(Some(name))?;
+        let tasks = r.tasks(Some(name))?;
+        r.remove_group(name)?;
+        tracing::info!(group = %name, "at the CLOSID budget: a resctrl group no longer used is removed before new ones are created");
+        record.forget(|c| matches!(c, Change::ResctrlGroup { name: n } if n == name));
+        existing.remove(name);
+        journal.0.push(Undo::RecreateResctrlGroup {
+            name: name.clone(),
+            schemata,
+            tasks: tasks.clone(),
+        });
+        if let Some(to) = to {
+            evicted.push((to.clone(), tasks));
+        }
+    }
+    Ok(evicted)
 }
 
 /// Writes `value` to control file `file` of cgroup `dir` unless the kernel already holds
@@ -558,9 +659,14 @@ pub(super) struct Members<'a> {
     pub group: &'a str,
     /// Every process it has now.
     pub found: &'a BTreeSet<u32>,
+    /// Its monitoring group (own RMID) under the control group, when the control group
+    /// holds other services too.
+    pub mon: Option<&'a str>,
 }
 
-/// Puts every thread of a service's processes in its resctrl group.
+/// Puts every thread of a service's processes in its resctrl group, and, where the group is
+/// shared, in the service's monitoring group under it (created here), so that its
+/// occupancy and bandwidth are its own, not the group's.
 pub(super) fn attach_resctrl(
     k: &Kernel,
     record: &Record,
@@ -589,6 +695,51 @@ pub(super) fn attach_resctrl(
     if let Err(e) = r.move_tasks(Some(rg), &missing) {
         if warn.allow(&format!("move:{rg}")) {
             tracing::warn!(service = %m.service, error = %e, "could not move threads into the resctrl group (logged once a minute)");
+        }
+    }
+    let Some(mon) = m.mon else { return };
+    let in_mon: BTreeSet<u32> = match r
+        .ensure_mon_group(rg, mon)
+        .and_then(|_| r.mon_tasks(rg, mon))
+    {
+        Ok(t) => t.into_iter().collect(),
+        Err(e) => {
+            if warn.allow(&format!("mon-group:{rg}/{mon}")) {
+                tracing::warn!(service = %m.service, group = %rg, error = %e, "no monitoring group of its own in a shared resctrl group; its RDT monitoring is absent (logged once a minute)");
+            }
+            return;
+        }
+    };
+    let missing: Vec<u32> = m
+        .found
+        .iter()
+        .flat_map(|p| procfs.threads(*p))
+        .filter(|t| !in_mon.contains(t))
+        .collect();
+    if let Err(e) = r.move_tasks_to_mon(rg, mon, &missing) {
+        if warn.allow(&format!("move-mon:{rg}/{mon}")) {
+            tracing::warn!(service = %m.service, error = %e, "could not move threads into the service's monitoring group (logged once a minute)");
+        }
+    }
+}
+
+/// Removes the monitoring groups under control group `ctrl` that no service uses any more
+/// (`wanted`); their tasks stay in `ctrl`.
+pub(super) fn prune_mon_groups(
+    k: &Kernel,
+    ctrl: &str,
+    wanted: &BTreeSet<&str>,
+    warn: &mut Throttle,
+) {
+    let Some(r) = &k.resctrl else { return };
+    let Ok(present) = r.mon_groups(ctrl) else {
+        return;
+    };
+    for m in present.iter().filter(|m| !wanted.contains(m.as_str())) {
+        if let Err(e) = r.remove_mon_group(ctrl, m) {
+            if warn.allow(&format!("prune-mon:{ctrl}/{m}")) {
+                tracing::warn!(group = %ctrl, mon = %m, error = %e, "could not remove a monitoring group no longer used (logged once a minute)");
+            }
         }
     }
 }
@@ -834,7 +985,15 @@ mod tests {
     const BATCH: &str = "/system.slice/batch.service";
 
     fn host() -> Host {
-        let resctrl_fake = FakeResctrl::builder().ways(12).build().unwrap();
+        host_with_closids(16)
+    }
+
+    fn host_with_closids(closids: u32) -> Host {
+        let resctrl_fake = FakeResctrl::builder()
+            .ways(12)
+            .num_closids(closids)
+            .build()
+            .unwrap();
         let resctrl = Resctrl::discover(&resctrl_fake.paths(), Arc::new(resctrl_fake.clone()))
             .unwrap()
             .unwrap();
@@ -1441,5 +1600,222 @@ mod tests {
         assert!(e.to_string().contains("record of changes"), "{e}");
         assert_eq!(read(&h, KV, "cpuset.cpus"), "", "nothing written");
         assert!(resctrl_state(&h).is_empty());
+    }
+
+    /// Set in the child process of the EMFILE test: only there is the limit lowered.
+    const EMFILE_CHILD: &str = "COHABIT_TEST_EMFILE_CHILD";
+
+    /// The restore on a stop signal works when the process has no descriptor left: the
+    /// test runs itself again as a child process (the open-files limit is per process, so
+    /// the shared test process keeps its own), which lowers its limit, uses every slot and
+    /// restores once the reserve is released.
+    #[test]
+    fn at_the_open_files_limit_the_reserve_lets_the_host_be_restored() {
+        if std::env::var_os(EMFILE_CHILD).is_some() {
+            emfile_child();
+            return;
+        }
+        let name = format!(
+            "{}::at_the_open_files_limit_the_reserve_lets_the_host_be_restored",
+            module_path!().split_once("::").unwrap().1
+        );
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .env(EMFILE_CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains("emfile child: restored at the limit"),
+            "the child ran the test: {text}"
+        );
+    }
+
+    fn emfile_child() {
+        use crate::daemon::fds::{FdReserve, RESTORE_RESERVE};
+        use crate::daemon::state::StateDir;
+        use nix::sys::resource::{setrlimit, Resource};
+        use std::os::unix::fs::MetadataExt;
+
+        let mut h = host();
+        h.cg.add_process(60, 2000, "/").unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let state_dir = tmp.path().join("state");
+        let uid = std::fs::metadata(tmp.path()).unwrap().uid();
+        let state = StateDir::open_owned_by(&state_dir, uid).unwrap();
+        let mut record = Record::default();
+        record.set_log(Box::new(state.change_log())).unwrap();
+        let t = targets(&h, &[50, 60], Placement::Move);
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 6, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        let cg = h.kernel.cgroups.as_ref().unwrap();
+        let all = [Controller::Cpuset, Controller::Cpu];
+        let be = placement::place(
+            cg,
+            &h.procfs,
+            &[50, 60].into(),
+            BEST_EFFORT_GROUP,
+            Placement::Move,
+            &all,
+        );
+        move_processes(&h.kernel, &mut record, &h.procfs, "batch", &be.moves);
+        assert_eq!(h.cg.cgroup_of(60).as_deref(), Some("/cohabit/best-effort"));
+        assert_eq!(read(&h, KV, "cpuset.cpus"), "0-1");
+        assert!(!resctrl_state(&h).is_empty());
+
+        let open_now = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+        let limit = open_now + 2 * RESTORE_RESERVE as u64 + 8;
+        setrlimit(Resource::RLIMIT_NOFILE, limit, limit).unwrap();
+        let mut reserve = FdReserve::open(RESTORE_RESERVE).unwrap();
+        let mut flood = Vec::new();
+        let e = loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => flood.push(f),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+        assert!(!flood.is_empty());
+        let e = std::fs::read_to_string(h.cg.dir(KV).join("cpuset.cpus")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "no slot is left: {e}");
+
+        assert_eq!(reserve.release(), RESTORE_RESERVE);
+        restore(&h.kernel, &mut record, &mut h.gpu, &h.procfs);
+        assert!(record.changes.is_empty(), "{:?}", record.changes);
+        assert_eq!(h.cg.cgroup_of(60).as_deref(), Some("/"), "moved back");
+        assert!(!h.cg.root().join("cohabit").exists(), "own groups removed");
+        assert_eq!(read(&h, KV, "cpuset.cpus"), "", "original back");
+        assert!(resctrl_state(&h).is_empty(), "resctrl groups removed");
+        let saved = state.load().unwrap().expect("the record was saved");
+        assert!(saved.changes.is_empty(), "the saved record is empty");
+        drop(flood);
+        println!("emfile child: restored at the limit");
+    }
+
+    /// At exactly the CLOSID budget (the root and two groups), a regrouping that needs a
+    /// new group while an old one goes applies in one call: the old group goes first and
+    /// its tasks reach their new group within the same apply.
+    #[test]
+    fn a_regrouping_at_the_exact_closid_budget_applies_at_once() {
+        let mut h = host_with_closids(3);
+        h.cg.mkdir_owner("/system.slice/web.service", &[]).unwrap();
+        h.cg.add_process(70, 1070, "/system.slice/web.service")
+            .unwrap();
+        for tid in [40, 50, 70] {
+            h.resctrl_fake.add_task(tid).unwrap();
+        }
+        let mut specs = specs();
+        specs.push(ServiceSpec {
+            name: "web".into(),
+            class: ServiceClass::LatencyCritical { p99_target_ms: 2.0 },
+            gpu: None,
+            priority: 0,
+        });
+        let a = |first, count| Allocation {
+            cores: 2,
+            llc_ways: WayRange::new(first, count),
+            mba_pct: 100,
+            gpu_mps_pct: None,
+        };
+        let plan_of = |web: Allocation| Plan {
+            services: [("kv".to_string(), a(0, 4)), ("web".to_string(), web)].into(),
+            best_effort: a(4, 8),
+        };
+        let layout_of = |p: &Plan| layout::layout(p, &h.facts, &specs, &BTreeSet::new()).unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        // kv and web share kv's group; the pool has its own: every CLOSID is used.
+        let before = layout_of(&plan_of(a(0, 4)));
+        assert_eq!(before.resctrl.len(), 2);
+        apply(&h.kernel, &mut record, before, &t, &mut h.gpu, None).unwrap();
+        let r = h.kernel.resctrl.as_ref().unwrap();
+        r.move_tasks(Some("cohabit-best-effort"), &[50]).unwrap();
+        assert_eq!(
+            r.groups().unwrap(),
+            vec!["cohabit-best-effort".to_string(), "cohabit-kv".to_string()]
+        );
+        // web joins the pool's allocation: the shared group is named after web now.
+        let after = layout_of(&plan_of(a(4, 8)));
+        let names: Vec<&str> = after.resctrl.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, vec!["cohabit-kv", "cohabit-web"]);
+        apply(&h.kernel, &mut record, after, &t, &mut h.gpu, None)
+            .expect("the regrouping fits the budget in one apply");
+        assert_eq!(
+            r.groups().unwrap(),
+            vec!["cohabit-kv".to_string(), "cohabit-web".to_string()]
+        );
+        assert_eq!(
+            r.tasks(Some("cohabit-web")).unwrap(),
+            vec![50],
+            "the pool's task is in its new group, not left in the root group"
+        );
+        assert_eq!(record.resctrl_group_of("best-effort"), Some("cohabit-web"));
+        let noted: Vec<&str> = record
+            .changes
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::ResctrlGroup { name } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(noted, vec!["cohabit-kv", "cohabit-web"]);
+    }
+
+    /// A regrouping that fails after the early removal puts the removed group back, with
+    /// its values and tasks.
+    #[test]
+    fn a_failed_regrouping_at_the_budget_puts_the_removed_group_back() {
+        let mut h = host_with_closids(3);
+        h.resctrl_fake.add_task(50).unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 6, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        let r = h.kernel.resctrl.as_ref().unwrap();
+        r.move_tasks(Some("cohabit-best-effort"), &[50]).unwrap();
+        let state = resctrl_state(&h);
+        // Three new groups where the two old ones go: still one CLOSID short.
+        let mut next = writes(&h, &plan(2, 6, 6));
+        for g in &mut next.resctrl {
+            g.name = format!("{}-new", g.name);
+        }
+        next.resctrl.push(layout::ResctrlGroup {
+            name: "cohabit-extra".into(),
+            ..next.resctrl[0].clone()
+        });
+        assert!(apply(&h.kernel, &mut record, next, &t, &mut h.gpu, None).is_err());
+        assert_eq!(
+            resctrl_state(&h),
+            state,
+            "the removed groups are back as they were"
+        );
+        assert_eq!(r.tasks(Some("cohabit-best-effort")).unwrap(), vec![50]);
+        let noted = record
+            .changes
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::ResctrlGroup { .. }))
+            .count();
+        assert_eq!(noted, 2, "{:?}", record.changes);
     }
 }

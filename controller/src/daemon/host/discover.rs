@@ -252,6 +252,12 @@ pub fn capacity(h: &CapacityInput<'_>) -> HostCapacity {
         .and_then(|r| r.l3.as_ref().map(|l| l.ways()))
         .filter(|w| *w > 0)
         .unwrap_or(1);
+    let l3 = h.resctrl.and_then(|r| r.l3.as_ref());
+    let all_ways = if ways >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << ways) - 1
+    };
     HostCapacity {
         name: h.name.clone(),
         cores: u32::try_from(h.cpus).unwrap_or(u32::MAX).max(1),
@@ -269,6 +275,8 @@ pub fn capacity(h: &CapacityInput<'_>) -> HostCapacity {
             .resctrl
             .and_then(ResctrlInfo::mba_gran_pct)
             .unwrap_or(DEFAULT_MBA_PCT),
+        min_cbm_bits: l3.map_or(1, |l| l.min_cbm_bits.clamp(1, ways)),
+        shareable_bits: l3.map_or(0, |l| l.shareable_bits & all_ways),
     }
 }
 

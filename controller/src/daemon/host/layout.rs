@@ -16,6 +16,17 @@
 //!    latency-critical services by name, the pool last). More distinct allocations than the
 //!    CLOSIDs left after the root group's is [`TooManyGroups`], before anything is written.
 //!    A host without RDT allocation gets no groups.
+//!
+//!    Each group's cache mask is its way range, except where the range is narrower than
+//!    the host's `min_cbm_bits` ([`HostCapacity::min_cbm_bits`]): the kernel refuses such a
+//!    mask, so it is widened ([`cache_masks`]). Widening can reach into a neighbour's ways
+//!    that the plan keeps apart, so the widened mask is placed where it overlaps no other
+//!    group beyond what the plans' ranges already share (first upwards, as
+//!    [`contiguous_mask`] does, then downwards, always covering the range itself). Where no
+//!    such place exists the default one is kept and the overlap is reported
+//!    ([`HostWrites::overlaps`], logged by the host), as is a mask that covers ways the
+//!    hardware shares with I/O (`shareable_bits`): plans and logs show disjoint ranges, so
+//!    the sharing is said out loud rather than hidden.
 //! 2. CPUs ([`cpu_layout`]): latency-critical services get consecutive blocks of the host's
 //!    CPU list in configuration order, at least one CPU each; the pool gets every CPU left.
 //!    When none is left, the pool shares the last CPU as an *idle class* where the host can
@@ -56,8 +67,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cohabit_collectors::cgroup::{CpuList, CpuMax, CpuWeight};
-use cohabit_collectors::resctrl::{Schemata, GROUP_PREFIX};
-use cohabit_core::{Allocation, Plan, ServiceSpec, BEST_EFFORT_GROUP};
+use cohabit_collectors::resctrl::{contiguous_mask, Schemata, GROUP_PREFIX};
+use cohabit_core::{HostCapacity, Plan, ServiceSpec, WayRange, BEST_EFFORT_GROUP};
 
 use super::discover::HostFacts;
 
@@ -80,6 +91,37 @@ pub struct HostWrites {
     pub cgroups: Vec<CgroupValues>,
     /// MPS shares of managed GPU clients.
     pub gpu: Vec<GpuShare>,
+    /// Cache ways the masks share although the plan's ranges do not (see the module doc).
+    pub overlaps: Vec<WayOverlap>,
+}
+
+/// Ways two resctrl groups' masks share that their plan ranges do not (a mask widened to
+/// `min_cbm_bits` with nowhere free to go), or that a group shares with I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WayOverlap {
+    /// The group's members (plan groups, `+`-joined).
+    pub group: String,
+    /// The other group's members, or `None`: the host's I/O (`shareable_bits`).
+    pub with: Option<String>,
+    /// The shared ways, as a bit mask.
+    pub ways: u64,
+}
+
+impl std::fmt::Display for WayOverlap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.with {
+            Some(other) => write!(
+                f,
+                "the cache masks of {} and {} share ways {:#x} that the plan keeps apart (min_cbm_bits widened a narrower range)",
+                self.group, other, self.ways
+            ),
+            None => write!(
+                f,
+                "the cache mask of {} covers ways {:#x} that the host shares with I/O (shareable_bits)",
+                self.group, self.ways
+            ),
+        }
+    }
 }
 
 /// One resctrl control group: a directory under the resctrl mount.
@@ -161,11 +203,18 @@ pub fn layout(
     services: &[ServiceSpec],
     gpu_clients: &BTreeSet<String>,
 ) -> Result<HostWrites, TooManyGroups> {
-    let resctrl = match facts.resctrl.as_ref().filter(|r| r.allocates()) {
-        Some(info) => resctrl_groups(plan, info.num_closids().saturating_sub(1), |a| {
-            info.schemata_for(a)
-        })?,
-        None => vec![],
+    let (resctrl, overlaps) = match facts.resctrl.as_ref().filter(|r| r.allocates()) {
+        Some(info) => {
+            let cbm_mask = info.l3.as_ref().map_or(0, |l| l.cbm_mask);
+            resctrl_groups(
+                plan,
+                info.num_closids().saturating_sub(1),
+                &facts.capacity,
+                cbm_mask,
+                |mask, mba| info.schemata_for_mask(mask, mba),
+            )?
+        }
+        None => (vec![], vec![]),
     };
     let cpus = cpu_layout(plan, services, &facts.cpus);
     let cgroups = plan
@@ -199,15 +248,19 @@ pub fn layout(
         resctrl,
         cgroups,
         gpu,
+        overlaps,
     })
 }
 
 /// Groups with equal allocations share one control group; `available` CLOSIDs at most.
+/// Masks come from [`cache_masks`]; the overlaps it could not avoid are returned too.
 fn resctrl_groups(
     plan: &Plan,
     available: u32,
-    schemata_for: impl Fn(&Allocation) -> Schemata,
-) -> Result<Vec<ResctrlGroup>, TooManyGroups> {
+    host: &HostCapacity,
+    cbm_mask: u64,
+    schemata_for: impl Fn(u64, u8) -> Schemata,
+) -> Result<(Vec<ResctrlGroup>, Vec<WayOverlap>), TooManyGroups> {
     let mut by_alloc: BTreeMap<(u32, u32, u8), Vec<&str>> = BTreeMap::new();
     for (g, a) in plan.groups() {
         by_alloc
@@ -221,17 +274,96 @@ fn resctrl_groups(
             available,
         });
     }
-    Ok(by_alloc
-        .into_values()
-        .filter_map(|members| {
+    let ranges: Vec<WayRange> = by_alloc
+        .keys()
+        .map(|(first, count, _)| WayRange::new(*first, *count))
+        .collect();
+    let masks = cache_masks(&ranges, host.min_cbm_bits, cbm_mask);
+    let groups: Vec<ResctrlGroup> = by_alloc
+        .into_iter()
+        .zip(&masks)
+        .filter_map(|((key, members), mask)| {
             let first = *members.first()?;
             Some(ResctrlGroup {
                 name: format!("{GROUP_PREFIX}{first}"),
-                schemata: schemata_for(plan.get(first)?),
+                schemata: schemata_for(*mask, key.2),
                 members: members.into_iter().map(str::to_string).collect(),
             })
         })
-        .collect())
+        .collect();
+    let mut overlaps = Vec::new();
+    for (i, a) in groups.iter().enumerate() {
+        for (j, b) in groups.iter().enumerate().skip(i + 1) {
+            let hidden = masks[i]
+                & masks[j]
+                & !(range_mask(ranges[i], cbm_mask) & range_mask(ranges[j], cbm_mask));
+            if hidden != 0 {
+                overlaps.push(WayOverlap {
+                    group: a.members.join("+"),
+                    with: Some(b.members.join("+")),
+                    ways: hidden,
+                });
+            }
+        }
+        if masks[i] & host.shareable_bits != 0 {
+            overlaps.push(WayOverlap {
+                group: a.members.join("+"),
+                with: None,
+                ways: masks[i] & host.shareable_bits,
+            });
+        }
+    }
+    Ok((groups, overlaps))
+}
+
+/// The mask of a way range as the plan means it (no widening), within `cbm_mask`.
+fn range_mask(r: WayRange, cbm_mask: u64) -> u64 {
+    let ones = if r.count >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << r.count) - 1
+    };
+    ones.checked_shl(r.first).unwrap_or(0) & cbm_mask
+}
+
+/// The cache mask of each way range in `ranges` on a host with `min_cbm_bits` and
+/// `cbm_mask` (see the module doc): a range at least `min_cbm_bits` wide is its own mask;
+/// a narrower one is widened to `min_cbm_bits` ways, covering the range, where it adds
+/// no overlap with another mask that the ranges themselves do not have, if there is such a
+/// place (upwards first), else where [`contiguous_mask`] puts it.
+pub fn cache_masks(ranges: &[WayRange], min_cbm_bits: u32, cbm_mask: u64) -> Vec<u64> {
+    let all = 64 - cbm_mask.leading_zeros();
+    let plain: Vec<u64> = ranges.iter().map(|r| range_mask(*r, cbm_mask)).collect();
+    let mut masks: Vec<Option<u64>> = ranges
+        .iter()
+        .map(|r| {
+            (r.count >= min_cbm_bits)
+                .then(|| contiguous_mask(r.first, r.count, min_cbm_bits, cbm_mask))
+        })
+        .collect();
+    for i in 0..ranges.len() {
+        if masks[i].is_some() {
+            continue;
+        }
+        let r = ranges[i];
+        let default = contiguous_mask(r.first, r.count, min_cbm_bits, cbm_mask);
+        let width = r.count.max(min_cbm_bits).min(all);
+        let adds_overlap = |m: u64, masks: &[Option<u64>]| {
+            masks
+                .iter()
+                .enumerate()
+                .any(|(j, o)| j != i && o.is_some_and(|o| m & o & !(plain[i] & plain[j]) != 0))
+        };
+        let lowest = (r.first + r.count).saturating_sub(width);
+        let chosen = (lowest..=r.first)
+            .rev()
+            .filter(|start| start + width <= all)
+            .map(|start| contiguous_mask(start, width, min_cbm_bits, cbm_mask))
+            .find(|m| !adds_overlap(*m, &masks))
+            .unwrap_or(default);
+        masks[i] = Some(chosen);
+    }
+    masks.into_iter().map(|m| m.unwrap_or(0)).collect()
 }
 
 /// The CPU list of each group (see the module doc, step 2).
@@ -335,7 +467,7 @@ pub fn cpu_steps(
 mod tests {
     use cohabit_collectors::perf::PerfSupport;
     use cohabit_collectors::resctrl::{CacheInfo, MbaInfo, MbaUnits, ResctrlInfo};
-    use cohabit_core::{HostCapacity, ServiceClass, WayRange};
+    use cohabit_core::{Allocation, HostCapacity, ServiceClass, WayRange};
 
     use super::*;
 
@@ -414,6 +546,8 @@ mod tests {
                 closids: closids.unwrap_or(16),
                 mba_min_pct: 10,
                 mba_gran_pct: 10,
+                min_cbm_bits: 1,
+                shareable_bits: 0,
             },
             cpus: (0..8).collect(),
             writable: vec!["cpuset".into(), "cpu".into()],
@@ -537,6 +671,102 @@ mod tests {
         p2.services.get_mut("web").unwrap().mba_pct = 60;
         let w2 = layout(&p2, &facts(Some(16)), &three(), &BTreeSet::new()).unwrap();
         assert_eq!(w2.resctrl.len(), 4);
+    }
+
+    /// [`facts`] on a host whose masks need at least `min_cbm_bits` ways.
+    fn facts_min_bits(min_cbm_bits: u32, shareable_bits: u64) -> HostFacts {
+        let mut f = facts(Some(16));
+        f.capacity.min_cbm_bits = min_cbm_bits;
+        f.capacity.shareable_bits = shareable_bits;
+        if let Some(l3) = f.resctrl.as_mut().and_then(|r| r.l3.as_mut()) {
+            l3.min_cbm_bits = min_cbm_bits;
+            l3.shareable_bits = shareable_bits;
+        }
+        f
+    }
+
+    fn l3_mask(w: &HostWrites, group: &str) -> u64 {
+        let name = w.resctrl_group_of(group).unwrap();
+        let g = w.resctrl.iter().find(|g| g.name == name).unwrap();
+        g.schemata.get("L3", 0).unwrap()
+    }
+
+    #[test]
+    fn a_one_way_service_widened_to_min_cbm_bits_goes_where_it_hides_no_overlap() {
+        // min_cbm_bits 2. kv has way 5 alone; way 4 is free, way 6 is the pool's. Widened
+        // upwards (ways 5-6) it would share the pool's way 6 while the plan shows disjoint
+        // ranges; downwards (4-5) it shares nothing.
+        let p = plan(
+            &[("web", alloc(1, 0, 4, 100)), ("kv", alloc(1, 5, 1, 100))],
+            alloc(1, 6, 6, 100),
+        );
+        let specs = vec![lc("web"), lc("kv"), be("batch")];
+        let w = layout(&p, &facts_min_bits(2, 0), &specs, &BTreeSet::new()).unwrap();
+        assert_eq!(l3_mask(&w, "kv"), 0b11_0000);
+        assert_eq!(l3_mask(&w, "web"), 0xf);
+        assert_eq!(l3_mask(&w, "best-effort"), 0xfc0);
+        assert!(w.overlaps.is_empty(), "{:?}", w.overlaps);
+        // The masks are pairwise disjoint, as the plan's ranges are.
+        let masks: Vec<u64> = ["web", "kv", "best-effort"]
+            .iter()
+            .map(|g| l3_mask(&w, g))
+            .collect();
+        for (i, a) in masks.iter().enumerate() {
+            for b in &masks[i + 1..] {
+                assert_eq!(a & b, 0, "{masks:x?}");
+            }
+        }
+        // Without min_cbm_bits the range is its own mask.
+        let w = layout(&p, &facts_min_bits(1, 0), &specs, &BTreeSet::new()).unwrap();
+        assert_eq!(l3_mask(&w, "kv"), 0b10_0000);
+    }
+
+    #[test]
+    fn an_overlap_that_cannot_be_avoided_is_reported_not_hidden() {
+        // Every way is taken: kv's way 5 widened to 2 ways must share one with a neighbour.
+        let p = plan(
+            &[("web", alloc(1, 0, 5, 100)), ("kv", alloc(1, 5, 1, 100))],
+            alloc(1, 6, 6, 100),
+        );
+        let specs = vec![lc("web"), lc("kv"), be("batch")];
+        let w = layout(&p, &facts_min_bits(2, 0), &specs, &BTreeSet::new()).unwrap();
+        assert_eq!(l3_mask(&w, "kv"), 0b110_0000, "the kernel's default place");
+        assert_eq!(
+            w.overlaps,
+            vec![WayOverlap {
+                group: "kv".into(),
+                with: Some("best-effort".into()),
+                ways: 0b100_0000,
+            }]
+        );
+        let text = w.overlaps[0].to_string();
+        assert!(
+            text.contains("kv and best-effort share ways 0x40"),
+            "{text}"
+        );
+        // Ways the hardware shares with I/O are reported for whoever holds them.
+        let w = layout(&p, &facts_min_bits(1, 0xc00), &specs, &BTreeSet::new()).unwrap();
+        assert_eq!(
+            w.overlaps,
+            vec![WayOverlap {
+                group: "best-effort".into(),
+                with: None,
+                ways: 0xc00,
+            }]
+        );
+        assert!(w.overlaps[0].to_string().contains("I/O"));
+    }
+
+    #[test]
+    fn ranges_the_plan_already_shares_are_not_reported() {
+        // Two services given the same two ways on purpose: no hidden overlap.
+        let p = plan(
+            &[("web", alloc(1, 0, 2, 100)), ("kv", alloc(1, 0, 2, 50))],
+            alloc(1, 2, 10, 100),
+        );
+        let specs = vec![lc("web"), lc("kv"), be("batch")];
+        let w = layout(&p, &facts_min_bits(2, 0), &specs, &BTreeSet::new()).unwrap();
+        assert!(w.overlaps.is_empty(), "{:?}", w.overlaps);
     }
 
     #[test]

@@ -52,7 +52,7 @@ use self::changes::{ChangeLog, HostChanges};
 pub use self::discover::HostFacts;
 pub use self::layout::{HostWrites, TooManyGroups};
 use self::placement::{ServicePlacement, Targets};
-use self::sample::{Sources, Telemetry};
+use self::sample::{PerfAccess, Sources, Telemetry};
 use super::config::{DaemonConfig, Matcher, ServiceConfig};
 
 /// Why the real host could not start or apply a plan.
@@ -183,6 +183,8 @@ pub struct RealHost {
     /// The last tick's process index (name matchers), and when /proc was last read whole.
     proc_index: ProcIndex,
     last_full_scan: Option<Instant>,
+    /// How counters are opened and the file descriptors they may take.
+    perf: PerfAccess,
 }
 
 /// How often name matchers read every process's `stat` again (between, only new pids are
@@ -254,7 +256,15 @@ impl RealHost {
             warn: Throttle::default(),
             proc_index: ProcIndex::default(),
             last_full_scan: None,
+            perf: PerfAccess::kernel(),
         };
+        if matches!(host.facts.perf, PerfSupport::Supported) {
+            let left = host.perf.budget.lock().map_or(0, |b| b.left());
+            tracing::info!(
+                fds = left,
+                "file descriptors hardware counters may take (3 per CPU per group)"
+            );
+        }
         Ok(host)
     }
 
@@ -430,11 +440,13 @@ impl RealHost {
             );
         }
         apply::forget_vanished(&mut self.record, &self.procfs);
-        for svc in &self.services {
+        let mons = self.mon_groups();
+        for (svc, mon) in self.services.iter().zip(&mons) {
             let members = Members {
                 service: &svc.spec.name,
                 group: layout::plan_group(&svc.spec),
                 found: &svc.pids,
+                mon: mon.as_deref(),
             };
             apply::attach_resctrl(
                 &self.kernel,
@@ -444,6 +456,37 @@ impl RealHost {
                 &mut self.warn,
             );
         }
+        for g in &self.record.writes.resctrl {
+            let wanted: BTreeSet<&str> = self
+                .services
+                .iter()
+                .zip(&mons)
+                .filter(|(s, _)| {
+                    self.record.resctrl_group_of(layout::plan_group(&s.spec)) == Some(&g.name)
+                })
+                .filter_map(|(_, m)| m.as_deref())
+                .collect();
+            apply::prune_mon_groups(&self.kernel, &g.name, &wanted, &mut self.warn);
+        }
+    }
+
+    /// Each service's monitoring group (its own RMID) under its resctrl control group, when
+    /// that control group holds more than one service (equal allocations, or several
+    /// best-effort jobs in the pool); `None` where it holds the service alone.
+    fn mon_groups(&self) -> Vec<Option<String>> {
+        let ctrl: Vec<Option<&str>> = self
+            .services
+            .iter()
+            .map(|s| self.record.resctrl_group_of(layout::plan_group(&s.spec)))
+            .collect();
+        self.services
+            .iter()
+            .zip(&ctrl)
+            .map(|(s, c)| {
+                let shared = c.is_some() && ctrl.iter().filter(|o| *o == c).count() > 1;
+                shared.then(|| s.spec.name.clone())
+            })
+            .collect()
     }
 
     /// The cgroup whose hardware counters stand for a service: its first process's cgroup
@@ -471,6 +514,11 @@ impl RealHost {
             return Ok(());
         }
         let writes = self.layout(plan)?;
+        for o in &writes.overlaps {
+            if self.warn.allow(&format!("overlap:{o}")) {
+                tracing::warn!("{o} (logged once a minute)");
+            }
+        }
         let (targets, _) = self.targets();
         let pinned = self.cfg.mps.pinned_mem_limit.clone();
         apply::apply(
@@ -710,18 +758,21 @@ impl Collector for RealHost {
             .iter()
             .map(|s| self.perf_dir(s).filter(|_| counters))
             .collect();
+        let mons = self.mon_groups();
         let mut services = Vec::with_capacity(self.services.len());
-        for (svc, perf_dir) in self.services.iter_mut().zip(perf_dirs) {
+        for ((svc, perf_dir), mon) in self.services.iter_mut().zip(perf_dirs).zip(&mons) {
             let group = layout::plan_group(&svc.spec);
             let src = Sources {
                 procfs: &self.procfs,
                 perf_dir,
+                perf: &self.perf,
                 cpus: &self.facts.cpus,
                 resctrl: self
                     .kernel
                     .resctrl
                     .as_ref()
-                    .zip(self.record.resctrl_group_of(group)),
+                    .zip(self.record.resctrl_group_of(group))
+                    .map(|(r, g)| (r, g, mon.as_deref())),
                 gpu: readings
                     .as_ref()
                     .zip(svc.spec.gpu)
@@ -782,6 +833,76 @@ mod tests {
             pid_file.display()
         );
         DaemonConfig::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn services_sharing_a_resctrl_group_each_get_their_own_monitoring_group() {
+        use cohabit_collectors::procfs::fake::FakeProcess;
+        use std::os::unix::fs::PermissionsExt;
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let proc_root = fake.base().join("proc");
+        let dir = tempfile::tempdir().unwrap();
+        let mut pid_files = BTreeMap::new();
+        for (pid, name) in [(40, "kv"), (50, "batch"), (60, "etl")] {
+            let mut p = FakeProcess::new(pid, name);
+            p.threads = vec![pid + 1];
+            p.write(&proc_root).unwrap();
+            fake.add_task(pid).unwrap();
+            fake.add_task(pid + 1).unwrap();
+            let f = dir.path().join(format!("{name}.pid"));
+            std::fs::write(&f, format!("{pid}\n")).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            pid_files.insert(name, f.display().to_string());
+        }
+        let text = format!(
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ pid_file = \"{}\" }}\n[[best_effort]]\nname = \"etl\"\nmatch = {{ pid_file = \"{}\" }}\n",
+            fake.root().display(),
+            proc_root.display(),
+            pid_files["kv"],
+            pid_files["batch"],
+            pid_files["etl"],
+        );
+        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
+        host.launch(&StaticPolicy::new(ctx).initial().plan).unwrap();
+        // Both jobs are in the pool's control group; each has a monitoring group of its own
+        // with its threads; kv has its control group to itself and needs none.
+        let pool = fake.root().join("cohabit-best-effort");
+        let tasks = |rel: &str| std::fs::read_to_string(pool.join(rel)).unwrap();
+        assert_eq!(tasks("mon_groups/batch/tasks"), "50\n51\n");
+        assert_eq!(tasks("mon_groups/etl/tasks"), "60\n61\n");
+        assert_eq!(tasks("tasks").lines().count(), 4);
+        let kv_mons = std::fs::read_dir(fake.root().join("cohabit-kv/mon_groups")).unwrap();
+        assert_eq!(kv_mons.count(), 0);
+        // Each job reads its own RMID, not the group's total.
+        for (mon, mib) in [("batch", 1u64), ("etl", 3)] {
+            let g = format!("cohabit-best-effort/mon_groups/{mon}");
+            fake.set_counter(Some(&g), 0, "llc_occupancy", Some(mib << 20))
+                .unwrap();
+        }
+        let obs = host.collect().unwrap();
+        let occupancy = |name: &str| {
+            obs.services
+                .iter()
+                .find(|s| s.spec.name == name)
+                .and_then(|s| s.sample.llc_occupancy_bytes)
+        };
+        assert_eq!(occupancy("batch"), Some(f64::from(1u32 << 20)));
+        assert_eq!(occupancy("etl"), Some(f64::from(3u32 << 20)));
+        assert_ne!(occupancy("batch"), occupancy("etl"));
+        host.restore();
+        assert!(!pool.exists());
+        let mut root: Vec<String> = std::fs::read_to_string(fake.root().join("tasks"))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        root.sort();
+        assert_eq!(root, ["40", "41", "50", "51", "60", "61"]);
     }
 
     #[test]

@@ -8,14 +8,22 @@
 //! recreated: a process is its pid *and* start time (a reused pid starts afresh), a resctrl
 //! group its directory's identity ([`BandwidthRate`]), and perf totals that could not be
 //! read leave a gap rather than a rate over two intervals.
+//!
+//! Hardware counters are opened once per service, on first use, with descriptors taken from
+//! the host's [`FdBudget`]; if the budget has too few left or the kernel refuses, that is
+//! logged once and the service's counters are absent from then on (never retried each tick:
+//! each try costs 3 `perf_event_open` calls per CPU).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use cohabit_collectors::latency::{PromHistogram, PushListener, PushRejections, UnixAccess};
 use cohabit_collectors::nvml::GpuReading;
-use cohabit_collectors::perf::{CgroupCounters, PerfTotals};
+use cohabit_collectors::perf::{
+    fds_needed, CounterOpener, CounterSet, FdBudget, KernelCounters, PerfTotals,
+};
 use cohabit_collectors::probe::{Probe, ProbeSettings};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl};
@@ -120,6 +128,87 @@ fn cpu_ticks_delta(
     total
 }
 
+/// How hardware counters are opened, and the file descriptors they may take: one for the
+/// whole host, shared by every service.
+#[derive(Debug, Clone)]
+pub(super) struct PerfAccess {
+    /// Opens a group's counters.
+    pub opener: Arc<dyn CounterOpener>,
+    /// The descriptors counters may still take.
+    pub budget: Arc<Mutex<FdBudget>>,
+}
+
+impl PerfAccess {
+    /// The kernel's counters under this process's open-files limit.
+    pub fn kernel() -> Self {
+        Self::new(Arc::new(KernelCounters), FdBudget::from_rlimit())
+    }
+
+    /// Counters from `opener` within `budget`.
+    pub fn new(opener: Arc<dyn CounterOpener>, budget: FdBudget) -> Self {
+        Self {
+            opener,
+            budget: Arc::new(Mutex::new(budget)),
+        }
+    }
+
+    /// Opens the counters of `dir` on `cpus` if the budget has their descriptors; says why
+    /// not otherwise (the descriptors are given back then).
+    fn open(&self, dir: &Path, cpus: &[u32]) -> Result<Budgeted, String> {
+        let fds = fds_needed(cpus.len());
+        self.budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(fds)
+            .map_err(|e| e.to_string())?;
+        let cpus: Vec<usize> = cpus.iter().map(|c| *c as usize).collect();
+        match self.opener.open(dir, &cpus) {
+            Ok(set) => Ok(Budgeted {
+                set,
+                fds,
+                budget: Arc::clone(&self.budget),
+            }),
+            Err(e) => {
+                give_back(&self.budget, fds);
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+fn give_back(budget: &Mutex<FdBudget>, fds: usize) {
+    budget
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .give_back(fds);
+}
+
+/// Open counters and the descriptors they hold, given back when they close.
+#[derive(Debug)]
+struct Budgeted {
+    set: Box<dyn CounterSet>,
+    fds: usize,
+    budget: Arc<Mutex<FdBudget>>,
+}
+
+impl Drop for Budgeted {
+    fn drop(&mut self) {
+        give_back(&self.budget, self.fds);
+    }
+}
+
+/// A service's hardware counters.
+#[derive(Debug, Default)]
+enum PerfState {
+    /// Not opened yet.
+    #[default]
+    Untried,
+    /// Open.
+    Open(Budgeted),
+    /// Opening failed once (logged then): absent from now on.
+    GaveUp,
+}
+
 /// Where one service's readings come from this tick.
 #[derive(Debug)]
 pub(super) struct Sources<'a> {
@@ -127,10 +216,13 @@ pub(super) struct Sources<'a> {
     pub procfs: &'a Procfs,
     /// Its cgroup directory for hardware counters, when they are to be read.
     pub perf_dir: Option<PathBuf>,
+    /// How counters are opened, within which budget.
+    pub perf: &'a PerfAccess,
     /// CPUs the counters watch.
     pub cpus: &'a [u32],
-    /// resctrl and its group, if it has one.
-    pub resctrl: Option<(&'a Resctrl, &'a str)>,
+    /// resctrl, its control group, and its monitoring group under it where the control
+    /// group is shared, if it has one.
+    pub resctrl: Option<(&'a Resctrl, &'a str, Option<&'a str>)>,
     /// The reading of its GPU, if it uses one and NVML answered.
     pub gpu: Option<&'a GpuReading>,
     /// When every scrape of this tick must have ended.
@@ -141,7 +233,7 @@ pub(super) struct Sources<'a> {
 #[derive(Debug)]
 pub(super) struct Telemetry {
     latency: Option<LatencyReader>,
-    counters: Option<CgroupCounters>,
+    counters: PerfState,
     last: Option<Readings>,
     /// Pushed latencies refused since [`Self::take_rejections`].
     rejected: PushRejections,
@@ -211,7 +303,7 @@ impl Telemetry {
         };
         Ok(Self {
             latency,
-            counters: None,
+            counters: PerfState::Untried,
             last: None,
             rejected: PushRejections::default(),
         })
@@ -254,10 +346,14 @@ impl Telemetry {
             r.rss_bytes = Some(rss);
         }
         if let Some(dir) = &src.perf_dir {
-            r.perf = self.read_perf(dir, src.cpus, service, warn);
+            r.perf = self.read_perf(dir, src, service, warn);
         }
-        if let Some((resctrl, group)) = src.resctrl {
-            match resctrl.read_mon(Some(group)) {
+        if let Some((resctrl, group, mon)) = src.resctrl {
+            let read = match mon {
+                Some(m) => resctrl.read_mon_group(group, m),
+                None => resctrl.read_mon(Some(group)),
+            };
+            match read {
                 Ok(m) => r.mon = Some(m),
                 Err(e) => {
                     if warn.allow(&format!("mon:{group}")) {
@@ -277,26 +373,28 @@ impl Telemetry {
         r
     }
 
-    /// The counters' totals, opening them on first use (retried each tick until they open).
+    /// The counters' totals, opening them on first use; a service whose counters could not
+    /// be opened once has none from then on (logged that once).
     fn read_perf(
         &mut self,
         dir: &Path,
-        cpus: &[u32],
+        src: &Sources<'_>,
         service: &str,
         warn: &mut Throttle,
     ) -> Option<PerfTotals> {
-        if self.counters.is_none() {
-            let cpus: Vec<usize> = cpus.iter().map(|c| *c as usize).collect();
-            match CgroupCounters::open(dir, &cpus) {
-                Ok(c) => self.counters = Some(c),
+        if matches!(self.counters, PerfState::Untried) {
+            self.counters = match src.perf.open(dir, src.cpus) {
+                Ok(c) => PerfState::Open(c),
                 Err(e) => {
-                    if warn.allow(&format!("perf-open:{service}")) {
-                        tracing::warn!(service, dir = %dir.display(), error = %e, "hardware counters could not be opened; retried each tick (logged once a minute)");
-                    }
+                    tracing::warn!(service, dir = %dir.display(), error = %e, "hardware counters could not be opened; IPC and LLC misses are absent for this service from now on (not retried)");
+                    PerfState::GaveUp
                 }
-            }
+            };
         }
-        match self.counters.as_mut()?.read() {
+        let PerfState::Open(counters) = &mut self.counters else {
+            return None;
+        };
+        match counters.set.read() {
             Ok(t) => Some(t),
             Err(e) => {
                 if warn.allow(&format!("perf-read:{service}")) {
@@ -380,6 +478,175 @@ impl Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A counter opener without hardware: counts its calls, fails when told to, and gives
+    /// totals that grow by a fixed step per read.
+    #[derive(Debug, Default)]
+    struct FakeOpener {
+        fail: bool,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    #[derive(Debug)]
+    struct FakeSet {
+        reads: f64,
+    }
+
+    impl CounterSet for FakeSet {
+        fn read(&mut self) -> std::io::Result<PerfTotals> {
+            self.reads += 1.0;
+            Ok(PerfTotals {
+                instructions: 2e9 * self.reads,
+                cycles: 1e9 * self.reads,
+                llc_misses: 1e6 * self.reads,
+            })
+        }
+    }
+
+    impl CounterOpener for FakeOpener {
+        fn open(&self, _: &Path, _: &[usize]) -> std::io::Result<Box<dyn CounterSet>> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.fail {
+                return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+            }
+            Ok(Box::new(FakeSet { reads: 0.0 }))
+        }
+    }
+
+    /// The warnings logged while `f` runs, one line each.
+    fn warnings_of(f: impl FnOnce()) -> Vec<String> {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        tracing::subscriber::with_default(sub, f);
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    fn silent() -> Telemetry {
+        Telemetry {
+            latency: None,
+            counters: PerfState::Untried,
+            last: None,
+            rejected: PushRejections::default(),
+        }
+    }
+
+    /// `n` ticks of one service counted on `cpus`, its samples.
+    fn ticks(t: &mut Telemetry, perf: &PerfAccess, cpus: &[u32], n: usize) -> Vec<Sample> {
+        let dir = tempfile::tempdir().unwrap();
+        let procfs = Procfs::new(dir.path());
+        let src = Sources {
+            procfs: &procfs,
+            perf_dir: Some(dir.path().to_path_buf()),
+            perf,
+            cpus,
+            resctrl: None,
+            gpu: None,
+            deadline: Instant::now(),
+        };
+        let mut warn = Throttle::default();
+        (0..n)
+            .map(|_| {
+                t.sample(
+                    &src,
+                    "kv",
+                    &BTreeSet::new(),
+                    1.0,
+                    100.0,
+                    &mut bw(),
+                    &mut warn,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn counters_over_the_fd_budget_are_absent_with_one_warning_and_never_retried() {
+        // A soft limit of 128 leaves no descriptors for counters.
+        let opener = Arc::new(FakeOpener::default());
+        let perf = PerfAccess::new(opener.clone(), FdBudget::for_limit(128));
+        let mut t = silent();
+        let mut samples = vec![];
+        let logged = warnings_of(|| samples = ticks(&mut t, &perf, &[0, 1, 2, 3], 5));
+        assert_eq!(samples.len(), 5, "every tick gives a sample");
+        assert!(samples
+            .iter()
+            .all(|s| s.ipc.is_none() && s.llc_misses_per_s.is_none()));
+        let perf_lines: Vec<_> = logged
+            .iter()
+            .filter(|l| l.contains("hardware counters"))
+            .collect();
+        assert_eq!(perf_lines.len(), 1, "{logged:?}");
+        assert!(
+            perf_lines[0].contains("12 file descriptors"),
+            "{}",
+            perf_lines[0]
+        );
+        assert_eq!(
+            opener.calls.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing opened beyond the budget"
+        );
+        assert_eq!(perf.budget.lock().unwrap().used(), 0);
+    }
+
+    #[test]
+    fn counters_that_fail_to_open_are_tried_once_and_give_their_fds_back() {
+        let opener = Arc::new(FakeOpener {
+            fail: true,
+            ..FakeOpener::default()
+        });
+        let perf = PerfAccess::new(opener.clone(), FdBudget::with_available(100));
+        let mut t = silent();
+        let mut samples = vec![];
+        let logged = warnings_of(|| samples = ticks(&mut t, &perf, &[0, 1], 6));
+        assert_eq!(opener.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(samples.iter().all(|s| s.ipc.is_none()));
+        let perf_lines: Vec<_> = logged
+            .iter()
+            .filter(|l| l.contains("hardware counters"))
+            .collect();
+        assert_eq!(perf_lines.len(), 1, "{logged:?}");
+        assert_eq!(perf.budget.lock().unwrap().used(), 0);
+    }
+
+    #[test]
+    fn the_budget_is_shared_and_counters_give_it_back_when_they_go() {
+        // Room for one two-CPU group (6 fds), not two.
+        let opener = Arc::new(FakeOpener::default());
+        let perf = PerfAccess::new(opener.clone(), FdBudget::with_available(8));
+        let (mut a, mut b) = (silent(), silent());
+        let sa = ticks(&mut a, &perf, &[0, 1], 2);
+        assert_eq!(sa[1].ipc, Some(2.0), "the first group is counted");
+        assert_eq!(perf.budget.lock().unwrap().used(), 6);
+        let sb = ticks(&mut b, &perf, &[0, 1], 2);
+        assert_eq!(sb[1].ipc, None, "the second does not fit");
+        drop(a);
+        assert_eq!(
+            perf.budget.lock().unwrap().used(),
+            0,
+            "closed counters give their fds back"
+        );
+        let mut c = silent();
+        assert_eq!(ticks(&mut c, &perf, &[0, 1], 2)[1].ipc, Some(2.0));
+        assert_eq!(opener.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
 
     fn bw() -> BandwidthRate {
         BandwidthRate {

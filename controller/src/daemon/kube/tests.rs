@@ -216,6 +216,71 @@ fn unusable_annotations_and_containers_are_named_in_the_warning() {
     ));
 }
 
+#[test]
+fn a_pods_udp_push_source_binds_loopback_only() {
+    use cohabit_collectors::latency::{PushAddr, PushListener, UnixAccess};
+    let f = FakeCgroup2::builder().build().unwrap();
+    f.mkdir_owner("/kubepods", &[]).unwrap();
+    let tree = Kubepods::new(f.cgroups().unwrap(), None, "/").unwrap();
+    let cfg = kube_cfg(Path::new("/var/lib/kubelet"), "/");
+    let with = |latency: &str, ips: &[&str]| {
+        let mut p = pod(
+            ("a", "b"),
+            "12",
+            QosClass::Burstable,
+            lc(1.0, Some(latency)),
+            &[("c", "aa")],
+        );
+        p.ips = ips.iter().map(|ip| ip.parse().unwrap()).collect();
+        pod_service(&p, &tree, None, &cfg)
+    };
+    // Wildcards and the pod's own (routable) address would take datagrams from the network.
+    for addr in [
+        "0.0.0.0:9400",
+        "[::]:9400",
+        "10.1.2.3:9400",
+        "[fd00::3]:9400",
+    ] {
+        let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
+        let Err(Skip::Warn { reason, message }) = with(&text, &["10.1.2.3", "fd00::3"]) else {
+            panic!("{addr} was accepted");
+        };
+        assert_eq!(reason, "BadLatencyAnnotation");
+        assert!(
+            message.contains("must be a loopback address"),
+            "{addr}: {message}"
+        );
+    }
+    // Loopback is taken, and the socket the daemon binds for it is on loopback.
+    for addr in ["127.0.0.1:0", "[::1]:0"] {
+        let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
+        let s = with(&text, &["10.1.2.3"]).unwrap();
+        let Some(config::LatencySource::Push {
+            addr: PushAddr::Udp(a),
+            ..
+        }) = &s.latency
+        else {
+            panic!("{addr}: {:?}", s.latency);
+        };
+        assert!(a.ip().is_loopback(), "{a}");
+        match PushListener::bind(&PushAddr::Udp(*a), &UnixAccess::default()) {
+            Ok(l) => {
+                let PushAddr::Udp(bound) = l.local else {
+                    panic!("{:?}", l.local)
+                };
+                assert!(bound.ip().is_loopback() && bound.port() != 0, "{bound}");
+            }
+            // A host without IPv6 cannot bind ::1; that is not a wildcard either.
+            Err(e) if a.is_ipv6() => println!("{a}: {e}"),
+            Err(e) => panic!("{a}: {e}"),
+        }
+    }
+    // Below the configuration too: the listener refuses a wildcard outright.
+    let wild = PushAddr::Udp("0.0.0.0:0".parse().unwrap());
+    let e = PushListener::bind(&wild, &UnixAccess::default()).unwrap_err();
+    assert!(e.to_string().contains("only loopback"), "{e}");
+}
+
 /// A pod source that plays back what the test sets, and keeps the warnings.
 #[derive(Debug, Clone, Default)]
 struct Script {

@@ -1,7 +1,7 @@
 //! Decision time of the `ml` policy for 8 latency-critical services and a best-effort job
 //! on the simulated Xeon E5-2697 v4 and Xeon Gold 6338 (target: p99 under 1 ms per tick),
-//! with PARTIES beside it for the ratio. Every `ml` decision here runs the full search for
-//! every service. The `crowded` cases load every service 3× higher, so services are over
+//! with PARTIES beside it (on the same observation) for the ratio. Every `ml` decision here
+//! runs the full search for every service. The `crowded` cases load every service 3× higher, so services are over
 //! their margins and `ml` also plans the pool's throttled MBA levels (the most work a tick
 //! can take).
 //!
@@ -109,10 +109,11 @@ fn decide(c: &mut Criterion) {
                     )
                 },
             );
-            if scale == 1.0 {
+            {
                 let mut parties = PartiesPolicy::new(ctx, PartiesConfig::default());
                 parties.initial();
-                c.bench_function(&format!("parties decide, 8 LC services, {platform}"), |b| {
+                let name = format!("parties decide, 8 LC services, {platform}{case}");
+                c.bench_function(&name, |b| {
                     b.iter_batched(
                         || parties.clone(),
                         |mut p| black_box(p.decide(black_box(&obs), obs.t_ms)),

@@ -10,7 +10,7 @@ use cohabit_models::Model;
 use cohabit_sim::{Scenario, SimError, SimulatedHost, TruthModel};
 
 use cohabit_policy::control::{self, LoopError};
-use cohabit_policy::{BuildError, HostContext, Policy, PolicyKind};
+use cohabit_policy::{BuildError, HostContext, MlConfig, MlPolicy, Policy, PolicyKind};
 
 use crate::metrics::{self, RunSummary};
 use crate::oracle::OraclePolicy;
@@ -88,7 +88,8 @@ impl FromStr for LabPolicy {
 }
 
 /// Builds a policy for a scenario. `ml` uses `model`, or else the built-in model of the
-/// scenario's platform.
+/// scenario's platform, and on a platform with a GPU the built-in GPU model for the GPU
+/// services' shares ([`cohabit_models::builtin_gpu`]).
 pub fn build_policy(
     kind: LabPolicy,
     scenario: &Arc<Scenario>,
@@ -108,6 +109,16 @@ pub fn build_policy(
         (PolicyKind::Ml, None) => Some(Arc::new(builtin_model(scenario.host.preset)?)),
         _ => None,
     };
+    if let (PolicyKind::Ml, Some(cpu), Some(gpu)) = (
+        deployable,
+        &model,
+        cohabit_models::builtin_gpu(scenario.host.preset),
+    ) {
+        let ml = MlPolicy::new(ctx, Arc::clone(cpu), MlConfig::default())
+            .with_gpu_model(Arc::new(gpu.map_err(RunError::Model)?))
+            .map_err(RunError::GpuModel)?;
+        return Ok(Box::new(ml));
+    }
     Ok(deployable.build(ctx, model)?)
 }
 
@@ -136,6 +147,9 @@ pub enum RunError {
     /// The policy could not be built.
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// The GPU model does not fit the `ml` policy.
+    #[error("GPU model: {0}")]
+    GpuModel(String),
 }
 
 /// One simulated run: every record and its summary.

@@ -7,6 +7,13 @@
 //! Loading checks everything against this build's feature schema and against itself, and
 //! reports a wrong, truncated or mismatched artifact as a [`ModelError`] naming the file:
 //! callers fall back to feedback control, never panic.
+//!
+//! An artifact is trained on one feature [`Schema`]: the CPU one ([`CPU_SCHEMA`], `qos`,
+//! [`crate::features`]) or the GPU one ([`GPU_SCHEMA`], `qos-gpu`, [`crate::gpu_features`]).
+//! The metadata's `schema` field names it (absent: the CPU schema, so every CPU artifact
+//! written before GPU models existed loads as it did); each loader expects one schema and
+//! refuses an artifact of the other, or of another version, naming what it expected and
+//! what it found.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,8 +23,66 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
-use crate::features::{FEATURE_NAMES, FEATURE_SCHEMA_VERSION, N_FEATURES};
+use crate::features::{FEATURE_NAMES, FEATURE_SCHEMA_VERSION};
+use crate::gpu_features::{
+    GPU_CANDIDATE_FEATURES, GPU_FEATURE_NAMES, GPU_FEATURE_SCHEMA_VERSION, GPU_SCHEMA_NAME,
+};
 use crate::mlp::{Dense, Ensemble, Mlp};
+
+/// A feature schema a model can be trained on: its name and version (written into the
+/// artifact), its feature names in input order, and the columns that depend on the
+/// candidate.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Schema {
+    /// Name written into the artifact's metadata (`schema`).
+    pub name: &'static str,
+    /// Version (`schema_version`).
+    pub version: u32,
+    /// What it describes, for messages.
+    pub about: &'static str,
+    /// Feature names, in input order.
+    pub features: &'static [&'static str],
+    /// Input columns that depend on the candidate allocation.
+    pub candidate: &'static [usize],
+}
+
+impl Schema {
+    /// Input width.
+    pub fn width(&self) -> usize {
+        self.features.len()
+    }
+
+    /// The schema of this build called `name`.
+    pub fn by_name(name: &str) -> Option<&'static Schema> {
+        [&CPU_SCHEMA, &GPU_SCHEMA]
+            .into_iter()
+            .find(|s| s.name == name)
+    }
+}
+
+impl std::fmt::Display for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-v{} ({})", self.name, self.version, self.about)
+    }
+}
+
+/// The CPU schema ([`crate::features`]): what every CPU artifact is trained on.
+pub const CPU_SCHEMA: Schema = Schema {
+    name: "qos",
+    version: FEATURE_SCHEMA_VERSION,
+    about: "CPU services",
+    features: &FEATURE_NAMES,
+    candidate: &CANDIDATE_FEATURES,
+};
+
+/// The GPU schema ([`crate::gpu_features`]): MPS shares of GPU services.
+pub const GPU_SCHEMA: Schema = Schema {
+    name: GPU_SCHEMA_NAME,
+    version: GPU_FEATURE_SCHEMA_VERSION,
+    about: "GPU services' MPS shares",
+    features: &GPU_FEATURE_NAMES,
+    candidate: &GPU_CANDIDATE_FEATURES,
+};
 
 /// Artifact format tag.
 pub const FORMAT: &str = "cohabit-qos-model";
@@ -63,6 +128,10 @@ pub struct ModelMetadata {
     pub format: String,
     /// [`FORMAT_VERSION`].
     pub format_version: u32,
+    /// The feature schema the model was trained on, by name ([`Schema::name`]); absent
+    /// in CPU artifacts (the CPU schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
     /// The feature schema version the model was trained on.
     pub schema_version: u32,
     /// Feature names in input order (must equal this build's schema).
@@ -199,34 +268,68 @@ fn f32s(view: &TensorView<'_>) -> Vec<f32> {
 }
 
 impl Model {
-    /// Loads `NAME.json` and the weights it names.
+    /// Loads `NAME.json` and the weights it names, a model of the CPU schema.
     ///
     /// Both files must be regular files of bounded size; the weights file must sit beside
     /// the metadata (a bare file name), and match `weights_digest` where the metadata has one.
     pub fn load(meta_path: &Path) -> Result<Model, ModelError> {
+        Self::load_schema(meta_path, &CPU_SCHEMA)
+    }
+
+    /// [`Model::load`] for a model of the GPU schema.
+    pub fn load_gpu(meta_path: &Path) -> Result<Model, ModelError> {
+        Self::load_schema(meta_path, &GPU_SCHEMA)
+    }
+
+    /// [`Model::load`] for a model of `schema`: an artifact of another schema or version
+    /// is refused, naming both.
+    pub fn load_schema(meta_path: &Path, schema: &'static Schema) -> Result<Model, ModelError> {
         let bytes = read_bounded(meta_path, MAX_METADATA_BYTES)?;
         let text = String::from_utf8(bytes).map_err(|_| ModelError::Metadata {
             path: meta_path.to_path_buf(),
             message: "not UTF-8 text".into(),
         })?;
-        let meta = Self::parse_metadata(&text, meta_path)?;
+        let meta = Self::parse_metadata(&text, meta_path, schema)?;
         let weights_path = meta_path
             .parent()
             .unwrap_or(Path::new("."))
             .join(&meta.weights);
         let bytes = read_bounded(&weights_path, MAX_WEIGHTS_BYTES)?;
-        Self::from_parts(meta, &bytes, &weights_path)
+        Self::from_parts(meta, &bytes, &weights_path, schema)
     }
 
-    /// A model from metadata text and weight bytes already in memory (e.g. compiled into
-    /// the binary); `origin` names them in errors.
+    /// A model of the CPU schema from metadata text and weight bytes already in memory
+    /// (e.g. compiled into the binary); `origin` names them in errors.
     pub fn from_bytes(meta_text: &str, weights: &[u8], origin: &Path) -> Result<Model, ModelError> {
-        let meta = Self::parse_metadata(meta_text, origin)?;
-        let weights_path = origin.with_file_name(&meta.weights);
-        Self::from_parts(meta, weights, &weights_path)
+        Self::from_bytes_schema(meta_text, weights, origin, &CPU_SCHEMA)
     }
 
-    fn parse_metadata(text: &str, meta_path: &Path) -> Result<ModelMetadata, ModelError> {
+    /// [`Model::from_bytes`] for a model of `schema`.
+    pub fn from_bytes_schema(
+        meta_text: &str,
+        weights: &[u8],
+        origin: &Path,
+        schema: &'static Schema,
+    ) -> Result<Model, ModelError> {
+        let meta = Self::parse_metadata(meta_text, origin, schema)?;
+        let weights_path = origin.with_file_name(&meta.weights);
+        Self::from_parts(meta, weights, &weights_path, schema)
+    }
+
+    /// The schema the model was trained on (checked on load).
+    pub fn schema(&self) -> &'static Schema {
+        self.meta
+            .schema
+            .as_deref()
+            .and_then(Schema::by_name)
+            .unwrap_or(&CPU_SCHEMA)
+    }
+
+    fn parse_metadata(
+        text: &str,
+        meta_path: &Path,
+        schema: &'static Schema,
+    ) -> Result<ModelMetadata, ModelError> {
         let meta_err = |message: String| ModelError::Metadata {
             path: meta_path.to_path_buf(),
             message,
@@ -239,29 +342,49 @@ impl Model {
                 meta.format, meta.format_version
             )));
         }
-        if meta.schema_version != FEATURE_SCHEMA_VERSION {
+        let found = meta.schema.as_deref().unwrap_or(CPU_SCHEMA.name);
+        if found != schema.name {
+            let what = Schema::by_name(found).map_or_else(
+                || format!("feature schema {found:?} (unknown to this build)"),
+                |s| {
+                    format!(
+                        "feature schema {}-v{} ({})",
+                        s.name, meta.schema_version, s.about
+                    )
+                },
+            );
             return Err(meta_err(format!(
-                "trained on feature schema {}, this build speaks schema {FEATURE_SCHEMA_VERSION}",
-                meta.schema_version
+                "trained on {what}, expected a model of feature schema {schema}"
             )));
         }
-        if meta.features.len() != N_FEATURES
-            || meta.features.iter().zip(FEATURE_NAMES).any(|(a, b)| a != b)
+        if meta.schema_version != schema.version {
+            return Err(meta_err(format!(
+                "trained on feature schema {} of {:?}, this build speaks {schema}",
+                meta.schema_version, schema.name
+            )));
+        }
+        let n = schema.width();
+        if meta.features.len() != n
+            || meta
+                .features
+                .iter()
+                .zip(schema.features)
+                .any(|(a, b)| a != b)
         {
             let first = meta
                 .features
                 .iter()
-                .zip(FEATURE_NAMES)
+                .zip(schema.features)
                 .position(|(a, b)| a != b)
-                .unwrap_or(meta.features.len().min(N_FEATURES));
+                .unwrap_or(meta.features.len().min(n));
             return Err(meta_err(format!(
-                "features differ from the schema at position {first} ({} features, schema has {N_FEATURES})",
+                "features differ from the schema {schema} at position {first} ({} features, schema has {n})",
                 meta.features.len()
             )));
         }
-        if meta.norm_mean.len() != N_FEATURES || meta.norm_std.len() != N_FEATURES {
+        if meta.norm_mean.len() != n || meta.norm_std.len() != n {
             return Err(meta_err(format!(
-                "normalisation needs {N_FEATURES} means and scales"
+                "normalisation needs {n} means and scales"
             )));
         }
         if meta.norm_mean.iter().any(|v| !v.is_finite())
@@ -314,6 +437,7 @@ impl Model {
         meta: ModelMetadata,
         bytes: &[u8],
         weights_path: &Path,
+        schema: &'static Schema,
     ) -> Result<Model, ModelError> {
         let w_err = |message: String| ModelError::Weights {
             path: weights_path.to_path_buf(),
@@ -329,7 +453,7 @@ impl Model {
         }
         let st = SafeTensors::deserialize(bytes)
             .map_err(|e| w_err(format!("not a safetensors file: {e}")))?;
-        let widths: Vec<usize> = std::iter::once(N_FEATURES)
+        let widths: Vec<usize> = std::iter::once(schema.width())
             .chain(meta.hidden.iter().copied())
             .chain(std::iter::once(1))
             .collect();
@@ -442,7 +566,7 @@ impl Model {
         all.slice_mut(ndarray::s![1.., ..]).assign(&rows);
         let out = self
             .ensemble
-            .members_predict_shared(all.view(), &CANDIDATE_FEATURES);
+            .members_predict_shared(all.view(), self.schema().candidate);
         let k = out.nrows().max(1) as f32;
         let mut mean = Array1::<f32>::zeros(n);
         let mut var = Array1::<f32>::zeros(n);
@@ -464,9 +588,20 @@ impl Model {
 
 impl Model {
     /// A model with pseudo-random weights (a fixed linear congruential sequence from `seed`)
-    /// in the current schema. It predicts nothing meaningful; it exists for tests and speed
+    /// in the CPU schema. It predicts nothing meaningful; it exists for tests and speed
     /// benchmarks, and its metadata says so.
     pub fn synthetic(members: usize, hidden: &[usize], seed: u64) -> Model {
+        Self::synthetic_schema(&CPU_SCHEMA, members, hidden, seed)
+    }
+
+    /// [`Model::synthetic`] in `schema`.
+    pub fn synthetic_schema(
+        schema: &'static Schema,
+        members: usize,
+        hidden: &[usize],
+        seed: u64,
+    ) -> Model {
+        let n = schema.width();
         let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         let mut next = move || {
             state = state
@@ -475,7 +610,7 @@ impl Model {
             // Top 24 bits to a float in [-0.5, 0.5).
             ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
-        let widths: Vec<usize> = std::iter::once(N_FEATURES)
+        let widths: Vec<usize> = std::iter::once(n)
             .chain(hidden.iter().copied())
             .chain(std::iter::once(1))
             .collect();
@@ -496,10 +631,11 @@ impl Model {
             meta: ModelMetadata {
                 format: FORMAT.into(),
                 format_version: FORMAT_VERSION,
-                schema_version: FEATURE_SCHEMA_VERSION,
-                features: FEATURE_NAMES.iter().map(|s| s.to_string()).collect(),
-                norm_mean: vec![0.0; N_FEATURES],
-                norm_std: vec![1.0; N_FEATURES],
+                schema: (schema != &CPU_SCHEMA).then(|| schema.name.to_string()),
+                schema_version: schema.version,
+                features: schema.features.iter().map(|s| s.to_string()).collect(),
+                norm_mean: vec![0.0; n],
+                norm_std: vec![1.0; n],
                 target: "synthetic weights for tests and benchmarks: not a trained model".into(),
                 weights: String::new(),
                 members,
@@ -512,8 +648,8 @@ impl Model {
             },
             ensemble: Ensemble {
                 members: members_v,
-                mean: Array1::zeros(N_FEATURES),
-                std: Array1::ones(N_FEATURES),
+                mean: Array1::zeros(n),
+                std: Array1::ones(n),
             },
         }
     }

@@ -232,6 +232,8 @@ mod tests {
             closids: 16,
             mba_min_pct: 10,
             mba_gran_pct: 10,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
         }
     }
 

@@ -2,6 +2,8 @@
 //!
 //! - [`features`]: the versioned feature schema (what a real host can measure under the
 //!   current allocation, plus a candidate allocation).
+//! - [`gpu_features`]: the GPU schema (a GPU service's MPS share in force and candidate, its
+//!   co-runners on the GPU), a schema of its own with its own artifacts.
 //! - [`mlp`]: pure-Rust inference of an MLP ensemble with ndarray; the spread of the
 //!   members is the uncertainty.
 //! - [`artifact`]: the model artifact (safetensors weights + JSON metadata), checked on load.
@@ -11,11 +13,16 @@
 pub mod artifact;
 pub mod builtin;
 pub mod features;
+pub mod gpu_features;
 pub mod mlp;
 
-pub use artifact::{Model, ModelError, ModelMetadata};
-pub use builtin::{builtin, builtin_platforms};
+pub use artifact::{Model, ModelError, ModelMetadata, Schema, CPU_SCHEMA, GPU_SCHEMA};
+pub use builtin::{builtin, builtin_gpu, builtin_platforms};
 pub use features::{
     features, log_qos_ratio, present, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION,
     N_FEATURES, PRESENCE_FLAGS,
+};
+pub use gpu_features::{
+    gpu_features, gpu_present, GpuCoRunners, GpuReadings, GPU_FEATURE_NAMES,
+    GPU_FEATURE_SCHEMA_VERSION, GPU_SCHEMA_NAME, N_GPU_FEATURES,
 };

@@ -1,6 +1,6 @@
 //! The model artifact: save, load, score, and clear errors for bad artifacts.
 
-use cohabit_models::{Model, ModelError, N_FEATURES};
+use cohabit_models::{Model, ModelError, CPU_SCHEMA, GPU_SCHEMA, N_FEATURES, N_GPU_FEATURES};
 use ndarray::Array2;
 
 fn rows(n: usize) -> Array2<f32> {
@@ -115,6 +115,8 @@ fn only_the_candidate_features_depend_on_the_candidate() {
         closids: 16,
         mba_min_pct: 10,
         mba_gran_pct: 10,
+        min_cbm_bits: 1,
+        shareable_bits: 0,
     };
     let sample = Sample {
         ipc: Some(1.1),
@@ -223,4 +225,67 @@ fn a_non_finite_weight_is_refused() {
     m.ensemble.members[0].layers[0].weight[[0, 0]] = f32::NAN;
     let path = m.save(dir.path(), "m").unwrap();
     assert!(load_err(&path).contains("non-finite"));
+}
+
+#[test]
+fn a_gpu_model_loads_as_a_gpu_model_and_scores_its_own_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Model::synthetic_schema(&GPU_SCHEMA, 3, &[8], 5);
+    let path = m.save(dir.path(), "g").unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"schema\": \"qos-gpu\""), "{text}");
+    let back = Model::load_gpu(&path).unwrap();
+    assert_eq!(back.schema(), &GPU_SCHEMA);
+    assert_eq!(back.ensemble, m.ensemble);
+    let x = Array2::from_shape_fn((4, N_GPU_FEATURES), |(i, j)| (i + j) as f32 / 10.0);
+    let (a, _) = back.score(x.view());
+    assert_eq!(a.len(), 4);
+    // CPU artifacts carry no `schema` field: written and read as before.
+    let cpu = Model::synthetic(2, &[8], 3).save(dir.path(), "c").unwrap();
+    let text = std::fs::read_to_string(&cpu).unwrap();
+    assert!(!text.contains("\"schema\":"), "{text}");
+    assert_eq!(Model::load(&cpu).unwrap().schema(), &CPU_SCHEMA);
+}
+
+#[test]
+fn a_model_of_the_other_schema_is_refused_naming_what_was_expected_and_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Model::synthetic_schema(&GPU_SCHEMA, 2, &[8], 5)
+        .save(dir.path(), "g")
+        .unwrap();
+    let e = load_err(&gpu);
+    assert!(
+        e.contains("g.json")
+            && e.contains("trained on feature schema qos-gpu-v1")
+            && e.contains("expected a model of feature schema qos-v1 (CPU services)"),
+        "{e}"
+    );
+    let cpu = Model::synthetic(2, &[8], 3).save(dir.path(), "c").unwrap();
+    let e = Model::load_gpu(&cpu).unwrap_err().to_string();
+    assert!(
+        e.contains("c.json")
+            && e.contains("trained on feature schema qos-v1 (CPU services)")
+            && e.contains("expected a model of feature schema qos-gpu-v1"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_gpu_model_of_an_older_or_unknown_schema_is_refused_with_both_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Model::synthetic_schema(&GPU_SCHEMA, 2, &[8], 5)
+        .save(dir.path(), "g")
+        .unwrap();
+    edit_meta(&path, |v| v["schema_version"] = 0.into());
+    let e = Model::load_gpu(&path).unwrap_err().to_string();
+    assert!(
+        e.contains("schema 0 of \"qos-gpu\"") && e.contains("this build speaks qos-gpu-v1"),
+        "{e}"
+    );
+    edit_meta(&path, |v| v["schema"] = "qos-tpu".into());
+    let e = Model::load_gpu(&path).unwrap_err().to_string();
+    assert!(
+        e.contains("\"qos-tpu\" (unknown to this build)") && e.contains("qos-gpu-v1"),
+        "{e}"
+    );
 }

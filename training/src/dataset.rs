@@ -4,7 +4,7 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use cohabit_models::N_FEATURES;
+use cohabit_models::{Schema, CPU_SCHEMA};
 use serde::{Deserialize, Serialize};
 
 /// One example: features of a service under a candidate allocation, and what happened.
@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 pub struct Row {
     /// Which service (for per-service and held-out evaluation).
     pub service: String,
-    /// The feature vector (schema `cohabit_models::FEATURE_NAMES`).
+    /// The feature vector (schema `cohabit_models::FEATURE_NAMES`, or
+    /// `GPU_FEATURE_NAMES` in a GPU dataset).
     pub features: Vec<f32>,
     /// ln(p99 / target) in the interval after the decision.
     pub target: f32,
@@ -26,8 +27,15 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Reads a JSON Lines dataset; a bad line is an error naming its number.
+    /// Reads a JSON Lines dataset of the CPU schema; a bad line is an error naming its
+    /// number.
     pub fn read(path: &Path) -> Result<Self> {
+        Self::read_for(path, &CPU_SCHEMA)
+    }
+
+    /// [`Dataset::read`] for rows of `schema`.
+    pub fn read_for(path: &Path, schema: &Schema) -> Result<Self> {
+        let n = schema.width();
         let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let mut rows = Vec::new();
         for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
@@ -38,8 +46,8 @@ impl Dataset {
             let row: Row = serde_json::from_str(&line)
                 .with_context(|| format!("{} line {}", path.display(), i + 1))?;
             anyhow::ensure!(
-                row.features.len() == N_FEATURES,
-                "{} line {}: {} features, the schema has {N_FEATURES}",
+                row.features.len() == n,
+                "{} line {}: {} features, the schema {schema} has {n}",
                 path.display(),
                 i + 1,
                 row.features.len()

@@ -170,14 +170,14 @@ pub struct ChangeCalibration {
 /// for every candidate against the group's first, the error of the predicted change
 /// against its raw spread. `None` without such pairs.
 pub fn change_calibration(model: &Model, rows: &[Row]) -> Option<ChangeCalibration> {
-    use cohabit_models::artifact::CANDIDATE_FEATURES;
+    let candidate = model.schema().candidate;
     let same_situation = |a: &Row, b: &Row| {
         a.service == b.service
             && a.features
                 .iter()
                 .zip(&b.features)
                 .enumerate()
-                .all(|(j, (x, y))| CANDIDATE_FEATURES.contains(&j) || x == y)
+                .all(|(j, (x, y))| candidate.contains(&j) || x == y)
     };
     let raw = {
         let mut m = model.clone();

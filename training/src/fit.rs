@@ -1,6 +1,6 @@
 //! Training the ensemble with tch (libtorch), and the linfa baseline.
 //!
-//! Each member is an MLP (24 → hidden… → 1, ReLU) trained on a bootstrap resample of the
+//! Each member is an MLP (24 CPU or 17 GPU features → hidden… → 1, ReLU) trained on a bootstrap resample of the
 //! training rows with Adam and mean-squared error, with early stopping on a held-out
 //! validation split; the best weights are kept. The members' spread is then calibrated on
 //! the validation split: `sigma_scale` makes 95 % of validation errors fall inside ±2σ.
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Context, Result};
 use cohabit_models::artifact::{FORMAT, FORMAT_VERSION};
 use cohabit_models::mlp::{Dense, Ensemble, Mlp};
-use cohabit_models::{Model, ModelMetadata, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, N_FEATURES};
+use cohabit_models::{Model, ModelMetadata, Schema, CPU_SCHEMA, N_FEATURES};
 use linfa::prelude::*;
 use ndarray::{Array1, Array2};
 use rand::seq::SliceRandom;
@@ -43,6 +43,8 @@ pub struct FitConfig {
     pub val_frac: f64,
     /// Seed (shuffles, bootstraps, initialisation).
     pub seed: u64,
+    /// The feature schema of the rows and of the model (the CPU one by default).
+    pub schema: &'static Schema,
 }
 
 impl Default for FitConfig {
@@ -56,13 +58,16 @@ impl Default for FitConfig {
             patience: 6,
             val_frac: 0.15,
             seed: 1,
+            schema: &CPU_SCHEMA,
         }
     }
 }
 
-/// Feature matrix and targets of some rows.
+/// Feature matrix and targets of some rows (as wide as the first row; every row of a
+/// dataset has its schema's width).
 pub fn matrix(rows: &[&Row]) -> (Array2<f32>, Array1<f32>) {
-    let x = Array2::from_shape_fn((rows.len(), N_FEATURES), |(i, j)| rows[i].features[j]);
+    let n = rows.first().map_or(N_FEATURES, |r| r.features.len());
+    let x = Array2::from_shape_fn((rows.len(), n), |(i, j)| rows[i].features[j]);
     let y = rows.iter().map(|r| r.target).collect();
     (x, y)
 }
@@ -71,15 +76,16 @@ pub fn matrix(rows: &[&Row]) -> (Array2<f32>, Array1<f32>) {
 pub fn normalisation(x: &Array2<f32>) -> (Array1<f32>, Array1<f32>) {
     let mean = x
         .mean_axis(ndarray::Axis(0))
-        .unwrap_or_else(|| Array1::zeros(N_FEATURES));
+        .unwrap_or_else(|| Array1::zeros(x.ncols()));
     let std = x.std_axis(ndarray::Axis(0), 0.0).mapv(|s| s.max(1e-3));
     (mean, std)
 }
 
-/// The tch network of one member: linear layers named `l0`, `l1`, … with ReLU between.
-pub fn mlp(p: nn::Path<'_>, hidden: &[usize]) -> nn::Sequential {
+/// The tch network of one member for `inputs` features: linear layers named `l0`, `l1`, …
+/// with ReLU between.
+pub fn mlp(p: nn::Path<'_>, inputs: usize, hidden: &[usize]) -> nn::Sequential {
     let mut seq = nn::seq();
-    let mut inp = N_FEATURES;
+    let mut inp = inputs;
     for (i, &h) in hidden.iter().enumerate() {
         seq = seq
             .add(nn::linear(
@@ -172,7 +178,26 @@ pub fn fit(
             val.len()
         );
     }
+    if let Some(r) = train
+        .iter()
+        .chain(val)
+        .find(|r| r.features.len() != cfg.schema.width())
+    {
+        bail!(
+            "a row of service {} has {} features, the schema {} has {}",
+            r.service,
+            r.features.len(),
+            cfg.schema,
+            cfg.schema.width()
+        );
+    }
     if let Some(m) = init {
+        anyhow::ensure!(
+            m.schema() == cfg.schema,
+            "warm start from a model of schema {} into {}",
+            m.schema(),
+            cfg.schema
+        );
         anyhow::ensure!(
             m.meta.hidden == cfg.hidden,
             "warm start from hidden {:?} into {:?}",
@@ -194,7 +219,7 @@ pub fn fit(
     let mut members = Vec::new();
     for k in 0..cfg.members {
         let mut vs = nn::VarStore::new(Device::Cpu);
-        let net = mlp(vs.root(), &cfg.hidden);
+        let net = mlp(vs.root(), cfg.schema.width(), &cfg.hidden);
         if let Some(m) = init {
             if let Some(src) = m.ensemble.members.get(k % m.ensemble.members.len()) {
                 import(&mut vs, src)?;
@@ -245,8 +270,9 @@ pub fn fit(
         meta: ModelMetadata {
             format: FORMAT.into(),
             format_version: FORMAT_VERSION,
-            schema_version: FEATURE_SCHEMA_VERSION,
-            features: FEATURE_NAMES.iter().map(|s| s.to_string()).collect(),
+            schema: (cfg.schema != &CPU_SCHEMA).then(|| cfg.schema.name.to_string()),
+            schema_version: cfg.schema.version,
+            features: cfg.schema.features.iter().map(|s| s.to_string()).collect(),
             norm_mean: mean.to_vec(),
             norm_std: std.to_vec(),
             target: "ln(p99 / target) of the latency-critical service in the interval after the decision".into(),

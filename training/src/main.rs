@@ -4,12 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use cohabit_models::Model;
+use cohabit_models::{Model, Schema, CPU_SCHEMA, GPU_SCHEMA};
 use cohabit_sim::catalogue::Platform;
 use cohabit_training::dataset::Dataset;
 use cohabit_training::eval::{self, Report};
 use cohabit_training::fit::{self, FitConfig};
 use cohabit_training::gen::{self, GenConfig};
+use cohabit_training::gen_gpu::{self, GpuGenConfig};
 
 /// Train cohabit's QoS-impact model offline.
 #[derive(Debug, Parser)]
@@ -23,6 +24,9 @@ struct Cli {
 enum Command {
     /// Generate a dataset from the simulator (features from simulated telemetry only).
     Gen {
+        /// GPU-model rows (schema `qos-gpu`): GPU services' MPS shares on a GPU platform.
+        #[arg(long)]
+        gpu: bool,
         /// Random host situations.
         #[arg(long, default_value_t = 12000)]
         scenes: usize,
@@ -32,9 +36,9 @@ enum Command {
         /// Seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Platform preset (xeon-e5-2697v4, xeon-gold-6338).
-        #[arg(long, default_value = "xeon-e5-2697v4")]
-        platform: String,
+        /// Platform preset (default xeon-e5-2697v4; xeon-e5-2697v4-a100 with --gpu).
+        #[arg(long)]
+        platform: Option<String>,
         /// Output (JSON Lines).
         #[arg(long)]
         out: PathBuf,
@@ -59,6 +63,9 @@ enum Command {
     },
     /// Train the ensemble (and the baseline), evaluate, and write the model artifact.
     Fit {
+        /// The dataset and the model are of the GPU schema (`gen --gpu`).
+        #[arg(long)]
+        gpu: bool,
         /// Dataset (JSON Lines).
         #[arg(long)]
         data: PathBuf,
@@ -87,6 +94,9 @@ enum Command {
     /// Calibrate the spread of predicted changes between candidates on a dataset from
     /// `gen` (not the training data) and write it into the artifact.
     Calibrate {
+        /// A GPU model and dataset.
+        #[arg(long)]
+        gpu: bool,
         /// The artifact's .json (rewritten in place).
         #[arg(long)]
         model: PathBuf,
@@ -96,6 +106,9 @@ enum Command {
     },
     /// Evaluate an artifact on a dataset.
     Eval {
+        /// A GPU model and dataset.
+        #[arg(long)]
+        gpu: bool,
         /// The artifact's .json.
         #[arg(long)]
         model: PathBuf,
@@ -107,6 +120,14 @@ enum Command {
 
 fn platform(name: &str) -> Result<Platform> {
     Platform::by_name(name).with_context(|| format!("unknown platform {name:?}"))
+}
+
+fn schema(gpu: bool) -> &'static Schema {
+    if gpu {
+        &GPU_SCHEMA
+    } else {
+        &CPU_SCHEMA
+    }
 }
 
 fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
@@ -128,23 +149,42 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Gen {
+            gpu,
             scenes,
             candidates,
             seed,
             platform: p,
             out,
         } => {
+            let default = if gpu {
+                "xeon-e5-2697v4-a100"
+            } else {
+                "xeon-e5-2697v4"
+            };
+            let p = platform(p.as_deref().unwrap_or(default))?;
             let pb = bar(scenes as u64, "scenes");
-            let data = gen::generate(
-                &GenConfig {
-                    scenes,
-                    candidates,
-                    seed,
-                    platform: platform(&p)?,
-                    services: None,
-                },
-                |d, _| pb.set_position(d as u64),
-            );
+            let data = if gpu {
+                gen_gpu::generate_gpu(
+                    &GpuGenConfig {
+                        scenes,
+                        candidates,
+                        seed,
+                        platform: p,
+                    },
+                    |d, _| pb.set_position(d as u64),
+                )?
+            } else {
+                gen::generate(
+                    &GenConfig {
+                        scenes,
+                        candidates,
+                        seed,
+                        platform: p,
+                        services: None,
+                    },
+                    |d, _| pb.set_position(d as u64),
+                )
+            };
             pb.finish_and_clear();
             data.write(&out)?;
             println!(
@@ -189,6 +229,7 @@ fn main() -> Result<()> {
             );
         }
         Command::Fit {
+            gpu,
             data,
             out,
             name,
@@ -198,15 +239,16 @@ fn main() -> Result<()> {
             seed,
             no_held_out,
         } => {
-            let ds = Dataset::read(&data)?;
+            let ds = Dataset::read_for(&data, schema(gpu))?;
             let init = init
-                .map(|p| Model::load(&p))
+                .map(|p| Model::load_schema(&p, schema(gpu)))
                 .transpose()
                 .context("loading the warm-start model")?;
             let cfg = FitConfig {
                 members,
                 epochs,
                 seed,
+                schema: schema(gpu),
                 ..FitConfig::default()
             };
             let (train_val, test) = eval::split(&ds, 0.15, seed ^ 0xA5A5);
@@ -277,11 +319,25 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&out)?;
             let path = model.save(&out, &name)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
+            println!(
+                "{} model: in-distribution median |error| {:.3} on {} test rows{}",
+                cfg.schema,
+                report.mlp_in_distribution.median_abs_error,
+                report.mlp_in_distribution.rows,
+                if no_held_out {
+                    String::new()
+                } else {
+                    format!(
+                        ", held-out (leave one service out) median |error| {:.3} on {} rows",
+                        report.mlp_held_out.median_abs_error, report.mlp_held_out.rows
+                    )
+                }
+            );
             println!("wrote {} (trained in {train_s:.1} s)", path.display());
         }
-        Command::Calibrate { model, data } => {
-            let mut m = Model::load(&model)?;
-            let ds = Dataset::read(&data)?;
+        Command::Calibrate { gpu, model, data } => {
+            let mut m = Model::load_schema(&model, schema(gpu))?;
+            let ds = Dataset::read_for(&data, schema(gpu))?;
             let c = eval::change_calibration(&m, &ds.rows).with_context(|| {
                 format!(
                     "{} has no groups of candidates of one service in one situation (make it with cohabit-train gen)",
@@ -305,9 +361,9 @@ fn main() -> Result<()> {
             m.save(dir, name)?;
             println!("{}", serde_json::to_string_pretty(&c)?);
         }
-        Command::Eval { model, data } => {
-            let m = Model::load(&model)?;
-            let ds = Dataset::read(&data)?;
+        Command::Eval { gpu, model, data } => {
+            let m = Model::load_schema(&model, schema(gpu))?;
+            let ds = Dataset::read_for(&data, schema(gpu))?;
             let rows: Vec<_> = ds.rows.iter().collect();
             let mut report = Report {
                 mlp_in_distribution: eval::model_errors(&m, &rows),

@@ -15,7 +15,7 @@ fn rust_inference_matches_the_tch_forward_pass_within_1e_4() {
     tch::manual_seed(3);
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let hidden = [32, 32];
-    let net = fit::mlp(vs.root(), &hidden);
+    let net = fit::mlp(vs.root(), N_FEATURES, &hidden);
     let member = fit::export(&vs, hidden.len() + 1).unwrap();
     let x = Array2::from_shape_fn((257, N_FEATURES), |(i, j)| {
         (((i * 13 + j * 7) % 29) as f32 - 14.0) / 7.0
@@ -250,4 +250,64 @@ fn a_version_1_log_needs_the_platform_named() {
     );
     let rows = rows_from_file(&path, Some(sc.capacity())).unwrap();
     assert_eq!(rows.rows.len(), 2 * 9);
+}
+
+#[test]
+fn a_small_gpu_fit_beats_the_mean_and_is_a_gpu_artifact_refused_as_a_cpu_one() {
+    use cohabit_models::{CPU_SCHEMA, GPU_SCHEMA};
+    use cohabit_training::gen_gpu::{generate_gpu, GpuGenConfig};
+
+    let data = generate_gpu(
+        &GpuGenConfig {
+            scenes: 300,
+            candidates: 4,
+            seed: 9,
+            platform: Platform::XeonE5_2697V4A100,
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    let (train, test) = cohabit_training::eval::split(&data, 0.2, 1);
+    let (tr, va) = train.split_at(train.len() * 85 / 100);
+    let cfg = FitConfig {
+        members: 2,
+        epochs: 15,
+        schema: &GPU_SCHEMA,
+        ..FitConfig::default()
+    };
+    let model = fit::fit(tr, va, &cfg, None, |_, _| {}).unwrap();
+    assert_eq!(model.schema(), &GPU_SCHEMA);
+    let err = cohabit_training::eval::model_errors(&model, &test);
+    let mean = tr.iter().map(|r| r.target).sum::<f32>() / tr.len() as f32;
+    let naive = test.iter().map(|r| (r.target - mean).abs()).sum::<f32>() / test.len() as f32;
+    assert!(err.mean_abs_error < f64::from(naive), "{err:?} vs {naive}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = model.save(dir.path(), "g").unwrap();
+    assert!(Model::load_gpu(&path).is_ok());
+    let e = Model::load(&path).unwrap_err().to_string();
+    assert!(e.contains("qos-gpu-v1") && e.contains("qos-v1"), "{e}");
+    // CPU rows are refused by a GPU fit, naming both widths.
+    let cpu = small(3);
+    let rows: Vec<_> = cpu.rows.iter().collect();
+    let e = fit::fit(&rows, &rows, &cfg, None, |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("24 features") && e.contains("has 17"), "{e}");
+    // And a GPU model cannot warm-start a CPU fit.
+    let e = fit::fit(
+        &rows,
+        &rows,
+        &FitConfig {
+            schema: &CPU_SCHEMA,
+            ..cfg
+        },
+        Some(&model),
+        |_, _| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("warm start from a model of schema qos-gpu-v1"),
+        "{e}"
+    );
 }

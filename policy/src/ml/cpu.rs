@@ -50,6 +50,8 @@ struct Found {
     relaxed: bool,
     /// Every candidate scored, for reuse.
     scored: Vec<((u32, u32), Pred)>,
+    /// The prediction for the allocation in force, when it was scored with the first batch.
+    current: Option<Pred>,
 }
 
 impl MlPolicy {
@@ -192,6 +194,7 @@ impl MlPolicy {
             neighbours: &v.neighbours,
             cand_neighbours: &v.cand_neighbours,
             basis,
+            reference_out: self.references.get(name),
         };
         let probe = predictor.features(&v.current);
         if let Some((feature, z)) = out_of_range(&self.model.meta, &probe, cfg.z_limit) {
@@ -209,9 +212,14 @@ impl MlPolicy {
             Ok(found) => found,
             Err(why) => return fallback(obs, name, &why, true, v.shares_pool),
         };
-        let (cur_mean, cur_sigma) = predictor
-            .predict_many(slice::from_ref(&v.current))
-            .first()
+        let (cur_mean, cur_sigma) = found
+            .current
+            .or_else(|| {
+                predictor
+                    .predict_many(slice::from_ref(&v.current))
+                    .first()
+                    .copied()
+            })
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
         let costs = self.costs();
@@ -267,9 +275,22 @@ impl MlPolicy {
             unsure_sigma: cfg.unsure_sigma,
         };
         let mut scored = Vec::new();
+        // With the neighbours as planned differing from those measured, the allocation in
+        // force is not predicted as measured: it rides with the first batch (one model pass
+        // fewer per pool level).
+        let mut current = None;
+        let mut with_current = p.neighbours != p.cand_neighbours;
         let mut points = search::frontier(&query, |batch| {
-            let cands: Vec<Allocation> = batch.iter().map(|&(c, w)| at_mba(c, w, mba)).collect();
-            let preds = p.predict_many(&cands);
+            let mut cands: Vec<Allocation> =
+                batch.iter().map(|&(c, w)| at_mba(c, w, mba)).collect();
+            let extra = std::mem::take(&mut with_current);
+            if extra {
+                cands.push(*p.current);
+            }
+            let mut preds = p.predict_many(&cands);
+            if extra {
+                current = preds.pop();
+            }
             scored.extend(batch.iter().copied().zip(preds.iter().copied()));
             preds
         });
@@ -297,6 +318,7 @@ impl MlPolicy {
             points,
             relaxed,
             scored,
+            current,
         })
     }
 }

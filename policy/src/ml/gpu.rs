@@ -1,7 +1,19 @@
-//! GPU services in the `ml` policy: MPS shares from an online model of the service's own
-//! tail latency against its share, changed rarely (every change restarts the MPS client).
+//! GPU services in the `ml` policy: MPS shares from the learned GPU model where it can be
+//! trusted, else from an online model of the service's own tail latency against its share,
+//! changed rarely (every change restarts the MPS client).
 //!
-//! Model: `ln(p99/target)` falls by `e * ln(s'/s)` when the share goes from `s` to `s'`,
+//! Learned GPU model ([`model_share`], schema `qos-gpu`): every share from 5 % to 100 % in
+//! 5-point steps is scored, anchored on the smoothed measured tail at the share in force
+//! (the model predicts the *change*; past saturation, its level), and the smallest share
+//! whose pessimistic prediction (`mean + k_sigma * sigma`) is within the margin is wanted.
+//! The service falls back to the online model (decision path `fallback`, the reason names
+//! the cause) when an input lies outside the model's training range (more than `z_limit`
+//! training standard deviations; absent readings are not compared), when no share is
+//! predicted to meet the target, or when the model is unsure (spread above
+//! `unsure_sigma`) of the share it would pick. Restart spacing and hysteresis below apply
+//! to either.
+//!
+//! Online model: `ln(p99/target)` falls by `e * ln(s'/s)` when the share goes from `s` to `s'`,
 //! anchored on the smoothed measured value at the share in force, with `e` learned from the
 //! service's own share changes (prior [`MlConfig::gpu_exponent_prior`]).
 //!
@@ -18,11 +30,22 @@
 //!
 //! Degrade ([`fit_shares`]): when the services on a GPU want more than is there, those that
 //! want less take it and the others grow into what is free in proportion to how much more
-//! they want.
+//! they want. Overload (docs/DESIGN.md §5): the best-effort pool keeps only 1 % of a GPU its
+//! jobs share with latency-critical services; when those together want more than the rest
+//! and none can grow, a service measured far over its target (more than twice, at its
+//! settled share) yields down to one step to services of the same or higher priority that
+//! miss theirs by less, so that they can meet them (the fewest violations).
+
+use std::sync::Arc;
 
 use cohabit_core::{DecisionPath, Observation, Reason, Sample, ShareChange};
-use cohabit_models::log_qos_ratio;
+use cohabit_models::{
+    gpu_features, gpu_present, log_qos_ratio, GpuCoRunners, GpuReadings, Model, ModelMetadata,
+    GPU_FEATURE_NAMES, GPU_SCHEMA, N_GPU_FEATURES,
+};
+use ndarray::{Array2, ArrayView1};
 
+use super::predict::SATURATED;
 use super::{MlConfig, MlPolicy, ServicePlan};
 use crate::slack;
 
@@ -119,11 +142,15 @@ impl GpuModel {
         }
     }
 
+    /// Spread of the smoothed tail: it shrinks with samples.
+    fn sigma(&self) -> f64 {
+        0.1 + 0.3 / f64::from(self.samples.max(1)).sqrt()
+    }
+
     /// Smallest share with `q - e*ln(s'/s) + k*sigma <= ln(limit)` and the busy fraction of
     /// its streams under 0.8, from the share in force `share_now`.
     fn need(&self, q: f64, share_now: f64, e: f64, limit: f64, k: f64) -> f64 {
-        // The spread of the smoothed tail shrinks with samples.
-        let sigma = 0.1 + 0.3 / f64::from(self.samples.max(1)).sqrt();
+        let sigma = self.sigma();
         let by_tail = share_now * ((q + k * sigma - limit.ln()) / e).exp();
         let by_util = self
             .util
@@ -174,9 +201,149 @@ impl GpuModel {
     }
 }
 
+/// What the learned GPU model is asked for one service at one tick.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ShareQuery<'a> {
+    pub(super) target_ms: f64,
+    pub(super) sample: &'a Sample,
+    /// Cores of its CPU side in force.
+    pub(super) cores_now: u32,
+    /// Effective share in force, percent.
+    pub(super) share_now: f64,
+    pub(super) co: &'a GpuCoRunners,
+    /// Smoothed measured ln(p99/target) at the share in force, and its spread.
+    pub(super) anchor: f64,
+    pub(super) anchor_sigma: f64,
+}
+
+/// The first measured GPU feature further than `z_limit` training standard deviations from
+/// the training mean, with its z-score, if any (absent readings and flags are not compared).
+pub(super) fn gpu_out_of_range(
+    meta: &ModelMetadata,
+    f: &[f32; N_GPU_FEATURES],
+    z_limit: f32,
+) -> Option<(&'static str, f32)> {
+    f.iter()
+        .zip(GPU_FEATURE_NAMES)
+        .zip(meta.norm_mean.iter().zip(&meta.norm_std))
+        .enumerate()
+        .filter(|(i, _)| gpu_present(f, *i))
+        .map(|(_, ((x, name), (m, s)))| (name, (x - m) / s))
+        .find(|(_, z)| z.abs() > z_limit)
+}
+
+/// The share the learned GPU model wants for a service (percent, not yet in steps) and why,
+/// or why it cannot be used (the caller falls back to the online model): an input out of
+/// range, no share predicted to meet the target, or the model unsure of the share it picks.
+pub(super) fn model_share(
+    model: &Model,
+    cfg: &MlConfig,
+    q: &ShareQuery<'_>,
+) -> Result<(f64, String), String> {
+    let feats = |cand: f64| {
+        gpu_features(
+            q.target_ms,
+            q.sample,
+            &GpuReadings::default(),
+            q.cores_now,
+            q.share_now,
+            cand,
+            q.co,
+        )
+    };
+    let reference = feats(q.share_now);
+    if let Some((name, z)) = gpu_out_of_range(&model.meta, &reference, cfg.z_limit) {
+        return Err(format!(
+            "gpu model not used: input {name} out of its training range (z {z:.1})"
+        ));
+    }
+    let mut shares = Vec::new();
+    let mut rows = Vec::new();
+    for k in 1..=20u32 {
+        let share = f64::from(k * 5);
+        let f = feats(share);
+        if gpu_out_of_range(&model.meta, &f, cfg.z_limit).is_none() {
+            shares.push(share);
+            rows.extend_from_slice(&f);
+        }
+    }
+    let Ok(rows) = Array2::from_shape_vec((shares.len(), N_GPU_FEATURES), rows) else {
+        return Err("gpu model not used: no candidate share in range".into());
+    };
+    if shares.is_empty() {
+        return Err("gpu model not used: no candidate share in range".into());
+    }
+    // Anchored on the measured tail (the model's change), unless saturated (its level).
+    let saturated = q.anchor > SATURATED.ln();
+    let preds: Vec<(f64, f64)> = if saturated {
+        let (m, s) = model.score(rows.view());
+        m.iter()
+            .zip(s.iter())
+            .map(|(m, s)| (f64::from(*m), f64::from(*s)))
+            .collect()
+    } else {
+        let (d, s) = model.score_change(ArrayView1::from(&reference[..]), rows.view());
+        d.iter()
+            .zip(s.iter())
+            .map(|(d, s)| {
+                let s = f64::from(*s);
+                (
+                    q.anchor + f64::from(*d),
+                    (s * s + q.anchor_sigma * q.anchor_sigma).sqrt(),
+                )
+            })
+            .collect()
+    };
+    let limit = cfg.margin.ln();
+    let pick = shares
+        .iter()
+        .zip(&preds)
+        .find(|(_, (m, s))| m + cfg.k_sigma * s <= limit);
+    match pick {
+        Some((share, (m, s))) if *s <= cfg.unsure_sigma => Ok((
+            *share,
+            format!(
+                "gpu model: p99/target {:.2} predicted at {share:.0} % (sigma {s:.2}; measured {:.2} at {:.0} %)",
+                m.exp(),
+                q.anchor.exp(),
+                q.share_now
+            ),
+        )),
+        Some((share, (_, s))) => Err(format!(
+            "gpu model unsure at {share:.0} % (sigma {s:.2})"
+        )),
+        None => {
+            let (m, s) = preds.last().copied().unwrap_or((f64::NAN, 0.0));
+            Err(format!(
+                "gpu model not used: no share meets the target (pessimistic p99/target {:.2} at {:.0} %)",
+                (m + cfg.k_sigma * s).exp(),
+                shares.last().copied().unwrap_or(100.0)
+            ))
+        }
+    }
+}
+
 impl MlPolicy {
-    /// A GPU service: its share from the online queueing model, its CPU side from its
-    /// measured CPU use.
+    /// This policy with `model` for the GPU services' shares (see the module docs); a model
+    /// of another schema is refused, naming both.
+    pub fn with_gpu_model(mut self, model: Arc<Model>) -> Result<Self, String> {
+        if model.schema() != &GPU_SCHEMA {
+            return Err(format!(
+                "the GPU model must be of feature schema {GPU_SCHEMA}, got {}",
+                model.schema()
+            ));
+        }
+        self.gpu_model = Some(model);
+        Ok(self)
+    }
+
+    /// Whether a GPU model is in use.
+    pub fn has_gpu_model(&self) -> bool {
+        self.gpu_model.is_some()
+    }
+
+    /// A GPU service: its share from the learned GPU model or the online queueing model,
+    /// its CPU side from its measured CPU use.
     pub(super) fn plan_gpu_service(
         &mut self,
         obs: &Observation,
@@ -190,7 +357,10 @@ impl MlPolicy {
         let current = obs.current.services.get(name).copied();
         let published = current.and_then(|a| a.gpu_mps_pct);
         let effective = o.and_then(|o| o.gpu_mps_effective_pct).or(published);
-        let live = o.and_then(|o| o.spec.gpu).is_some_and(|i| self.live(i));
+        let gpu = o.and_then(|o| o.spec.gpu);
+        let live = gpu.is_some_and(|i| self.live(i));
+        let gpu_model = self.gpu_model.clone();
+        let cores_now = current.map_or(1, |a| a.cores);
         let st = self.state.entry(name.to_string()).or_default();
         st.seen = true;
         let g = &mut st.gpu;
@@ -199,23 +369,48 @@ impl MlPolicy {
         g.observe(pending, log_qos_ratio(&sample, target), sample.gpu_util_pct);
         let e = g.exponent.unwrap_or(cfg.gpu_exponent_prior);
         let share_now = f64::from(effective.unwrap_or(100).max(1));
-        let (want, why) = match g.log_q {
+        let (want, why, path) = match g.log_q {
             _ if pending => (
                 published.map_or(share_now, f64::from),
                 "gpu share waits for the client restart".to_string(),
+                DecisionPath::Model,
             ),
             None => (
                 share_now,
                 "gpu hold (no latency reading at this share yet)".to_string(),
+                DecisionPath::Model,
             ),
-            Some(q) => (
-                g.need(q, share_now, e, cfg.margin, cfg.k_sigma),
-                format!(
+            Some(q) => {
+                let online = g.need(q, share_now, e, cfg.margin, cfg.k_sigma);
+                let online_why = format!(
                     "gpu share for p99/target {:.2} at {share_now:.0} % (exponent {e:.2}, {} samples)",
                     q.exp(),
                     g.samples
-                ),
-            ),
+                );
+                match (gpu_model.as_deref(), gpu) {
+                    (Some(m), Some(gi)) => {
+                        let co = GpuCoRunners::observed(obs, name, gi);
+                        let query = ShareQuery {
+                            target_ms: target,
+                            sample: &sample,
+                            cores_now,
+                            share_now,
+                            co: &co,
+                            anchor: q,
+                            anchor_sigma: g.sigma(),
+                        };
+                        match model_share(m, &cfg, &query) {
+                            Ok((w, text)) => (w, text, DecisionPath::Model),
+                            Err(reason) => (
+                                online,
+                                format!("{reason}; online model: {online_why}"),
+                                DecisionPath::Fallback,
+                            ),
+                        }
+                    }
+                    _ => (online, online_why, DecisionPath::Model),
+                }
+            }
         };
         let ask = ShareAsk {
             now: share_now,
@@ -228,7 +423,7 @@ impl MlPolicy {
         let cores = cpu_side_cores(&sample, current.map_or(1, |a| a.cores), over_target, g);
         ServicePlan {
             gpu_pct: Some(chosen),
-            ..ServicePlan::fixed(name, cores, 1, Reason::new(DecisionPath::Model, why), false)
+            ..ServicePlan::fixed(name, cores, 1, Reason::new(path, why), false)
         }
     }
 
@@ -272,15 +467,40 @@ impl MlPolicy {
                         .map_or(*w, f64::from)
                 })
                 .collect();
-            let Some(shares) = fit_shares(&want, &cur, room) else {
+            let standing: Vec<Standing> = idx
+                .iter()
+                .map(|&i| Standing {
+                    priority: self
+                        .ctx
+                        .specs
+                        .iter()
+                        .find(|s| s.name == plans[i].name)
+                        .map_or(0, |s| s.priority),
+                    tail: self.state.get(&plans[i].name).and_then(|st| st.gpu.log_q),
+                })
+                .collect();
+            // Every service measured at its share in force, none waiting for a restart.
+            let settled = idx.iter().all(|&i| {
+                let name = &plans[i].name;
+                let published = obs.current.services.get(name).and_then(|a| a.gpu_mps_pct);
+                let effective = obs
+                    .services
+                    .iter()
+                    .find(|o| &o.spec.name == name)
+                    .and_then(|o| o.gpu_mps_effective_pct)
+                    .or(published);
+                published == effective
+                    && self
+                        .state
+                        .get(name)
+                        .is_some_and(|st| st.gpu.samples >= GPU_MIN_SAMPLES)
+            });
+            let Some(shares) = fit_shares(&want, &cur, &standing, settled, room) else {
                 continue;
             };
-            for (&i, s) in idx.iter().zip(shares) {
+            for (&i, (s, fit)) in idx.iter().zip(shares) {
                 plans[i].gpu_pct = s;
-                plans[i]
-                    .reason
-                    .text
-                    .push_str("; GPU full: growth limited to what is free");
+                plans[i].reason.text.push_str(fit.note());
             }
         }
     }
@@ -299,17 +519,137 @@ fn cpu_side_cores(sample: &Sample, cur_cores: u32, over_target: bool, g: &GpuMod
         })
 }
 
+/// How one GPU's share of a service was fitted when its services wanted more than is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fit {
+    /// It kept what it has or grew into what is free.
+    Spread,
+    /// Far over its target at the share in force: it yields to services that can still meet
+    /// theirs.
+    Yields,
+}
+
+impl Fit {
+    fn note(self) -> &'static str {
+        match self {
+            Fit::Spread => "; GPU full: growth limited to what is free",
+            Fit::Yields => {
+                "; GPU full: far over its target, yields to services that can still meet theirs"
+            }
+        }
+    }
+}
+
+/// What [`fit_shares`] knows of each service on one GPU besides its want and share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Standing {
+    /// Overload priority (higher wins).
+    pub(super) priority: i32,
+    /// Smoothed measured ln(p99/target) at the share in force, when there is one.
+    pub(super) tail: Option<f64>,
+}
+
+/// Services whose tail is more than this many times their target at the share in force
+/// are past helping by the small growth a full GPU allows.
+const HOPELESS: f64 = 2.0;
+
 /// The degrade rule of one GPU: `want` and `cur` are the shares wanted and in force (%) of
-/// its services, `room` what they may have together. `None` when the wants fit. Otherwise,
-/// at the first placement (or when even the services that want less overfill it) the wants
-/// are scaled to fit; later, services that want less take what they want, and those that
-/// want more grow only into what is free, in proportion to how much more they want, so no
-/// share is taken from a service that still needs it and nothing oscillates. A change of
-/// less than a step is not worth a restart.
-pub(super) fn fit_shares(want: &[f64], cur: &[f64], room: f64) -> Option<Vec<Option<u8>>> {
+/// its services, `standing` their priorities and measured tails, `settled` whether every one
+/// was measured at its share in force (no restart pending), `room` what they may have
+/// together. `None` when the wants fit.
+///
+/// Otherwise, at the first placement (or when even the services that want less overfill it)
+/// the wants are scaled to fit; later, services that want less take what they want, and
+/// those that want more grow only into what is free, in proportion to how much more they
+/// want, so no share is taken from a service that still needs it and nothing oscillates.
+///
+/// Overload (latency-critical services together want more than the GPU, and no one can grow
+/// by a step): a service measured far over its target ([`HOPELESS`] × at its share) yields
+/// down to one step when another service of the same or higher priority misses its target
+/// by less and wants more: that one grows into what was given up (the fewest violations;
+/// a lower-priority service never takes from a higher one). A change of less than a step is
+/// not worth a restart.
+pub(super) fn fit_shares(
+    want: &[f64],
+    cur: &[f64],
+    standing: &[Standing],
+    settled: bool,
+    room: f64,
+) -> Option<Vec<(Option<u8>, Fit)>> {
     if want.iter().sum::<f64>() <= room {
         return None;
     }
+    let spread = spread_shares(want, cur, room);
+    let stuck = spread.iter().zip(cur).all(|(s, c)| *s < c + GPU_STEP_PCT);
+    let n = want.len();
+    let far = |i: usize| standing[i].tail.is_some_and(|q| q > HOPELESS.ln());
+    let missing = |i: usize| standing[i].tail.is_some_and(|q| q > 0.0);
+    // Who can still be helped: over its target by less, wanting more than it has.
+    let helped: Vec<usize> = (0..n)
+        .filter(|&i| missing(i) && !far(i) && want[i] > cur[i])
+        .collect();
+    let yields: Vec<bool> = (0..n)
+        .map(|i| {
+            far(i)
+                && cur[i] > GPU_STEP_PCT
+                && helped
+                    .iter()
+                    .any(|&j| standing[j].priority >= standing[i].priority)
+        })
+        .collect();
+    let overload = settled && stuck && yields.iter().any(|y| *y);
+    let shares = if overload {
+        let mut w = want.to_vec();
+        let mut c = cur.to_vec();
+        for i in (0..n).filter(|&i| yields[i]) {
+            w[i] = want[i].min(GPU_STEP_PCT);
+            c[i] = w[i];
+        }
+        spread_shares(&w, &c, room)
+    } else {
+        spread
+    };
+    // A restart for less than a step is not worth it.
+    let mut s: Vec<f64> = (0..n)
+        .map(|i| {
+            if (shares[i] - cur[i]).abs() < GPU_STEP_PCT {
+                cur[i]
+            } else {
+                shares[i].floor().max(1.0)
+            }
+        })
+        .collect();
+    // In overload, what rounding and the restart rule left over goes to a service that can
+    // still meet its target, whose share changes anyway (no extra restart) and that wants
+    // more, not to best effort.
+    let mut slack = if overload {
+        (room - s.iter().sum::<f64>()).floor()
+    } else {
+        0.0
+    };
+    for i in 0..n {
+        if slack >= 1.0 && s[i] != cur[i] && want[i] > s[i] && !yields[i] {
+            let add = (want[i] - s[i]).floor().min(slack);
+            s[i] += add;
+            slack -= add;
+        }
+    }
+    let out = (0..n)
+        .map(|i| {
+            let fit = if yields[i] && s[i] < cur[i] {
+                Fit::Yields
+            } else {
+                Fit::Spread
+            };
+            (u8::try_from(cohabit_core::whole(s[i])).ok(), fit)
+        })
+        .collect();
+    Some(out)
+}
+
+/// The spread fit of [`fit_shares`] (wants scaled at the first placement; otherwise growth
+/// into what is free in proportion to how much more each wants).
+fn spread_shares(want: &[f64], cur: &[f64], room: f64) -> Vec<f64> {
     let fixed: f64 = want
         .iter()
         .zip(cur)
@@ -324,7 +664,7 @@ pub(super) fn fit_shares(want: &[f64], cur: &[f64], room: f64) -> Option<Vec<Opt
         .sum();
     let free = room - fixed - growing;
     let extra: f64 = want.iter().zip(cur).map(|(w, c)| (w - c).max(0.0)).sum();
-    let shares: Vec<f64> = if free >= 0.0 && extra > 0.0 {
+    if free >= 0.0 && extra > 0.0 {
         want.iter()
             .zip(cur)
             .map(|(w, c)| {
@@ -338,26 +678,112 @@ pub(super) fn fit_shares(want: &[f64], cur: &[f64], room: f64) -> Option<Vec<Opt
     } else {
         let total: f64 = want.iter().sum();
         want.iter().map(|w| w * room / total).collect()
-    };
-    let out = shares
-        .iter()
-        .zip(cur)
-        .map(|(s, c)| {
-            // A restart for less than a step is not worth it.
-            let s = if (s - c).abs() < GPU_STEP_PCT {
-                *c
-            } else {
-                s.floor().max(1.0)
-            };
-            u8::try_from(cohabit_core::whole(s)).ok()
-        })
-        .collect();
-    Some(out)
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use cohabit_models::mlp::Dense;
+    use ndarray::Array1;
+
     use super::*;
+
+    fn gcol(name: &str) -> usize {
+        GPU_FEATURE_NAMES.iter().position(|n| *n == name).unwrap()
+    }
+
+    /// A GPU model whose members are linear in raw features (identity normalisation, so
+    /// the training range is 0 ± 1 per feature and z-scores are the raw values).
+    fn linear_gpu_model(members: &[(f32, &[(usize, f32)])]) -> Model {
+        let mut m = Model::synthetic_schema(&GPU_SCHEMA, members.len(), &[], 0);
+        for (mlp, (bias, weights)) in m.ensemble.members.iter_mut().zip(members) {
+            let mut w = Array2::zeros((1, N_GPU_FEATURES));
+            for &(j, x) in *weights {
+                w[[0, j]] = x;
+            }
+            mlp.layers = vec![Dense {
+                weight: w,
+                bias: Array1::from_elem(1, *bias),
+            }];
+        }
+        m
+    }
+
+    fn query<'a>(sample: &'a Sample, co: &'a GpuCoRunners, anchor: f64) -> ShareQuery<'a> {
+        ShareQuery {
+            target_ms: 25.0,
+            sample,
+            cores_now: 2,
+            share_now: 40.0,
+            co,
+            anchor,
+            anchor_sigma: 0.1,
+        }
+    }
+
+    #[test]
+    fn a_gpu_service_in_range_gets_the_smallest_share_the_model_says_meets_the_target() {
+        // ln(p99/target) falls by 0.7 per unit of ln(share ratio), in both members.
+        let r = gcol("log_share_ratio");
+        let model = linear_gpu_model(&[(0.0, &[(r, -0.7)]), (0.0, &[(r, -0.7)])]);
+        let s = Sample {
+            p99_ms: Some(33.7),
+            requests_per_s: Some(20.0),
+            gpu_util_pct: Some(70.0),
+            ..Sample::default()
+        };
+        let co = GpuCoRunners {
+            share_pct: 50.0,
+            util_pct: Some(40.0),
+        };
+        // Measured 0.3 at 40 %: 0.3 - 0.7 ln(c/40) + 0.5 * 0.1 <= ln 0.9 from c = 76.6 %,
+        // so 80 %.
+        let cfg = MlConfig::default();
+        let (share, why) = model_share(&model, &cfg, &query(&s, &co, 0.3)).unwrap();
+        assert_eq!(share, 80.0);
+        assert!(why.starts_with("gpu model: p99/target"), "{why}");
+        // Within the margin already: the smallest share that stays there
+        // (-0.3 - 0.7 ln(c/40) + 0.05 <= ln 0.9 from c = 32.5 %, so 35 %): it gives back.
+        let (share, _) = model_share(&model, &cfg, &query(&s, &co, -0.3)).unwrap();
+        assert_eq!(share, 35.0);
+    }
+
+    #[test]
+    fn an_input_out_of_range_or_no_share_meeting_the_target_falls_back_with_the_reason() {
+        let r = gcol("log_share_ratio");
+        let model = linear_gpu_model(&[(0.0, &[(r, -0.7)]), (0.0, &[(r, -0.7)])]);
+        let co = GpuCoRunners::default();
+        let cfg = MlConfig::default();
+        // 100 000 requests per second: log_rps 11.5, far outside 0 ± 5.
+        let busy = Sample {
+            requests_per_s: Some(1e5),
+            ..Sample::default()
+        };
+        let e = model_share(&model, &cfg, &query(&busy, &co, 0.3)).unwrap_err();
+        assert!(e.contains("input log_rps out of its training range"), "{e}");
+        // Saturated (measured 5.4 × the target): the model's level is used, and it says
+        // 2.0 - 0.7 ln(c/40), over ln 0.9 even at 100 %.
+        let s = Sample::default();
+        let high = linear_gpu_model(&[(2.0, &[(r, -0.7)]), (2.0, &[(r, -0.7)])]);
+        let e = model_share(&high, &cfg, &query(&s, &co, 2.0f64.ln() + 1.0)).unwrap_err();
+        assert!(e.contains("no share meets the target"), "{e}");
+        // Members that disagree on the change: unsure.
+        let unsure = linear_gpu_model(&[(0.0, &[(r, -0.2)]), (0.0, &[(r, -6.0)])]);
+        let e = model_share(&unsure, &cfg, &query(&s, &co, 0.3)).unwrap_err();
+        assert!(e.contains("gpu model unsure"), "{e}");
+    }
+
+    #[test]
+    fn a_cpu_model_is_refused_as_the_gpu_model() {
+        let ctx = crate::HostContext {
+            host: super::super::tests::host(),
+            specs: vec![],
+        };
+        let cpu = Arc::new(Model::synthetic(1, &[], 0));
+        let ml = MlPolicy::new(ctx, Arc::clone(&cpu), MlConfig::default());
+        let e = ml.with_gpu_model(cpu).unwrap_err();
+        assert!(e.contains("qos-gpu-v1") && e.contains("qos-v1"), "{e}");
+    }
 
     /// A model placed at `share` with `samples` smoothed readings of `log_q`.
     fn placed(share: u8, log_q: f64, samples: u32) -> GpuModel {
@@ -494,9 +920,28 @@ mod tests {
         assert_eq!(restart.choose(ask(60.0, 50.0), &cfg, 0, false), 60);
     }
 
+    /// [`fit_shares`] for services with no measured tail, settled, priority 0.
+    fn fit(want: &[f64], cur: &[f64], room: f64) -> Option<Vec<Option<u8>>> {
+        let standing = vec![
+            Standing {
+                priority: 0,
+                tail: None,
+            };
+            want.len()
+        ];
+        fit_shares(want, cur, &standing, true, room).map(|v| v.into_iter().map(|x| x.0).collect())
+    }
+
+    fn standing(priority: i32, ratio: f64) -> Standing {
+        Standing {
+            priority,
+            tail: Some(ratio.ln()),
+        }
+    }
+
     #[test]
     fn shares_that_fit_are_left_alone() {
-        assert_eq!(fit_shares(&[50.0, 49.0], &[30.0, 30.0], 99.0), None);
+        assert_eq!(fit(&[50.0, 49.0], &[30.0, 30.0], 99.0), None);
     }
 
     #[test]
@@ -504,7 +949,7 @@ mod tests {
         // Room 99. a wants 30 (has 40): takes 30. b wants 60 (has 30), c wants 50 (has 20):
         // free = 99 - 30 - (30 + 20) = 19; extra = 30 + 30 = 60;
         // b = 30 + 19 * 30 / 60 = 39.5 -> 39; c = 20 + 9.5 = 29.5 -> 29.
-        let got = fit_shares(&[30.0, 60.0, 50.0], &[40.0, 30.0, 20.0], 99.0).unwrap();
+        let got = fit(&[30.0, 60.0, 50.0], &[40.0, 30.0, 20.0], 99.0).unwrap();
         assert_eq!(got, vec![Some(30), Some(39), Some(29)]);
     }
 
@@ -513,7 +958,7 @@ mod tests {
         // Room 99; a wants 60 (has 58), b wants 45 (has 40): free = 99 - 98 = 1;
         // a = 58 + 1 * 2 / 7 ≈ 58.3 and b = 40 + 1 * 5 / 7 ≈ 40.7: each less than 5 from what
         // it has, so both stay.
-        let got = fit_shares(&[60.0, 45.0], &[58.0, 40.0], 99.0).unwrap();
+        let got = fit(&[60.0, 45.0], &[58.0, 40.0], 99.0).unwrap();
         assert_eq!(got, vec![Some(58), Some(40)]);
     }
 
@@ -521,7 +966,132 @@ mod tests {
     fn at_the_first_placement_an_overfull_gpu_scales_every_want() {
         // Nothing in force yet (cur = want): free = 99 - 120 < 0, so scale: 60 * 99 / 120 =
         // 49.5 -> 49 each.
-        let got = fit_shares(&[60.0, 60.0], &[60.0, 60.0], 99.0).unwrap();
+        let got = fit(&[60.0, 60.0], &[60.0, 60.0], 99.0).unwrap();
         assert_eq!(got, vec![Some(49), Some(49)]);
+    }
+
+    #[test]
+    fn in_overload_a_service_far_over_its_target_yields_to_those_that_can_still_meet_theirs() {
+        // Everyone wants the whole GPU; a and c are 1.4 × their targets, b 19 ×. b yields to
+        // one step; a and c grow into the 30 points freed: free = 99 - 5 - (33 + 31) = 30,
+        // extra = 67 + 69: a = 33 + 30 * 67 / 136 = 47.8, c = 31 + 30 * 69 / 136 = 46.2, and
+        // the point rounding left over goes to a, not to best effort.
+        let want = [100.0, 100.0, 100.0];
+        let cur = [33.0, 33.0, 31.0];
+        let st = [standing(0, 1.4), standing(0, 19.0), standing(0, 1.4)];
+        let got = fit_shares(&want, &cur, &st, true, 99.0).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (Some(48), Fit::Spread),
+                (Some(5), Fit::Yields),
+                (Some(46), Fit::Spread)
+            ]
+        );
+        // Not while a share is still to be measured (a restart pending): spread as before,
+        // nobody cut.
+        let spread = fit_shares(&want, &cur, &st, false, 99.0).unwrap();
+        assert!(spread.iter().all(|(s, f)| *f == Fit::Spread && s.is_some()));
+        assert_eq!(spread[1].0, Some(33));
+        // A service far over its target of higher priority does not yield to lower ones.
+        let st = [standing(0, 1.4), standing(1, 19.0), standing(0, 1.4)];
+        let got = fit_shares(&want, &cur, &st, true, 99.0).unwrap();
+        assert_eq!(got[1], (Some(33), Fit::Spread));
+        // Nor when nobody near its target wants more (nothing to gain from the cut).
+        let st = [standing(0, 0.8), standing(0, 19.0), standing(0, 0.9)];
+        let got = fit_shares(&[30.0, 100.0, 30.0], &cur, &st, true, 99.0).unwrap();
+        assert_eq!(got[1].1, Fit::Spread);
+    }
+
+    #[test]
+    fn the_best_effort_share_shrinks_before_any_latency_critical_share_when_they_miss() {
+        use cohabit_core::{
+            Allocation, GpuCapacity, Plan, ServiceClass, ServiceObservation, ServiceSpec, WayRange,
+        };
+        use std::collections::BTreeMap;
+
+        use crate::Policy as _;
+
+        let mut host = super::super::tests::host();
+        host.gpus = vec![GpuCapacity {
+            name: "g".into(),
+            sms: 108,
+            share_change: ShareChange::Restart,
+        }];
+        let lc = |name: &str| ServiceSpec {
+            name: name.into(),
+            class: ServiceClass::LatencyCritical {
+                p99_target_ms: 25.0,
+            },
+            gpu: Some(0),
+            priority: 0,
+        };
+        let specs = vec![
+            lc("a"),
+            lc("b"),
+            ServiceSpec {
+                name: "train".into(),
+                class: ServiceClass::BestEffort,
+                gpu: Some(0),
+                priority: 0,
+            },
+        ];
+        let ctx = crate::HostContext { host, specs };
+        let alloc = |cores: u32, first: u32, pct: u8| Allocation {
+            cores,
+            llc_ways: WayRange::new(first, 1),
+            mba_pct: 100,
+            gpu_mps_pct: Some(pct),
+        };
+        let current = Plan {
+            services: BTreeMap::from([
+                ("a".into(), alloc(2, 0, 30)),
+                ("b".into(), alloc(2, 1, 30)),
+            ]),
+            best_effort: alloc(32, 2, 40),
+        };
+        let over = Sample {
+            p99_ms: Some(40.0),
+            requests_per_s: Some(100.0),
+            gpu_util_pct: Some(90.0),
+            cpu_busy_cores: Some(0.5),
+            ..Sample::default()
+        };
+        let obs = Observation {
+            t_ms: 1_000,
+            services: ctx
+                .specs
+                .iter()
+                .map(|spec| ServiceObservation {
+                    spec: spec.clone(),
+                    sample: if spec.is_latency_critical() {
+                        over.clone()
+                    } else {
+                        Sample::default()
+                    },
+                    gpu_mps_effective_pct: current
+                        .services
+                        .get(&spec.name)
+                        .and_then(|a| a.gpu_mps_pct),
+                })
+                .collect(),
+            current: current.clone(),
+        };
+        let cpu = Arc::new(Model::synthetic(1, &[], 0));
+        let mut ml = MlPolicy::new(ctx, cpu, MlConfig::default());
+        let _ = ml.initial();
+        let d = ml.decide(&obs, 1_000);
+        let be = d.plan.best_effort.gpu_mps_pct.unwrap();
+        assert!(be < 40, "the pool keeps {be} %");
+        for name in ["a", "b"] {
+            let s = d.plan.services[name].gpu_mps_pct.unwrap();
+            assert!(s >= 30, "{name} cut to {s} %");
+        }
+        // The pool gives up first: the services take what it had.
+        let lc: u32 = ["a", "b"]
+            .iter()
+            .map(|n| u32::from(d.plan.services[*n].gpu_mps_pct.unwrap()))
+            .sum();
+        assert!(lc > 60 && lc + u32::from(be) <= 100, "{lc} + {be}");
     }
 }

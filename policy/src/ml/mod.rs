@@ -64,9 +64,12 @@
 //!    at once and remembers the service's cliff, under which no cut goes again at that load.
 //!    This learns each service's cliff online where the shared model is too unsure to cut.
 //!
-//! GPU services: the shipped model was trained on CPU services, and its `gpu_cand` input
-//! puts any GPU service outside its range. Their MPS share is sized from an online model
-//! instead: `ln(p99/target)` falls by `e * ln(s'/s)` when the share goes from `s` to `s'`,
+//! GPU services: the CPU model was trained on CPU services, and its `gpu_cand` input
+//! puts any GPU service outside its range. Their MPS share comes from the GPU model (schema
+//! `qos-gpu`, [`MlPolicy::with_gpu_model`]; built in for the `-a100` presets) where its
+//! inputs are in range and it is sure of a share that meets the target, else (path
+//! `fallback`, the reason says why) from an online model: `ln(p99/target)` falls by
+//! `e * ln(s'/s)` when the share goes from `s` to `s'`,
 //! with `e` learned from the service's own share changes (prior
 //! [`MlConfig::gpu_exponent_prior`]) and anchored on the smoothed measured p99 at the share in
 //! force. A share change restarts the MPS client (seconds of downtime), so a share grows
@@ -75,15 +78,22 @@
 //! `gpu_hysteresis_pct`, and never changes while a restart is pending or on fewer than
 //! three samples since the last change. When the services on a GPU want more than 99 %,
 //! those that want less take it and the others grow into what is free in proportion to how
-//! much more they want; the pool keeps 1 %.
+//! much more they want; the pool keeps 1 %. When none can grow, a service more than twice
+//! over its target yields down to one step to services of the same or higher priority that
+//! miss by less (the fewest violations; [`gpu`] module docs).
 //!
 //! Every service's reason carries the path that decided it ([`DecisionPath::Model`] or
 //! [`DecisionPath::Fallback`]) beside its words, so logs, metrics and plots tell the paths
 //! apart without reading the text.
 //!
-//! Cost: about 9 way counts × 6 core counts plus the gaps per service per tick, scored in
-//! two batches; the DP is `services × ways²`. Eight services on a 36-core, 20-way host take
-//! about 0.7 ms (`cargo bench -p cohabit-lab --bench ml_decide`).
+//! Cost: about 9 way counts × 6 core counts plus the gaps per service per pool level, scored
+//! in two batches; the DP is `services × ways²`. The model's outputs for each service's
+//! reference (the allocation in force, neighbours as measured) are computed once per tick
+//! and shared by the pool levels, and at a level other than the one in force the allocation
+//! in force rides with the first batch, so a level costs two model passes per service. Eight
+//! services take about 0.21 ms on the Gold and the E5 (0.26 ms crowded;
+//! `cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels (a
+//! first placement under pressure) up to about 0.8 ms.
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
@@ -91,6 +101,7 @@
 //! [`pack`] (steps 5–6), [`mba`] (step 7), [`gpu`] (GPU services' MPS shares). `pack` and `search` are pure
 //! functions over plain data; this file runs the steps in order.
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -149,6 +160,9 @@ pub struct MlPolicy {
     ctx: HostContext,
     cfg: MlConfig,
     model: Arc<Model>,
+    /// The GPU services' share model (schema `qos-gpu`), when one is given
+    /// ([`MlPolicy::with_gpu_model`]).
+    gpu_model: Option<Arc<Model>>,
     state: BTreeMap<String, ServiceState>,
     /// The best-effort pool as observed this tick.
     pool: PoolBw,
@@ -156,6 +170,9 @@ pub struct MlPolicy {
     pool_level: u8,
     /// Last tick's needs did not all fit.
     last_degraded: bool,
+    /// This tick's reference outputs per CPU service ([`Predictor::reference_out`]), shared
+    /// by every pool level planned.
+    references: BTreeMap<String, OnceCell<Vec<f32>>>,
 }
 
 /// One pool MBA level planned in full: what every service wanted there and how it packed.
@@ -191,10 +208,12 @@ impl MlPolicy {
             ctx,
             cfg,
             model,
+            gpu_model: None,
             state,
             pool,
             pool_level: MBA_MAX_PCT,
             last_degraded: false,
+            references: BTreeMap::new(),
         }
     }
 
@@ -475,6 +494,12 @@ impl MlPolicy {
             neighbours: &neighbours,
             cand_neighbours: &cand_neighbours,
             basis,
+            // The planners' reference is the allocation in force: shared only when there is one.
+            reference_out: obs
+                .current
+                .services
+                .get(name)
+                .and(self.references.get(name)),
         };
         let known = self.state.get_mut(name).and_then(|st| {
             let key = (cand.cores, cand.llc_ways.count);
@@ -545,6 +570,11 @@ impl Policy for MlPolicy {
     }
 
     fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+        self.references = self
+            .ctx
+            .latency_critical()
+            .map(|s| (s.name.clone(), OnceCell::new()))
+            .collect();
         self.correct(obs);
         let LevelPlan {
             level,
@@ -594,6 +624,8 @@ pub(super) mod tests {
             closids: 16,
             mba_min_pct: 10,
             mba_gran_pct: 10,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
         }
     }
 

@@ -11,7 +11,9 @@ use cohabit_models::artifact::CANDIDATE_FEATURES;
 use cohabit_models::{
     features, present, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES,
 };
-use ndarray::{Array2, ArrayView1};
+use std::cell::OnceCell;
+
+use ndarray::{Array2, ArrayView1, ArrayView2};
 
 /// Prior noise of one measured p99 (ln units), before the service's own is measured.
 pub(super) const MEASUREMENT_SIGMA: f64 = 0.05;
@@ -65,6 +67,10 @@ pub(super) struct Predictor<'a> {
     /// The neighbours as the candidates would have them (the pool's MBA level planned).
     pub(super) cand_neighbours: &'a Neighbours,
     pub(super) basis: Basis,
+    /// Every member's output for the reference (the allocation in force with the neighbours
+    /// as measured), computed once per tick and shared by every pool level planned
+    /// (`None`: computed on each use).
+    pub(super) reference_out: Option<&'a OnceCell<Vec<f32>>>,
 }
 
 impl Predictor<'_> {
@@ -105,10 +111,21 @@ impl Predictor<'_> {
         all.slice_mut(ndarray::s![1.., ..]).assign(rows);
         let ens = &self.model.ensemble;
         let out = ens.members_predict_shared(all.view(), &CANDIDATE_FEATURES);
-        let reference = self.reference();
-        let r = Array2::from_shape_vec((1, N_FEATURES), reference.to_vec())
-            .unwrap_or_else(|_| Array2::zeros((1, N_FEATURES)));
-        let base = ens.members_predict(r.view());
+        let reference = || {
+            let r = self.reference();
+            let r = ArrayView2::from_shape((1, N_FEATURES), &r[..])
+                .map(|r| ens.members_predict(r))
+                .unwrap_or_else(|_| Array2::zeros((ens.members.len(), 1)));
+            r.column(0).to_vec()
+        };
+        let fresh;
+        let base: &[f32] = match self.reference_out {
+            Some(cell) => cell.get_or_init(reference),
+            None => {
+                fresh = reference();
+                &fresh
+            }
+        };
         let k = out.nrows().max(1) as f64;
         let scale = f64::from(
             self.model
@@ -119,7 +136,7 @@ impl Predictor<'_> {
         let mut mean = vec![0.0; n];
         let mut var = vec![0.0; n];
         for (m, member) in out.rows().into_iter().enumerate() {
-            let b = f64::from(base[[m, 0]]);
+            let b = f64::from(base.get(m).copied().unwrap_or(0.0));
             for i in 0..n {
                 let d = f64::from(member[i + 1]) - b;
                 mean[i] += d;
@@ -272,6 +289,7 @@ mod tests {
             neighbours,
             cand_neighbours: neighbours,
             basis,
+            reference_out: None,
         }
     }
 
@@ -318,6 +336,52 @@ mod tests {
         assert!((got.mean - -0.425).abs() < 1e-5, "{got:?}");
         assert!((got.model_sigma - 0.225).abs() < 1e-5, "{got:?}");
         assert!((got.sigma - 0.2125f64.sqrt()).abs() < 1e-5, "{got:?}");
+    }
+
+    #[test]
+    fn the_reference_shared_by_the_pool_levels_is_computed_once_and_used() {
+        // Neighbours planned at less bandwidth than measured: the change is predicted from
+        // the reference (the allocation in force, neighbours as measured), whose members'
+        // outputs are kept in the shared cell.
+        let w = [(col("cores_cand"), -1.8), (col("neighbour_bw_frac"), 2.0)];
+        let model = linear_model(&[(0.1, &w), (0.3, &w)]);
+        let (host, sample) = (host(), Sample::default());
+        let measured = Neighbours {
+            mem_bw_bytes_per_s: 3e10,
+            cores: 10,
+        };
+        let planned = Neighbours {
+            mem_bw_bytes_per_s: 1e10,
+            ..measured
+        };
+        let current = at_full_mba(9, 4);
+        let basis = Basis {
+            anchor: Some(-0.2),
+            ..Basis::default()
+        };
+        let mut p = predictor(&model, &host, &sample, &current, &measured, basis);
+        p.cand_neighbours = &planned;
+        let cands = [at_full_mba(6, 4), at_full_mba(12, 4)];
+        let fresh = p.predict_many(&cands);
+        let cell = OnceCell::new();
+        let shared = Predictor {
+            reference_out: Some(&cell),
+            ..p
+        };
+        assert_eq!(shared.predict_many(&cands), fresh);
+        let kept = cell.get().cloned().expect("filled by the first use");
+        assert_eq!(kept.len(), 2);
+        assert_eq!(shared.predict_many(&cands), fresh);
+        // What the cell holds is what is used: a reference 1 higher is a change 1 lower.
+        let bumped = OnceCell::from(kept.iter().map(|v| v + 1.0).collect::<Vec<f32>>());
+        let from_bumped = Predictor {
+            reference_out: Some(&bumped),
+            ..p
+        }
+        .predict_many(&cands);
+        for (a, b) in from_bumped.iter().zip(&fresh) {
+            assert!((a.mean - (b.mean - 1.0)).abs() < 1e-5, "{a:?} {b:?}");
+        }
     }
 
     #[test]

@@ -199,13 +199,13 @@ fn bench_prints_every_scenario_and_policy_on_both_platforms_and_the_ml_checks() 
             )
         })
         .collect();
-    assert_eq!(judged.len(), 11, "{judged:?}");
+    // Crowded scenarios are judged on decision time only (dec_p99_us < 1000).
+    assert_eq!(judged.len(), 15, "{judged:?}");
     assert!(
-        (11 * 4..=11 * 5).contains(&checks.len()),
+        (11 * 4 + 4..=15 * 5).contains(&checks.len()),
         "{}",
         checks.len()
     );
-    assert!(!judged.iter().any(|(_, s)| s.starts_with("crowded")));
     assert!(checks.iter().all(|c| c["met"].is_boolean()));
 }
 

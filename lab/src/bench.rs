@@ -28,9 +28,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use cohabit_core::{DecisionRecord, Observation};
-use cohabit_policy::{
-    HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy,
-};
+use cohabit_policy::{HostContext, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
 use cohabit_sim::scenario::{builtin_names, crowded_names};
 use cohabit_sim::Scenario;
 use serde::Serialize;
@@ -148,7 +146,7 @@ fn retimed(sc: &Arc<Scenario>, run: simulate::SimRun) -> Result<RunSummary, simu
         )
     } else if name == LabPolicy::Ml.name() {
         let model = Arc::new(simulate::builtin_model(sc.host.preset)?);
-        retime(MlPolicy::new(ctx, model, MlConfig::default()), &run.records)
+        retime(simulate::build_ml(sc, model)?, &run.records)
     } else {
         None
     };
@@ -361,12 +359,8 @@ model = "stream"
     fn a_runs_decisions_are_retimed_by_replaying_its_observations() {
         let sc = short();
         let run = simulate::run_policy(&sc, LabPolicy::Ml, None, None, |_| Ok(())).unwrap();
-        let ctx = HostContext {
-            host: sc.capacity().clone(),
-            specs: sc.specs(),
-        };
         let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
-        let ml = MlPolicy::new(ctx, model, MlConfig::default());
+        let ml = simulate::build_ml(&sc, model).unwrap();
         let times = retime(ml.clone(), &run.records).expect("the replay reproduces the run");
         assert_eq!(times.len(), run.records.len());
         assert!(times.iter().all(|t| t.is_finite() && *t > 0.0), "{times:?}");

@@ -109,17 +109,26 @@ pub fn build_policy(
         (PolicyKind::Ml, None) => Some(Arc::new(builtin_model(scenario.host.preset)?)),
         _ => None,
     };
-    if let (PolicyKind::Ml, Some(cpu), Some(gpu)) = (
-        deployable,
-        &model,
-        cohabit_models::builtin_gpu(scenario.host.preset),
-    ) {
-        let ml = MlPolicy::new(ctx, Arc::clone(cpu), MlConfig::default())
-            .with_gpu_model(Arc::new(gpu.map_err(RunError::Model)?))
-            .map_err(RunError::GpuModel)?;
-        return Ok(Box::new(ml));
+    if let (PolicyKind::Ml, Some(cpu)) = (deployable, &model) {
+        return Ok(Box::new(build_ml(scenario, Arc::clone(cpu))?));
     }
     Ok(deployable.build(ctx, model)?)
+}
+
+/// The `ml` policy for a scenario with the CPU model `cpu`, and on a platform with a GPU the
+/// built-in GPU model for the GPU services' shares.
+pub fn build_ml(scenario: &Arc<Scenario>, cpu: Arc<Model>) -> Result<MlPolicy, RunError> {
+    let ctx = HostContext {
+        host: scenario.capacity().clone(),
+        specs: scenario.specs(),
+    };
+    let ml = MlPolicy::new(ctx, cpu, MlConfig::default());
+    match cohabit_models::builtin_gpu(scenario.host.preset) {
+        Some(gpu) => ml
+            .with_gpu_model(Arc::new(gpu.map_err(RunError::Model)?))
+            .map_err(RunError::GpuModel),
+        None => Ok(ml),
+    }
 }
 
 /// The built-in model of a platform preset.

@@ -41,26 +41,62 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start(program: &Path, args: &[String], port: u16) -> Server {
+/// Starts a server and waits until it answers `hello` with a reply starting `expect` on a
+/// fresh connection: a listening socket alone is not readiness (a server may accept before
+/// it serves, and a connect to a free ephemeral port on loopback can even reach itself).
+/// A server that exits while starting fails the test with its own words.
+fn start(program: &Path, args: &[String], port: u16, hello: &[u8], expect: &[u8]) -> Server {
+    let log = tempfile::NamedTempFile::new().unwrap();
     let child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log.reopen().unwrap())
         .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
-    let server = Server(child);
+    let mut server = Server(child);
     let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    loop {
+        if answers(port, hello, expect) {
+            return server;
+        }
+        if let Ok(Some(status)) = server.0.try_wait() {
+            let said = std::fs::read_to_string(log.path()).unwrap_or_default();
+            panic!(
+                "{} exited while starting ({status}): {said}",
+                program.display()
+            );
+        }
         assert!(
             t.elapsed() < Duration::from_secs(10),
-            "{} did not listen on {port}",
+            "{} did not answer on {port} within 10 s",
             program.display()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    server
+}
+
+/// One request on a fresh connection; true when the reply starts with `expect`.
+fn answers(port: u16, hello: &[u8], expect: &[u8]) -> bool {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(hello).is_err() {
+        return false;
+    }
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 256];
+    while got.len() < expect.len() {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+    got.starts_with(expect)
 }
 
 fn is_root() -> bool {
@@ -110,7 +146,7 @@ fn memcached_answers_gets_of_the_probe_key() {
     if is_root() {
         args.extend(["-u".to_string(), "nobody".to_string()]);
     }
-    let server = start(&bin, &args, port);
+    let server = start(&bin, &args, port, b"version\r\n", b"VERSION ");
     probe_answers(&format!("memcached://127.0.0.1:{port}"));
     drop(server);
     // The server is gone: the next start fails and names the URL.
@@ -151,7 +187,7 @@ fn redis_answers_pings() {
     ]
     .map(String::from)
     .to_vec();
-    let _server = start(&bin, &args, port);
+    let _server = start(&bin, &args, port, b"PING\r\n", b"+PONG");
     probe_answers(&format!("redis://127.0.0.1:{port}"));
 }
 
@@ -185,7 +221,13 @@ fn nginx_answers_gets_on_a_keep_alive_connection() {
     ]
     .map(String::from)
     .to_vec();
-    let _server = start(&bin, &args, port);
+    let _server = start(
+        &bin,
+        &args,
+        port,
+        b"HEAD /index.html HTTP/1.0\r\n\r\n",
+        b"HTTP/1.1 200",
+    );
     probe_answers(&format!("http://127.0.0.1:{port}/index.html"));
     // A missing page is an answer too (a 404 is the service working).
     probe_answers(&format!("http://localhost:{port}/missing"));

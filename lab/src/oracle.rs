@@ -87,12 +87,16 @@ const REUSE_TOLERANCE: f64 = 0.02;
 const MBA_WORTH_TRYING: f64 = 0.02;
 
 /// How the oracle searches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OracleConfig {
     /// Search the best-effort pool's MBA steps (else the pool stays at 100 %).
     pub search_mba: bool,
     /// Let latency-critical services share way ranges (else each has its own or the pool's).
     pub share_ways: bool,
+    /// The fraction of each target the search aims under on the true p99 (its first
+    /// round's margin; later rounds tighten it). 0.97 by default; a lower value shows what a
+    /// controller's safety margin costs (`examples/be_gap.rs`).
+    pub target_fraction: f64,
 }
 
 impl Default for OracleConfig {
@@ -100,6 +104,7 @@ impl Default for OracleConfig {
         Self {
             search_mba: true,
             share_ways: true,
+            target_fraction: 0.97,
         }
     }
 }
@@ -512,7 +517,7 @@ impl OraclePolicy {
                 .map(|&i| eval.outcomes[i].gpu_interference)
                 .collect(),
             pool_cache,
-            margin: 0.97,
+            margin: self.cfg.target_fraction,
         }
     }
 
@@ -1264,6 +1269,30 @@ mod tests {
                 sa.0.iter().sum::<usize>() + 2 >= lc,
                 "{name}: {sa:?} of {lc}"
             );
+        }
+    }
+
+    #[test]
+    fn aiming_further_under_the_targets_leaves_best_effort_less_and_keeps_the_margin() {
+        // parties-mix: every target can be met with room to spare, so the aim decides.
+        let sc = Arc::new(Scenario::load("parties-mix").unwrap());
+        let tm = TruthModel::new(Arc::clone(&sc));
+        let mut usual = OraclePolicy::new(tm.clone());
+        let mut careful = OraclePolicy::with_config(
+            tm,
+            OracleConfig {
+                target_fraction: 0.8,
+                ..OracleConfig::default()
+            },
+        );
+        let (p, q) = (usual.initial().plan, careful.initial().plan);
+        let ((a, _), (b, _)) = (first_truth(&sc, &p), first_truth(&sc, &q));
+        assert_eq!(usual.score_of(&a), usual.score_of(&b));
+        assert!(q.lc_cores() > p.lc_cores(), "{p:?}\n{q:?}");
+        assert!(b.be_throughput < a.be_throughput, "{b:?} vs {a:?}");
+        for s in sc.specs().iter().filter(|s| s.is_latency_critical()) {
+            let target = s.p99_target_ms().unwrap();
+            assert!(b.p99_ms[&s.name] <= 0.8 * target, "{}: {b:?}", s.name);
         }
     }
 

@@ -191,7 +191,7 @@ pub fn run_policy_with(
     seed: Option<u64>,
     model: Option<&Arc<Model>>,
     explore: Option<&cohabit_policy::ExploreConfig>,
-    mut sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
+    sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
 ) -> Result<SimRun, RunError> {
     let mut policy = build_policy(kind, scenario, model)?;
     if let Some(cfg) = explore {
@@ -201,6 +201,18 @@ pub fn run_policy_with(
         };
         policy = Box::new(cohabit_policy::Explore::new(policy, ctx, cfg.clone()));
     }
+    run_built(scenario, policy, kind.name(), seed, sink)
+}
+
+/// Runs a policy already built (e.g. an oracle with a restricted search) on `scenario`,
+/// summarised under the name `name`; `seed` overrides the scenario's.
+pub fn run_built(
+    scenario: &Arc<Scenario>,
+    mut policy: Box<dyn Policy>,
+    name: &str,
+    seed: Option<u64>,
+    mut sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
+) -> Result<SimRun, RunError> {
     let initial = policy.initial();
     let mut host = SimulatedHost::launch(Arc::clone(scenario), &initial.plan, seed)?;
     let mut records = Vec::with_capacity(usize::try_from(scenario.ticks()).unwrap_or(0));
@@ -215,7 +227,7 @@ pub fn run_policy_with(
         .iter()
         .filter_map(|s| s.spec.p99_target_ms().map(|t| (s.spec.name.clone(), t)))
         .collect();
-    let summary = metrics::summarize(&scenario.name, kind.name(), seed, &targets, &records);
+    let summary = metrics::summarize(&scenario.name, name, seed, &targets, &records);
     Ok(SimRun { records, summary })
 }
 

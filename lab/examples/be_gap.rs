@@ -1,0 +1,111 @@
+//! Where `ml`'s best-effort gap to the oracle comes from (issue 14, item 4).
+//!
+//! The oracle aims at 0.97 of each target on the *true* p99, with every way-range layout in
+//! its space; `ml` sees a noisy measured p99 and aims its pessimistic prediction (mean +
+//! 0.5σ) at 0.9 of the target, with disjoint way ranges. This runs, on each built-in CPU
+//! scenario of the E5 platform (or those named as arguments) and the same seed, `ml`, the
+//! oracle, the oracle aiming at 0.9 of the target (ml's margin, on the truth), and the oracle
+//! without shared way ranges, and prints `ml`'s best-effort throughput against each with
+//! every run's QoS. Where `ml` reaches the margin-0.9 oracle but not the default one, the gap
+//! is the safety margin a controller that measures needs; where it reaches neither, the
+//! search (layouts, cores) is short too.
+//!
+//! `cargo run --release -p cohabit-lab --example be_gap [SCENARIO…]` (simulated; about a
+//! minute for the five CPU scenarios on a 2-CPU machine).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use cohabit_lab::oracle::{OracleConfig, OraclePolicy};
+use cohabit_lab::simulate::{self, LabPolicy, SimRun};
+use cohabit_sim::scenario::builtin_names;
+use cohabit_sim::{Scenario, TruthModel};
+
+fn oracle(sc: &Arc<Scenario>, cfg: OracleConfig, name: &str) -> Result<SimRun> {
+    let policy = Box::new(OraclePolicy::with_config(
+        TruthModel::new(Arc::clone(sc)),
+        cfg,
+    ));
+    Ok(simulate::run_built(sc, policy, name, None, |_| Ok(()))?)
+}
+
+/// Each service's mean cores and ways over the run, and the pool's MBA, as one line.
+fn mean_allocation(run: &SimRun) -> String {
+    let n = run.records.len().max(1) as f64;
+    let mut sums: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
+    let mut mba = 0.0;
+    for r in &run.records {
+        for (name, a) in &r.plan.services {
+            let e = sums.entry(name.as_str()).or_default();
+            e.0 += f64::from(a.cores);
+            e.1 += f64::from(a.llc_ways.count);
+        }
+        mba += f64::from(r.plan.best_effort.mba_pct);
+    }
+    let mut out: Vec<String> = sums
+        .iter()
+        .map(|(k, (c, w))| format!("{k} {:.1}c/{:.1}w", c / n, w / n))
+        .collect();
+    out.push(format!("pool MBA {:.0} %", mba / n));
+    out.join("  ")
+}
+
+fn main() -> Result<()> {
+    let asked: Vec<String> = std::env::args().skip(1).collect();
+    let names: Vec<String> = if asked.is_empty() {
+        builtin_names().map(String::from).collect()
+    } else {
+        asked
+    };
+    println!("SIMULATION: every figure below comes from cohabit's simulated host.");
+    println!(
+        "{:<13} {:>7} {:>7} {:>7} {:>7}   {:>9} {:>9} {:>9}",
+        "scenario", "qos_ml", "qos_or", "qos_.90", "qos_ns", "ml/oracle", "ml/or.90", "ml/or_ns"
+    );
+    for name in &names {
+        let sc = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
+        if sc.services.iter().any(|s| s.spec.gpu.is_some()) {
+            println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
+            continue;
+        }
+        let sc = Arc::new(sc);
+        let ml = simulate::run_policy(&sc, LabPolicy::Ml, None, None, |_| Ok(()))?;
+        let full = oracle(&sc, OracleConfig::default(), "oracle")?;
+        let at_margin = oracle(
+            &sc,
+            OracleConfig {
+                target_fraction: 0.9,
+                ..OracleConfig::default()
+            },
+            "oracle@0.9",
+        )?;
+        let no_share = oracle(
+            &sc,
+            OracleConfig {
+                share_ways: false,
+                ..OracleConfig::default()
+            },
+            "oracle-no-share",
+        )?;
+        let be = ml.summary.be_throughput;
+        let ratio = |o: &SimRun| {
+            cohabit_lab::metrics::be_vs_oracle(be, o.summary.be_throughput)
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"))
+        };
+        println!(
+            "{:<13} {:>7.4} {:>7.4} {:>7.4} {:>7.4}   {:>9} {:>9} {:>9}",
+            name,
+            ml.summary.qos_met_fraction,
+            full.summary.qos_met_fraction,
+            at_margin.summary.qos_met_fraction,
+            no_share.summary.qos_met_fraction,
+            ratio(&full),
+            ratio(&at_margin),
+            ratio(&no_share),
+        );
+        for run in [&ml, &full, &at_margin, &no_share] {
+            println!("    {:<16} {}", run.summary.policy, mean_allocation(run));
+        }
+    }
+    Ok(())
+}

@@ -8,8 +8,9 @@
 //! reports a wrong, truncated or mismatched artifact as a [`ModelError`] naming the file:
 //! callers fall back to feedback control, never panic.
 //!
-//! An artifact is trained on one feature [`Schema`]: the CPU one ([`CPU_SCHEMA`], `qos`,
-//! [`crate::features`]) or the GPU one ([`GPU_SCHEMA`], `qos-gpu`, [`crate::gpu_features`]).
+//! An artifact is trained on one feature [`Schema`] ([`crate::schema`]): the CPU one
+//! ([`CPU_SCHEMA`], `qos`, [`mod@crate::features`]) or the GPU one ([`GPU_SCHEMA`], `qos-gpu`,
+//! [`mod@crate::gpu_features`]).
 //! The metadata's `schema` field names it (absent: the CPU schema, so every CPU artifact
 //! written before GPU models existed loads as it did); each loader expects one schema and
 //! refuses an artifact of the other, or of another version, naming what it expected and
@@ -23,66 +24,8 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
-use crate::features::{FEATURE_NAMES, FEATURE_SCHEMA_VERSION};
-use crate::gpu_features::{
-    GPU_CANDIDATE_FEATURES, GPU_FEATURE_NAMES, GPU_FEATURE_SCHEMA_VERSION, GPU_SCHEMA_NAME,
-};
 use crate::mlp::{Dense, Ensemble, Mlp};
-
-/// A feature schema a model can be trained on: its name and version (written into the
-/// artifact), its feature names in input order, and the columns that depend on the
-/// candidate.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Schema {
-    /// Name written into the artifact's metadata (`schema`).
-    pub name: &'static str,
-    /// Version (`schema_version`).
-    pub version: u32,
-    /// What it describes, for messages.
-    pub about: &'static str,
-    /// Feature names, in input order.
-    pub features: &'static [&'static str],
-    /// Input columns that depend on the candidate allocation.
-    pub candidate: &'static [usize],
-}
-
-impl Schema {
-    /// Input width.
-    pub fn width(&self) -> usize {
-        self.features.len()
-    }
-
-    /// The schema of this build called `name`.
-    pub fn by_name(name: &str) -> Option<&'static Schema> {
-        [&CPU_SCHEMA, &GPU_SCHEMA]
-            .into_iter()
-            .find(|s| s.name == name)
-    }
-}
-
-impl std::fmt::Display for Schema {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}-v{} ({})", self.name, self.version, self.about)
-    }
-}
-
-/// The CPU schema ([`crate::features`]): what every CPU artifact is trained on.
-pub const CPU_SCHEMA: Schema = Schema {
-    name: "qos",
-    version: FEATURE_SCHEMA_VERSION,
-    about: "CPU services",
-    features: &FEATURE_NAMES,
-    candidate: &CANDIDATE_FEATURES,
-};
-
-/// The GPU schema ([`crate::gpu_features`]): MPS shares of GPU services.
-pub const GPU_SCHEMA: Schema = Schema {
-    name: GPU_SCHEMA_NAME,
-    version: GPU_FEATURE_SCHEMA_VERSION,
-    about: "GPU services' MPS shares",
-    features: &GPU_FEATURE_NAMES,
-    candidate: &GPU_CANDIDATE_FEATURES,
-};
+pub use crate::schema::{Schema, CPU_SCHEMA, GPU_SCHEMA};
 
 /// Artifact format tag.
 pub const FORMAT: &str = "cohabit-qos-model";

@@ -32,6 +32,8 @@
 
 use cohabit_core::{Allocation, HostCapacity, Observation, Sample};
 
+use crate::schema::{flag, plausible, CPU_SCHEMA};
+
 /// Version of the schema below.
 pub const FEATURE_SCHEMA_VERSION: u32 = 1;
 
@@ -76,25 +78,11 @@ pub const PRESENCE_FLAGS: [(&str, &str); 5] = [
     ("bw_frac", "has_bw"),
 ];
 
-/// Index of feature `name` in [`FEATURE_NAMES`].
-fn index(name: &str) -> Option<usize> {
-    FEATURE_NAMES.iter().position(|n| *n == name)
-}
-
 /// True if feature `i` of `f` carries a measured value: false for a presence flag itself
-/// and for a reading whose flag is 0 (see [`PRESENCE_FLAGS`]); true for everything else.
+/// and for a reading whose flag is 0 (see [`PRESENCE_FLAGS`]); true for everything else
+/// ([`crate::schema::Schema::present`] of [`CPU_SCHEMA`]).
 pub fn present(f: &[f32; N_FEATURES], i: usize) -> bool {
-    let Some(name) = FEATURE_NAMES.get(i) else {
-        return false;
-    };
-    if PRESENCE_FLAGS.iter().any(|(_, flag)| flag == name) {
-        return false;
-    }
-    PRESENCE_FLAGS
-        .iter()
-        .find(|(value, _)| value == name)
-        .and_then(|(_, flag)| index(flag))
-        .is_none_or(|j| f[j] > 0.5)
+    CPU_SCHEMA.present(f, i)
 }
 
 /// The other tenants of the host, as the controller measured them.
@@ -137,19 +125,6 @@ pub fn log_qos_ratio(sample: &Sample, target_ms: f64) -> Option<f64> {
         .p99_ms
         .filter(|p| p.is_finite() && *p > 0.0 && target_ms > 0.0)
         .map(|p| (p / target_ms).ln().clamp(-3.0, 3.0))
-}
-
-fn plausible(v: Option<f64>, max: f64) -> Option<f64> {
-    v.filter(|x| x.is_finite() && *x >= 0.0 && *x <= max)
-}
-
-// Features are bounded, O(1) values; f32 is the model's precision.
-#[allow(clippy::cast_possible_truncation)]
-fn flag(v: Option<f64>) -> (f32, f32) {
-    match v {
-        Some(x) => (x as f32, 1.0),
-        None => (0.0, 0.0),
-    }
 }
 
 /// The feature vector of one service under one candidate allocation.
@@ -246,6 +221,16 @@ mod tests {
         }
     }
 
+    /// The features of `sample` on [`host`] against a 1 ms target, with 4 cores and 4 ways
+    /// in force and `candidate` proposed.
+    fn from_4x4(sample: &Sample, candidate: &Allocation, n: &Neighbours) -> [f32; N_FEATURES] {
+        features(&host(), 1.0, sample, &alloc(4, 4), candidate, n)
+    }
+
+    fn get(f: &[f32; N_FEATURES], name: &str) -> f32 {
+        f[CPU_SCHEMA.index(name).unwrap()]
+    }
+
     #[test]
     fn missing_and_glitched_readings_become_absent_flags_not_zeros_or_garbage() {
         let glitchy = Sample {
@@ -254,39 +239,13 @@ mod tests {
             p99_ms: None,
             ..Sample::default()
         };
-        let f = features(
-            &host(),
-            1.0,
-            &glitchy,
-            &alloc(4, 4),
-            &alloc(8, 4),
-            &Neighbours::default(),
-        );
-        let names = FEATURE_NAMES;
-        let get = |n: &str| f[names.iter().position(|x| *x == n).unwrap()];
-        assert_eq!((get("ipc"), get("has_ipc")), (0.0, 0.0));
-        assert_eq!((get("bw_frac"), get("has_bw")), (0.0, 0.0));
-        assert_eq!((get("log_qos_now"), get("has_qos_now")), (0.0, 0.0));
-        assert!((get("log_cores_ratio") - 2f32.ln()).abs() < 1e-6);
+        let f = from_4x4(&glitchy, &alloc(8, 4), &Neighbours::default());
+        assert_eq!((get(&f, "ipc"), get(&f, "has_ipc")), (0.0, 0.0));
+        assert_eq!((get(&f, "bw_frac"), get(&f, "has_bw")), (0.0, 0.0));
+        assert_eq!((get(&f, "log_qos_now"), get(&f, "has_qos_now")), (0.0, 0.0));
+        assert!((get(&f, "log_cores_ratio") - 2f32.ln()).abs() < 1e-6);
         assert!(f.iter().all(|v| v.is_finite()));
-        assert_eq!(names.len(), f.len());
-    }
-
-    #[test]
-    fn every_flag_is_paired_with_one_value_and_both_names_exist() {
-        let flags: Vec<&str> = FEATURE_NAMES
-            .iter()
-            .copied()
-            .filter(|n| n.starts_with("has_"))
-            .collect();
-        let paired: Vec<&str> = PRESENCE_FLAGS.iter().map(|(_, f)| *f).collect();
-        assert_eq!(flags, paired, "every has_* flag, in schema order");
-        for (value, flag) in PRESENCE_FLAGS {
-            assert!(
-                index(value).is_some() && index(flag).is_some(),
-                "{value} {flag}"
-            );
-        }
+        assert_eq!(FEATURE_NAMES.len(), f.len());
     }
 
     #[test]
@@ -298,14 +257,7 @@ mod tests {
             cpu_busy_cores: Some(2.0),
             ..Sample::default()
         };
-        let f = features(
-            &host(),
-            1.0,
-            &s,
-            &alloc(4, 4),
-            &alloc(4, 4),
-            &Neighbours::default(),
-        );
+        let f = from_4x4(&s, &alloc(4, 4), &Neighbours::default());
         // The flags themselves are not readings either.
         let no_reading: Vec<&str> = (0..N_FEATURES)
             .filter(|&i| !present(&f, i))
@@ -326,15 +278,8 @@ mod tests {
             ]
         );
         // Without a latency reading, log_qos_now is absent too.
-        let f = features(
-            &host(),
-            1.0,
-            &Sample::default(),
-            &alloc(4, 4),
-            &alloc(4, 4),
-            &Neighbours::default(),
-        );
-        assert!(!present(&f, index("log_qos_now").unwrap()));
+        let f = from_4x4(&Sample::default(), &alloc(4, 4), &Neighbours::default());
+        assert!(!present(&f, CPU_SCHEMA.index("log_qos_now").unwrap()));
     }
 
     #[test]
@@ -346,25 +291,20 @@ mod tests {
             mem_bw_bytes_per_s: Some(7.68e9),
             ..Sample::default()
         };
-        let f = features(
-            &host(),
-            1.0,
+        let f = from_4x4(
             &s,
-            &alloc(4, 4),
             &alloc(6, 8),
             &Neighbours {
                 mem_bw_bytes_per_s: 38.4e9,
                 cores: 18,
             },
         );
-        let names = FEATURE_NAMES;
-        let get = |n: &str| f[names.iter().position(|x| *x == n).unwrap()];
-        assert!((get("log_qos_now") - 2f32.ln()).abs() < 1e-6);
-        assert!((get("core_util") - 0.75).abs() < 1e-6);
-        assert!((get("util_cand") - 0.5).abs() < 1e-6);
-        assert!((get("bw_frac") - 0.1).abs() < 1e-6);
-        assert!((get("neighbour_bw_frac") - 0.5).abs() < 1e-6);
-        assert!((get("neighbour_cores_frac") - 0.5).abs() < 1e-6);
+        assert!((get(&f, "log_qos_now") - 2f32.ln()).abs() < 1e-6);
+        assert!((get(&f, "core_util") - 0.75).abs() < 1e-6);
+        assert!((get(&f, "util_cand") - 0.5).abs() < 1e-6);
+        assert!((get(&f, "bw_frac") - 0.1).abs() < 1e-6);
+        assert!((get(&f, "neighbour_bw_frac") - 0.5).abs() < 1e-6);
+        assert!((get(&f, "neighbour_cores_frac") - 0.5).abs() < 1e-6);
         assert_eq!(target(2.0, 1.0), Some(2f64.ln()));
         assert_eq!(target(0.0, 1.0), None);
     }

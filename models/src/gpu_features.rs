@@ -2,11 +2,11 @@
 //! model sees of a latency-critical GPU service (an MPS client) and a candidate MPS share,
 //! built only from what a host can measure under the share in force.
 //!
-//! It is a schema of its own, beside the CPU one ([`crate::features`]): a GPU service's
+//! It is a schema of its own, beside the CPU one ([`mod@crate::features`]): a GPU service's
 //! tail is governed by its share of the SMs and by its co-runners on the same GPU, which the
 //! CPU schema cannot express. A model artifact names its schema, and a GPU artifact is
 //! refused where a CPU model is expected and the other way round
-//! ([`crate::artifact::Schema`]).
+//! ([`crate::schema::Schema`]).
 //!
 //! | feature | meaning |
 //! |---|---|
@@ -34,6 +34,7 @@
 use cohabit_core::{Observation, Sample};
 
 use crate::features::log_qos_ratio;
+use crate::schema::{flag, plausible, GPU_SCHEMA};
 
 /// Name of the schema, written into every GPU artifact's metadata.
 pub const GPU_SCHEMA_NAME: &str = "qos-gpu";
@@ -77,24 +78,11 @@ pub const GPU_PRESENCE_FLAGS: [(&str, &str); 5] = [
     ("corunner_util", "has_corunner_util"),
 ];
 
-fn index(name: &str) -> Option<usize> {
-    GPU_FEATURE_NAMES.iter().position(|n| *n == name)
-}
-
 /// True if feature `i` of `f` carries a measured value: false for a presence flag itself
-/// and for a reading whose flag is 0; true for everything else.
+/// and for a reading whose flag is 0; true for everything else
+/// ([`crate::schema::Schema::present`] of [`GPU_SCHEMA`]).
 pub fn gpu_present(f: &[f32; N_GPU_FEATURES], i: usize) -> bool {
-    let Some(name) = GPU_FEATURE_NAMES.get(i) else {
-        return false;
-    };
-    if GPU_PRESENCE_FLAGS.iter().any(|(_, flag)| flag == name) {
-        return false;
-    }
-    GPU_PRESENCE_FLAGS
-        .iter()
-        .find(|(value, _)| value == name)
-        .and_then(|(_, flag)| index(flag))
-        .is_none_or(|j| f[j] > 0.5)
+    GPU_SCHEMA.present(f, i)
 }
 
 /// GPU readings of a service that its `Sample` does not carry (absent: `None`).
@@ -155,17 +143,9 @@ impl GpuCoRunners {
     }
 }
 
+/// A utilisation reading, percent: plausible from 0 to 100.
 fn plausible_pct(v: Option<f64>) -> Option<f64> {
-    v.filter(|x| x.is_finite() && (0.0..=100.0).contains(x))
-}
-
-// Features are bounded, O(1) values; f32 is the model's precision.
-#[allow(clippy::cast_possible_truncation)]
-fn flag(v: Option<f64>) -> (f32, f32) {
-    match v {
-        Some(x) => (x as f32, 1.0),
-        None => (0.0, 0.0),
-    }
+    plausible(v, 100.0)
 }
 
 /// The GPU feature vector of one service under one candidate share.
@@ -184,27 +164,18 @@ pub fn gpu_features(
     share_cand_pct: f64,
     co: &GpuCoRunners,
 ) -> [f32; N_GPU_FEATURES] {
-    let rps = sample
-        .requests_per_s
-        .filter(|x| x.is_finite() && *x >= 0.0 && *x <= 1e12)
-        .unwrap_or(0.0);
+    let rps = plausible(sample.requests_per_s, 1e12).unwrap_or(0.0);
     let (q, hq) = flag(log_qos_ratio(sample, target_ms));
     let util = plausible_pct(sample.gpu_util_pct).map(|u| u / 100.0);
     let (u, hu) = flag(util);
     let (sm, hsm) = flag(plausible_pct(readings.sm_util_pct).map(|u| u / 100.0));
     let (bw, hbw) = flag(plausible_pct(readings.mem_bw_util_pct).map(|u| u / 100.0));
     let cores = f64::from(cores_now.max(1));
-    let busy = sample
-        .cpu_busy_cores
-        .filter(|x| x.is_finite() && *x >= 0.0 && *x <= cores * 2.0)
-        .unwrap_or(0.0);
+    let busy = plausible(sample.cpu_busy_cores, cores * 2.0).unwrap_or(0.0);
     let now = share_now_pct.clamp(1.0, 100.0) / 100.0;
     let cand = share_cand_pct.clamp(1.0, 100.0) / 100.0;
-    let (cu, hcu) = flag(
-        co.util_pct
-            .filter(|x| x.is_finite() && *x >= 0.0)
-            .map(|u| u / 100.0),
-    );
+    // A sum over the co-runners: no upper bound.
+    let (cu, hcu) = flag(plausible(co.util_pct, f64::INFINITY).map(|u| u / 100.0));
     [
         rps.ln_1p() as f32,
         q,
@@ -234,19 +205,16 @@ mod tests {
 
     use super::*;
 
+    fn index(name: &str) -> Option<usize> {
+        GPU_SCHEMA.index(name)
+    }
+
     fn get(f: &[f32; N_GPU_FEATURES], n: &str) -> f32 {
         f[index(n).unwrap()]
     }
 
     #[test]
-    fn every_flag_is_paired_with_one_value_and_the_candidate_columns_are_the_shares() {
-        let flags: Vec<&str> = GPU_FEATURE_NAMES
-            .iter()
-            .copied()
-            .filter(|n| n.starts_with("has_"))
-            .collect();
-        let paired: Vec<&str> = GPU_PRESENCE_FLAGS.iter().map(|(_, f)| *f).collect();
-        assert_eq!(flags, paired);
+    fn the_candidate_columns_are_the_shares() {
         let cand: Vec<&str> = GPU_CANDIDATE_FEATURES
             .iter()
             .map(|&i| GPU_FEATURE_NAMES[i])

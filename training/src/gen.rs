@@ -5,7 +5,7 @@
 //!
 //! Allocations cover memory bandwidth: the current and candidate MBA levels of a service
 //! and the best-effort pool's MBA level are drawn over the platform's steps
-//! ([`random_mba`]), half of the time unthrottled.
+//! (`random_mba`), half of the time unthrottled.
 //!
 //! Hosts differ in what they can measure: a share of the scenes is on a host without
 //! hardware counters (a VM), without RDT monitoring, or without both ([`HOST_KINDS`]), and in
@@ -13,20 +13,21 @@
 //! seen every presence flag at 0 and `ml` can use it on such hosts.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use cohabit_core::{Allocation, HostCapacity, Plan, ServiceClass, ServiceSpec, WayRange};
-use cohabit_models::{features, target, Neighbours};
+use cohabit_models::{features, Neighbours};
 use cohabit_sim::catalogue::{self, Platform};
-use cohabit_sim::host::measure;
-use cohabit_sim::scenario::{Noise, Scenario, SimService, Telemetry};
+use cohabit_sim::scenario::{Scenario, SimService, Telemetry};
 use cohabit_sim::trace::LoadTrace;
-use cohabit_sim::TruthModel;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::{Dataset, Row};
+use crate::scene::{generate_scenes, Scene, SceneKind};
+
+// Where it has always been named; the scene loop of both generators applies it.
+pub use crate::scene::LATENCY_MISSING;
 
 /// The kinds of host scenes are drawn on, with their shares: everything measured; no
 /// hardware counters (most VMs: no IPC, no LLC misses); no RDT monitoring (no occupancy, no
@@ -61,11 +62,6 @@ pub const HOST_KINDS: [(Telemetry, f64); 4] = [
         0.2,
     ),
 ];
-
-/// Probability that a latency-critical service has no latency reading in a scene's
-/// interval (no request completed, the probe lost its window): its p99 and request rate are
-/// absent, as they come from the same probe.
-pub const LATENCY_MISSING: f64 = 0.05;
 
 /// A host kind drawn with the shares of [`HOST_KINDS`].
 fn host_kind(rng: &mut ChaCha8Rng) -> Telemetry {
@@ -132,23 +128,41 @@ fn random_alloc(
     }
 }
 
+/// The best-effort jobs a CPU scene draws from.
+const BEST_EFFORT: [&str; 3] = ["stream", "graph", "compute"];
+
 /// Generates a dataset; `progress` is called with (done, total) scenes.
-// Targets are O(1) log-ratios; f32 is the model's precision.
-#[allow(clippy::cast_possible_truncation)]
-pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Dataset {
-    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+pub fn generate(cfg: &GenConfig, progress: impl FnMut(usize, usize)) -> Dataset {
     let host = cfg.platform.host();
-    let cap = host.capacity.clone();
-    let pool: Vec<String> = cfg
-        .services
-        .clone()
-        .unwrap_or_else(|| cpu_services().into_iter().map(String::from).collect());
-    let be_pool = ["stream", "graph", "compute"];
-    let mut rows = Vec::new();
-    for scene in 0..cfg.scenes {
+    let kind = CpuScenes {
+        cfg,
+        cap: host.capacity.clone(),
+        pool: cfg
+            .services
+            .clone()
+            .unwrap_or_else(|| cpu_services().into_iter().map(String::from).collect()),
+    };
+    generate_scenes(&kind, &host, cfg.seed, cfg.scenes, progress)
+}
+
+/// CPU scenes: one to three latency-critical services side by side in the ways, up to two
+/// best-effort jobs in the pool, on a host of a random kind ([`HOST_KINDS`]); each service
+/// scored under random allocations.
+struct CpuScenes<'a> {
+    cfg: &'a GenConfig,
+    cap: HostCapacity,
+    /// The latency-critical services to draw from.
+    pool: Vec<String>,
+}
+
+impl SceneKind for CpuScenes<'_> {
+    const NAME: &'static str = "gen";
+
+    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, Telemetry) {
         let n_lc = rng.gen_range(1..=3usize);
-        let mut names: Vec<&String> = pool
-            .choose_multiple(&mut rng, n_lc.min(pool.len()))
+        let mut names: Vec<&String> = self
+            .pool
+            .choose_multiple(rng, n_lc.min(self.pool.len()))
             .collect();
         names.sort();
         let n_be = rng.gen_range(0..=2usize);
@@ -175,7 +189,7 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
                 }),
             });
         }
-        for (j, b) in be_pool.choose_multiple(&mut rng, n_be).enumerate() {
+        for (j, b) in BEST_EFFORT.choose_multiple(rng, n_be).enumerate() {
             let Some(model) = catalogue::model(b) else {
                 continue;
             };
@@ -190,26 +204,19 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
                 load: None,
             });
         }
+        (services, host_kind(rng))
+    }
+
+    /// LC services side by side in the ways, the pool gets the rest.
+    fn plan(&self, rng: &mut ChaCha8Rng, sc: &Scenario) -> Plan {
+        let cap = &self.cap;
         let n = u32::try_from(
-            services
+            sc.services
                 .iter()
                 .filter(|s| s.spec.is_latency_critical())
                 .count(),
         )
         .unwrap_or(1);
-        let sc = Arc::new(Scenario {
-            name: "gen".into(),
-            description: String::new(),
-            duration_s: 1.0,
-            tick_ms: 1000,
-            seed: cfg.seed,
-            host: host.clone(),
-            services,
-            noise: Noise::default(),
-            telemetry: host_kind(&mut rng),
-        });
-        let truth = TruthModel::new(Arc::clone(&sc));
-        // Current plan: LC services side by side in the ways, the pool gets the rest.
         let mut plan = Plan {
             services: BTreeMap::new(),
             best_effort: Allocation {
@@ -224,8 +231,8 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
         for s in sc.services.iter().filter(|s| s.spec.is_latency_critical()) {
             let ways_left = cap.llc_ways.saturating_sub(way + 1).max(1);
             let a = random_alloc(
-                &mut rng,
-                &cap,
+                rng,
+                cap,
                 (cap.cores / n).max(1),
                 way.min(cap.llc_ways - 1),
                 (ways_left / n).max(1),
@@ -238,30 +245,21 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
         plan.best_effort.llc_ways = WayRange::new(way, cap.llc_ways - way);
         // The pool is throttled too, so a service's features see neighbours' bandwidth
         // under every MBA level of the pool.
-        plan.best_effort.mba_pct = random_mba(&mut rng, &cap);
-        let loads = truth.loads_at(0.5);
-        let zeros = vec![0.0; loads.len()];
-        let gpu = vec![None; loads.len()];
-        let (now, _) = truth.evaluate(&plan, &loads, &gpu, &zeros);
-        let mut samples: Vec<cohabit_core::Sample> = now
-            .outcomes
-            .iter()
-            .zip(&loads)
-            .map(|(o, l)| sc.telemetry.strip(measure(&mut rng, o, *l, &sc.noise, 1.0)))
-            .collect();
-        for (s, spec) in samples.iter_mut().zip(sc.services.iter().map(|s| &s.spec)) {
-            if spec.is_latency_critical() && rng.gen_bool(LATENCY_MISSING) {
-                s.p99_ms = None;
-                s.requests_per_s = None;
-            }
-        }
-        for (i, s) in sc.services.iter().enumerate() {
+        plan.best_effort.mba_pct = random_mba(rng, cap);
+        plan
+    }
+
+    fn rows(&self, rng: &mut ChaCha8Rng, scene: &Scene, rows: &mut Vec<Row>) {
+        let cap = &self.cap;
+        let plan = &scene.plan;
+        for (i, s) in scene.sc.services.iter().enumerate() {
             let Some(t) = s.spec.p99_target_ms() else {
                 continue;
             };
             let current = plan.services[&s.spec.name];
             let neighbours = Neighbours {
-                mem_bw_bytes_per_s: samples
+                mem_bw_bytes_per_s: scene
+                    .samples
                     .iter()
                     .enumerate()
                     .filter(|(j, _)| *j != i)
@@ -274,38 +272,19 @@ pub fn generate(cfg: &GenConfig, mut progress: impl FnMut(usize, usize)) -> Data
                     .map(|(_, a)| a.cores)
                     .sum(),
             };
-            for _ in 0..cfg.candidates {
+            scene.score(rng, i, t, self.cfg.candidates, rows, |rng, p2| {
                 let cand = random_alloc(
-                    &mut rng,
-                    &cap,
+                    rng,
+                    cap,
                     (current.cores * 2).clamp(2, cap.cores),
                     current.llc_ways.first,
                     cap.llc_ways - current.llc_ways.first,
                 );
-                let mut p2 = plan.clone();
                 p2.services.insert(s.spec.name.clone(), cand);
-                let (after, _) = truth.evaluate(&p2, &loads, &gpu, &zeros);
-                let Some(y) = after.outcomes[i].p99_ms.and_then(|p| target(p, t)) else {
-                    continue;
-                };
-                let f = features(&cap, t, &samples[i], &current, &cand, &neighbours);
-                let base = s
-                    .spec
-                    .name
-                    .split('#')
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                rows.push(Row {
-                    service: base,
-                    features: f.to_vec(),
-                    target: y as f32,
-                });
-            }
+                features(cap, t, &scene.samples[i], &current, &cand, &neighbours).to_vec()
+            });
         }
-        progress(scene + 1, cfg.scenes);
     }
-    Dataset { rows }
 }
 
 #[cfg(test)]

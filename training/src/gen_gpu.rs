@@ -1,4 +1,4 @@
-//! Datasets for the GPU model ([`cohabit_models::gpu_features`]) from the simulator: random
+//! Datasets for the GPU model ([`mod@cohabit_models::gpu_features`]) from the simulator: random
 //! mixes of latency-critical GPU services (the catalogue's MPS clients, one to three on one
 //! GPU), with or without a GPU training job and a CPU batch job beside them, at random loads
 //! and MPS shares, each scored under random candidate shares.
@@ -12,22 +12,20 @@
 //! utilisation reading ([`GPU_UTIL_MISSING`]), so the model has seen those flags at 0.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use cohabit_core::{
-    Allocation, Observation, Plan, ServiceClass, ServiceObservation, ServiceSpec, WayRange,
+    Allocation, HostCapacity, Observation, Plan, Sample, ServiceClass, ServiceObservation,
+    ServiceSpec, WayRange,
 };
-use cohabit_models::{gpu_features, target, GpuCoRunners, GpuReadings};
+use cohabit_models::{gpu_features, GpuCoRunners, GpuReadings};
 use cohabit_sim::catalogue::{self, Platform};
-use cohabit_sim::host::measure;
-use cohabit_sim::scenario::{Noise, Scenario, SimService, Telemetry};
+use cohabit_sim::scenario::{Scenario, SimService, Telemetry};
 use cohabit_sim::trace::LoadTrace;
-use cohabit_sim::TruthModel;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::{Dataset, Row};
-use crate::gen::LATENCY_MISSING;
+use crate::scene::{generate_scenes, Scene, SceneKind};
 
 /// Probability that a GPU service has no GPU utilisation reading in a scene's interval.
 pub const GPU_UTIL_MISSING: f64 = 0.05;
@@ -81,11 +79,9 @@ fn spec(name: String, class: ServiceClass, gpu: Option<u32>) -> ServiceSpec {
 
 /// Generates a GPU dataset; `progress` is called with (done, total) scenes. An error when
 /// the platform has no GPU or the catalogue no GPU service.
-// Targets are O(1) log-ratios; f32 is the model's precision.
-#[allow(clippy::cast_possible_truncation)]
 pub fn generate_gpu(
     cfg: &GpuGenConfig,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> anyhow::Result<Dataset> {
     let host = cfg.platform.host();
     anyhow::ensure!(
@@ -98,10 +94,30 @@ pub fn generate_gpu(
         !pool.is_empty(),
         "the catalogue has no latency-critical GPU service"
     );
-    let cap = host.capacity.clone();
-    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let mut rows = Vec::new();
-    for scene in 0..cfg.scenes {
+    let kind = GpuScenes {
+        cfg,
+        cap: host.capacity.clone(),
+        pool,
+    };
+    Ok(generate_scenes(
+        &kind, &host, cfg.seed, cfg.scenes, progress,
+    ))
+}
+
+/// GPU scenes: one to three latency-critical GPU services on GPU 0, often a GPU training job
+/// and sometimes a CPU batch job beside them; each GPU service scored under random shares.
+struct GpuScenes<'a> {
+    cfg: &'a GpuGenConfig,
+    cap: HostCapacity,
+    /// The latency-critical GPU services to draw from (not empty).
+    pool: Vec<&'static str>,
+}
+
+impl SceneKind for GpuScenes<'_> {
+    const NAME: &'static str = "gen-gpu";
+
+    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, Telemetry) {
+        let pool = &self.pool;
         let n_lc = rng.gen_range(1..=3usize);
         let mut services = Vec::new();
         for i in 0..n_lc {
@@ -142,26 +158,19 @@ pub fn generate_gpu(
                 });
             }
         }
-        let sc = Arc::new(Scenario {
-            name: "gen-gpu".into(),
-            description: String::new(),
-            duration_s: 1.0,
-            tick_ms: 1000,
-            seed: cfg.seed,
-            host: host.clone(),
-            services,
-            noise: Noise::default(),
-            telemetry: Telemetry::default(),
-        });
-        let truth = TruthModel::new(Arc::clone(&sc));
-        // The CPU side: a few cores and a way each, the pool gets the rest.
+        (services, Telemetry::default())
+    }
+
+    /// The CPU side: a few cores and a way each, the pool gets the rest; random shares.
+    fn plan(&self, rng: &mut ChaCha8Rng, sc: &Scenario) -> Plan {
+        let cap = &self.cap;
         let mut plan = Plan {
             services: BTreeMap::new(),
             best_effort: Allocation {
                 cores: 0,
                 llc_ways: WayRange::new(0, 1),
                 mba_pct: 100,
-                gpu_mps_pct: (!rng.gen_bool(0.2)).then(|| random_share(&mut rng)),
+                gpu_mps_pct: (!rng.gen_bool(0.2)).then(|| random_share(rng)),
             },
         };
         let mut cores = 0;
@@ -175,7 +184,7 @@ pub fn generate_gpu(
                 cores: rng.gen_range(1..=4),
                 llc_ways: WayRange::new(u32::try_from(k).unwrap_or(0), 1),
                 mba_pct: 100,
-                gpu_mps_pct: Some(random_share(&mut rng)),
+                gpu_mps_pct: Some(random_share(rng)),
             };
             cores += a.cores;
             plan.services.insert(s.spec.name.clone(), a);
@@ -183,32 +192,25 @@ pub fn generate_gpu(
         let used_ways = u32::try_from(plan.services.len()).unwrap_or(1);
         plan.best_effort.cores = cap.cores.saturating_sub(cores);
         plan.best_effort.llc_ways = WayRange::new(used_ways, cap.llc_ways - used_ways);
-        let loads = truth.loads_at(0.5);
-        let zeros = vec![0.0; loads.len()];
-        let shares = truth.gpu_shares(&plan);
-        let (now, _) = truth.evaluate(&plan, &loads, &shares, &zeros);
-        let mut samples: Vec<cohabit_core::Sample> = now
-            .outcomes
-            .iter()
-            .zip(&loads)
-            .map(|(o, l)| sc.telemetry.strip(measure(&mut rng, o, *l, &sc.noise, 1.0)))
-            .collect();
-        for (s, svc) in samples.iter_mut().zip(&sc.services) {
-            if svc.spec.is_latency_critical() && rng.gen_bool(LATENCY_MISSING) {
-                s.p99_ms = None;
-                s.requests_per_s = None;
-            }
-            if svc.spec.gpu.is_some() && rng.gen_bool(GPU_UTIL_MISSING) {
-                s.gpu_util_pct = None;
-            }
+        plan
+    }
+
+    fn drop_readings(&self, rng: &mut ChaCha8Rng, spec: &ServiceSpec, sample: &mut Sample) {
+        if spec.gpu.is_some() && rng.gen_bool(GPU_UTIL_MISSING) {
+            sample.gpu_util_pct = None;
         }
+    }
+
+    fn rows(&self, rng: &mut ChaCha8Rng, scene: &Scene, rows: &mut Vec<Row>) {
+        let plan = &scene.plan;
         let obs = Observation {
             t_ms: 0,
-            services: sc
+            services: scene
+                .sc
                 .services
                 .iter()
-                .zip(&samples)
-                .zip(&shares)
+                .zip(&scene.samples)
+                .zip(&scene.shares)
                 .map(|((s, sample), share)| ServiceObservation {
                     spec: s.spec.clone(),
                     sample: sample.clone(),
@@ -221,49 +223,31 @@ pub fn generate_gpu(
                 .collect(),
             current: plan.clone(),
         };
-        for (i, s) in sc.services.iter().enumerate() {
+        for (i, s) in scene.sc.services.iter().enumerate() {
             let (Some(t), Some(gpu)) = (s.spec.p99_target_ms(), s.spec.gpu) else {
                 continue;
             };
             let current = plan.services[&s.spec.name];
             let now_pct = current.gpu_mps_pct.unwrap_or(100);
             let co = GpuCoRunners::observed(&obs, &s.spec.name, gpu);
-            let base = s
-                .spec
-                .name
-                .split('#')
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            for _ in 0..cfg.candidates {
-                let cand = candidate_share(&mut rng, now_pct);
-                let mut p2 = plan.clone();
+            scene.score(rng, i, t, self.cfg.candidates, rows, |rng, p2| {
+                let cand = candidate_share(rng, now_pct);
                 if let Some(a) = p2.services.get_mut(&s.spec.name) {
                     a.gpu_mps_pct = Some(cand);
                 }
-                let (after, _) = truth.evaluate(&p2, &loads, &truth.gpu_shares(&p2), &zeros);
-                let Some(y) = after.outcomes[i].p99_ms.and_then(|p| target(p, t)) else {
-                    continue;
-                };
-                let f = gpu_features(
+                gpu_features(
                     t,
-                    &samples[i],
+                    &scene.samples[i],
                     &GpuReadings::default(),
                     current.cores,
                     f64::from(now_pct),
                     f64::from(cand),
                     &co,
-                );
-                rows.push(Row {
-                    service: base.clone(),
-                    features: f.to_vec(),
-                    target: y as f32,
-                });
-            }
+                )
+                .to_vec()
+            });
         }
-        progress(scene + 1, cfg.scenes);
     }
-    Ok(Dataset { rows })
 }
 
 #[cfg(test)]

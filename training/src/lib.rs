@@ -14,3 +14,4 @@ pub mod fit;
 pub mod gen;
 pub mod gen_gpu;
 pub mod logs;
+mod scene;

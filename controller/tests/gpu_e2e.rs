@@ -276,3 +276,85 @@ gpu = {{ index = 0, env_file = "{d}/llm.env", restart = "echo $$ >> {d}/pgids; s
     }
     assert!(!d.join("llm.env").exists(), "restored on exit");
 }
+
+/// `cohabit run` with `ml` and the shipped GPU model as `gpu_model`: the start says which
+/// GPU model is in force; a CPU artifact given as the GPU model stops the start, naming the
+/// file, before the host is touched.
+#[test]
+fn ml_runs_with_the_gpu_model_it_names_and_refuses_a_cpu_artifact_in_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let llm = Kill(Command::new("sleep").arg("60").spawn().unwrap());
+    std::fs::write(d.join("llm.pid"), llm.0.id().to_string()).unwrap();
+    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+    let cpu = models.join("default/qos-v1.json");
+    let gpu = models.join("gpu/qos-gpu-v1.json");
+    let run = |gpu_model: &std::path::Path| {
+        let cfg = d.join("gpu.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"
+interval_ms = 100
+policy = "ml"
+model = "{cpu}"
+gpu_model = "{gpu_model}"
+metrics_addr = ""
+[host]
+cpus = "0-1"
+gpus = 1
+[paths]
+cgroup = "/nonexistent-cgroup-root"
+state_dir = "{d}/state"
+[mps]
+control = "/nonexistent/nvidia-cuda-mps-control"
+[[service]]
+name = "llm"
+p99_target_ms = 500
+match = {{ pid_file = "{d}/llm.pid" }}
+latency = {{ push = "127.0.0.1:0", unauthenticated = true }}
+gpu = {{ index = 0, env_file = "{d}/llm.env", restart = "true", min_restart_interval_ms = 60000 }}
+"#,
+                cpu = cpu.display(),
+                gpu_model = gpu_model.display(),
+                d = d.display()
+            ),
+        )
+        .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_cohabit"))
+            .args(["run", "--config", cfg.to_str().unwrap(), "--ticks", "3"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap()
+    };
+
+    let out = run(&gpu);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("GPU model in force"))
+        .unwrap_or_else(|| panic!("no line on the GPU model:\n{stderr}"));
+    assert!(
+        line.contains("qos-gpu-v1.json") && line.contains("schema=qos-gpu-v1"),
+        "{line}"
+    );
+
+    // The CPU model where the GPU one belongs: refused, naming the file and the schemas.
+    let out = run(&cpu);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("loading the GPU model (gpu_model) for policy ml")
+            && stderr.contains("qos-v1.json")
+            && stderr.contains("expected a model of feature schema qos-gpu-v1"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("cohabit running"),
+        "stopped before the host was opened:\n{stderr}"
+    );
+    assert!(!d.join("llm.env").exists(), "no share published");
+}

@@ -26,6 +26,9 @@ pub enum BuildError {
     /// `ml` was asked for without a model.
     #[error("policy ml needs a model")]
     NoModel,
+    /// `ml`'s GPU model does not fit it (another feature schema): the policy's words.
+    #[error("policy ml: {0}")]
+    GpuModel(String),
 }
 
 impl PolicyKind {
@@ -47,14 +50,28 @@ impl PolicyKind {
         ctx: HostContext,
         model: Option<Arc<Model>>,
     ) -> Result<Box<dyn Policy>, BuildError> {
+        self.build_with_gpu(ctx, model, None)
+    }
+
+    /// [`PolicyKind::build`], and `ml` with `gpu_model` (schema `qos-gpu`) for the GPU
+    /// services' shares when one is given ([`MlPolicy::with_gpu_model`]; a model of another
+    /// schema is refused). The other policies use no model.
+    pub fn build_with_gpu(
+        self,
+        ctx: HostContext,
+        model: Option<Arc<Model>>,
+        gpu_model: Option<Arc<Model>>,
+    ) -> Result<Box<dyn Policy>, BuildError> {
         Ok(match self {
             PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
             PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
-            PolicyKind::Ml => Box::new(MlPolicy::new(
-                ctx,
-                model.ok_or(BuildError::NoModel)?,
-                MlConfig::default(),
-            )),
+            PolicyKind::Ml => {
+                let ml = MlPolicy::new(ctx, model.ok_or(BuildError::NoModel)?, MlConfig::default());
+                Box::new(match gpu_model {
+                    Some(gpu) => ml.with_gpu_model(gpu).map_err(BuildError::GpuModel)?,
+                    None => ml,
+                })
+            }
         })
     }
 }
@@ -102,5 +119,31 @@ mod tests {
             PolicyKind::Ml.build(ctx, None).err(),
             Some(BuildError::NoModel)
         );
+    }
+
+    #[test]
+    fn ml_takes_a_gpu_model_and_refuses_a_cpu_one_in_its_place() {
+        let ctx = crate::tests::ctx(2, true, false, 0);
+        let cpu = Arc::new(Model::synthetic(1, &[], 0));
+        let gpu = Arc::new(Model::synthetic_schema(
+            &cohabit_models::GPU_SCHEMA,
+            1,
+            &[],
+            0,
+        ));
+        let e = PolicyKind::Ml
+            .build_with_gpu(ctx.clone(), Some(Arc::clone(&cpu)), Some(Arc::clone(&cpu)))
+            .err();
+        assert!(
+            matches!(&e, Some(BuildError::GpuModel(m)) if m.contains("qos-gpu-v1")),
+            "{e:?}"
+        );
+        PolicyKind::Ml
+            .build_with_gpu(ctx.clone(), Some(cpu), Some(Arc::clone(&gpu)))
+            .unwrap();
+        // The other policies use no model, a GPU one included.
+        PolicyKind::Parties
+            .build_with_gpu(ctx, None, Some(gpu))
+            .unwrap();
     }
 }

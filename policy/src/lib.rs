@@ -269,6 +269,130 @@ pub fn fair_shares(ctx: &HostContext) -> BTreeMap<String, Share> {
         .collect()
 }
 
+/// The plan to put in force when the services change while the daemon runs (pods come and
+/// go under `[kubernetes]`): what is in force for the services that stay, a fair start for
+/// the new ones, nothing for the ones that left.
+///
+/// Problem: a policy built for a new set of services starts from its fair-share initial
+/// plan. Applied on every change of the set, it would take every latency-critical service
+/// from the allocation that met its target to an equal split each time a batch pod starts
+/// or ends, on a node where that happens all day.
+///
+/// Rule: a service that stays keeps its cores, way count, MBA and GPU share. A new one
+/// gets its fair share ([`fair_shares`]) of what is free: cores the pool holds beyond one
+/// (at least one core: when nothing is free, the service that stays with the most cores
+/// gives one); ways likewise, the pool keeping one when CPU jobs run. If the host shrank
+/// (the kubelet gave CPUs to single containers), services are cut in proportion, at least
+/// one core and one way each. GPU shares that would oversubscribe a GPU become the fair
+/// ones for that GPU. The pool keeps its MBA. Laid out with [`layout`]; if the result
+/// does not validate, the fair-share plan is returned.
+///
+/// The new policy's first decision then starts from this plan; its per-service online
+/// state (corrections, hysteresis) starts over.
+pub fn carry_over(ctx: &HostContext, in_force: &Plan) -> Plan {
+    let fair = fair_shares(ctx);
+    let fallback = || layout(ctx, &fair, MBA_MAX_PCT);
+    let kept = shares_of(in_force);
+    let lc: Vec<&ServiceSpec> = ctx.latency_critical().collect();
+    let mut shares: BTreeMap<String, Share> = BTreeMap::new();
+    let mut new: Vec<&str> = Vec::new();
+    for spec in &lc {
+        match kept.get(&spec.name) {
+            Some(k) => {
+                shares.insert(spec.name.clone(), *k);
+            }
+            None => new.push(&spec.name),
+        }
+    }
+    let cores = ctx.host.cores;
+    let lc_ways = ctx
+        .host
+        .llc_ways
+        .saturating_sub(u32::from(ctx.has_cpu_best_effort()))
+        .max(1);
+    // The host may have shrunk: cut the services that stay in proportion.
+    fit_total(&mut shares, cores, |s| &mut s.cores);
+    fit_total(&mut shares, lc_ways, |s| &mut s.ways);
+    for name in new {
+        let f = fair[name];
+        let used_c: u32 = shares.values().map(|s| s.cores).sum();
+        let used_w: u32 = shares.values().map(|s| s.ways).sum();
+        let mut s = Share {
+            cores: f.cores.min(cores.saturating_sub(used_c)).max(1),
+            ways: f.ways.min(lc_ways.saturating_sub(used_w)).max(1),
+            ..f
+        };
+        if used_c + s.cores > cores {
+            take_one(&mut shares, |x| &mut x.cores);
+        }
+        if used_w + s.ways > lc_ways {
+            take_one(&mut shares, |x| &mut x.ways);
+        }
+        s.cores = s.cores.max(1);
+        shares.insert(name.to_string(), s);
+    }
+    for spec in &lc {
+        let Some(g) = spec.gpu else { continue };
+        let on_g: u32 = lc
+            .iter()
+            .filter(|o| o.gpu == Some(g))
+            .filter_map(|o| shares.get(&o.name)?.gpu_pct)
+            .map(u32::from)
+            .sum();
+        if on_g > 100 {
+            for o in lc.iter().filter(|o| o.gpu == Some(g)) {
+                if let (Some(s), Some(f)) = (shares.get_mut(&o.name), fair.get(&o.name)) {
+                    s.gpu_pct = f.gpu_pct;
+                }
+            }
+        }
+    }
+    let plan = layout(ctx, &shares, in_force.best_effort.mba_pct);
+    if plan.validate(&ctx.host, &ctx.specs).is_ok() {
+        plan
+    } else {
+        fallback()
+    }
+}
+
+/// Cuts the amounts `field` selects in proportion until their sum is at most `total`
+/// (each at least 1).
+fn fit_total(shares: &mut BTreeMap<String, Share>, total: u32, field: fn(&mut Share) -> &mut u32) {
+    let sum: u32 = shares.values_mut().map(|s| *field(s)).sum();
+    if sum <= total || sum == 0 {
+        return;
+    }
+    for s in shares.values_mut() {
+        let v = field(s);
+        // At most *v (total < sum), so it fits.
+        let cut = u64::from(*v) * u64::from(total) / u64::from(sum);
+        *v = u32::try_from(cut).unwrap_or(*v).max(1);
+    }
+    while shares.values_mut().map(|s| *field(s)).sum::<u32>() > total {
+        if !take_one(shares, field) {
+            break;
+        }
+    }
+}
+
+/// Takes one unit of `field` from the share with the most (keeping at least 1); false
+/// when every share is down to 1.
+fn take_one(shares: &mut BTreeMap<String, Share>, field: fn(&mut Share) -> &mut u32) -> bool {
+    let Some(most) = shares
+        .iter_mut()
+        .map(|(k, s)| (k.clone(), *field(s)))
+        .filter(|(_, v)| *v > 1)
+        .max_by_key(|(_, v)| *v)
+        .map(|(k, _)| k)
+    else {
+        return false;
+    };
+    if let Some(s) = shares.get_mut(&most) {
+        *field(s) -= 1;
+    }
+    true
+}
+
 /// Measured slack of a latency-critical service: `(target - p99) / target`; `None` when
 /// the p99 was not measured.
 pub fn slack(obs: &Observation, name: &str) -> Option<f64> {
@@ -479,5 +603,110 @@ pub(crate) mod tests {
         assert_eq!(plan.services["lc0"].gpu_mps_pct, Some(33));
         assert_eq!(plan.best_effort.gpu_mps_pct, Some(34));
         plan.validate(&c.host, &c.specs).unwrap();
+    }
+
+    fn share(cores: u32, ways: u32, gpu_pct: Option<u8>) -> Share {
+        Share {
+            cores,
+            ways,
+            mba_pct: MBA_MAX_PCT,
+            gpu_pct,
+        }
+    }
+
+    /// (cores, ways) of every latency-critical service, and the pool's cores.
+    fn counts(p: &Plan) -> (BTreeMap<String, (u32, u32)>, u32) {
+        (
+            p.services
+                .iter()
+                .map(|(k, a)| (k.clone(), (a.cores, a.llc_ways.count)))
+                .collect(),
+            p.best_effort.cores,
+        )
+    }
+
+    #[test]
+    fn services_that_stay_keep_their_allocations_and_a_new_one_gets_a_fair_part_of_the_rest() {
+        let before = ctx(2, true, false, 0);
+        let shares = [
+            ("lc0".to_string(), share(20, 9, None)),
+            ("lc1".to_string(), share(4, 2, None)),
+        ]
+        .into();
+        let mut in_force = layout(&before, &shares, 50);
+        // Unchanged services: the plan in force, MBA included.
+        assert_eq!(carry_over(&before, &in_force), in_force);
+        // lc2 arrives: lc0 and lc1 keep theirs; lc2 takes its fair 9 cores of the pool's 12
+        // and its fair ways (4 groups: 15 LC ways / 3 = 5) of the 8 free.
+        let after = ctx(3, true, false, 0);
+        let p = carry_over(&after, &in_force);
+        p.validate(&after.host, &after.specs).unwrap();
+        let (lc, pool) = counts(&p);
+        assert_eq!(lc["lc0"], (20, 9));
+        assert_eq!(lc["lc1"], (4, 2));
+        assert_eq!(lc["lc2"], (9, 5));
+        assert_eq!(pool, 3);
+        assert_eq!(p.best_effort.mba_pct, 50);
+        // lc1 leaves again: gone from the plan, its cores back in the pool.
+        in_force = p;
+        let mut gone = after.clone();
+        gone.specs.retain(|s| s.name != "lc1");
+        let p = carry_over(&gone, &in_force);
+        p.validate(&gone.host, &gone.specs).unwrap();
+        let (lc, pool) = counts(&p);
+        assert_eq!(lc.keys().cloned().collect::<Vec<_>>(), vec!["lc0", "lc2"]);
+        assert_eq!((lc["lc0"], lc["lc2"], pool), ((20, 9), (9, 5), 7));
+    }
+
+    #[test]
+    fn with_nothing_free_a_new_service_gets_a_core_and_a_way_from_the_largest() {
+        let before = ctx(2, true, false, 0);
+        let shares = [
+            ("lc0".to_string(), share(30, 15, None)),
+            ("lc1".to_string(), share(6, 4, None)),
+        ]
+        .into();
+        let in_force = layout(&before, &shares, MBA_MAX_PCT);
+        assert_eq!(in_force.best_effort.cores, 0);
+        let after = ctx(3, true, false, 0);
+        let p = carry_over(&after, &in_force);
+        p.validate(&after.host, &after.specs).unwrap();
+        let (lc, _) = counts(&p);
+        assert_eq!(lc["lc0"], (29, 14));
+        assert_eq!(lc["lc1"], (6, 4));
+        assert_eq!(lc["lc2"], (1, 1));
+    }
+
+    #[test]
+    fn on_a_host_that_shrank_the_services_are_cut_in_proportion() {
+        let before = ctx(2, true, false, 0);
+        let shares = [
+            ("lc0".to_string(), share(24, 9, None)),
+            ("lc1".to_string(), share(8, 3, None)),
+        ]
+        .into();
+        let in_force = layout(&before, &shares, MBA_MAX_PCT);
+        // The kubelet gave 20 of the 36 CPUs to single containers.
+        let mut after = before.clone();
+        after.host.cores = 16;
+        let p = carry_over(&after, &in_force);
+        p.validate(&after.host, &after.specs).unwrap();
+        let (lc, pool) = counts(&p);
+        assert_eq!((lc["lc0"].0, lc["lc1"].0, pool), (12, 4, 0));
+        assert_eq!((lc["lc0"].1, lc["lc1"].1), (9, 3), "ways still fit");
+    }
+
+    #[test]
+    fn gpu_shares_that_would_oversubscribe_become_the_fair_ones() {
+        let before = ctx(1, false, false, 1);
+        let shares = [("lc0".to_string(), share(8, 4, Some(90)))].into();
+        let in_force = layout(&before, &shares, MBA_MAX_PCT);
+        let after = ctx(2, false, false, 2);
+        let p = carry_over(&after, &in_force);
+        p.validate(&after.host, &after.specs).unwrap();
+        let gpu: Vec<Option<u8>> = p.services.values().map(|a| a.gpu_mps_pct).collect();
+        assert_eq!(gpu, vec![Some(50), Some(50)]);
+        // Alone again, lc0 keeps what it had.
+        assert_eq!(carry_over(&before, &in_force), in_force);
     }
 }

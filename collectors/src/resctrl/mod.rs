@@ -44,6 +44,9 @@ pub use schemata::{check_cbm, contiguous_mask, MbaUnits, Schemata, SchemataError
 /// Prefix of every control group cohabit creates.
 pub const GROUP_PREFIX: &str = "cohabit-";
 
+/// How errors name the root (default) resctrl group.
+pub const ROOT_GROUP_LABEL: &str = "the root group";
+
 /// Longest group name accepted (the kernel allows more; we keep names readable).
 pub const MAX_GROUP_NAME: usize = 64;
 
@@ -405,13 +408,27 @@ impl Resctrl {
     /// [`Self::apply`], also returning what the changed lines held before (read under the
     /// same lock), so a caller can restore the group if a later step fails.
     pub fn apply_undoable(&self, name: &str, desired: &Schemata) -> Result<Applied, ResctrlError> {
-        let dir = self.group_dir(name)?;
+        self.apply_at(Some(name), desired)
+    }
+
+    /// [`Self::apply_undoable`] for the root (default) group, which holds every task no
+    /// control group claims: what it holds is the cache that processes cohabit does not
+    /// manage may use.
+    pub fn apply_root_undoable(&self, desired: &Schemata) -> Result<Applied, ResctrlError> {
+        self.apply_at(None, desired)
+    }
+
+    fn apply_at(&self, group: Option<&str>, desired: &Schemata) -> Result<Applied, ResctrlError> {
+        let dir = match group {
+            Some(g) => self.group_dir(g)?,
+            None => self.info.root.clone(),
+        };
         let root = &self.info.root;
         let _lock = self
             .fs
             .lock_exclusive(root)
             .map_err(|e| IoError::new("locking", root, e))?;
-        let current = self.schemata(Some(name))?;
+        let current = self.schemata(group)?;
         let changes = desired.changes_from(&current);
         if changes.is_empty() {
             return Ok(Applied::default());
@@ -427,7 +444,7 @@ impl Resctrl {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| e.to_string());
             return Err(ResctrlError::Rejected {
-                group: name.to_string(),
+                group: group.unwrap_or(ROOT_GROUP_LABEL).to_string(),
                 written: text,
                 status,
             });

@@ -44,6 +44,20 @@ fn is_managed(res: &str) -> bool {
 }
 
 impl Schemata {
+    /// Only the cache lines (`L3`, `L3CODE`, `L3DATA`, …) of `self`: the bandwidth lines
+    /// dropped.
+    pub fn cache_only(&self) -> Schemata {
+        Schemata {
+            resources: self
+                .resources
+                .iter()
+                .filter(|(r, _)| is_cache(r))
+                .map(|(r, d)| (r.clone(), d.clone()))
+                .collect(),
+            ignored: Vec::new(),
+        }
+    }
+
     /// Parses schemata text.
     pub fn parse(text: &str) -> Result<Self, SchemataError> {
         let mut out = Schemata::default();
@@ -264,6 +278,16 @@ impl MbaUnits {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cache_only_keeps_the_cache_lines_and_drops_bandwidth() {
+        let s = Schemata::parse("L3CODE:0=ff;1=ff\nL3DATA:0=f0;1=f0\nMB:0=50;1=50\n").unwrap();
+        let c = s.cache_only();
+        assert_eq!(c.get("L3DATA", 1), Some(0xf0));
+        assert_eq!(c.get("L3CODE", 0), Some(0xff));
+        assert_eq!(c.get("MB", 0), None);
+        assert!(c.domains("MB").is_empty());
+    }
+
     use proptest::prelude::*;
 
     use super::*;

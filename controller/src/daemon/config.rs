@@ -5,6 +5,8 @@
 //! interval_ms = 1000
 //! policy = "parties"                 # static | parties | ml
 //! model = "/etc/cohabit/qos-v1.json" # ml only: the model (cohabit-train fit writes one)
+//! gpu_model = "/etc/cohabit/qos-gpu-v1.json" # ml only, optional: the GPU services' share
+//!                                    # model (schema qos-gpu; cohabit-train fit --gpu)
 //! log = "/var/log/cohabit/decisions.jsonl"
 //! log_max_bytes = 100000000          # rotate the log at this size (decisions.jsonl.1 …)
 //! log_keep = 5                       # rotated logs kept
@@ -23,6 +25,8 @@
 //! [host]
 //! cpus = "0-35"                      # CPUs cohabit manages; default: all online
 //! mem_bw_gbps = 76.8                 # peak memory bandwidth (MBA in MBps mode, telemetry sanity)
+//! unmanaged_cache = "shared"         # or "pool": processes cohabit does not manage (the root
+//!                                    # resctrl group) get the pool's cache ways, not every way
 //!
 //! [[service]]                        # latency-critical
 //! name = "memcached"
@@ -69,6 +73,8 @@ use serde::Deserialize;
 
 use cohabit_policy::{ExploreConfig, PolicyKind};
 
+pub use super::host::layout::UnmanagedCache;
+
 /// A configuration that failed to load; the message names the file and field.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]
@@ -87,6 +93,7 @@ struct File {
     #[serde(default = "default_policy")]
     policy: String,
     model: Option<PathBuf>,
+    gpu_model: Option<PathBuf>,
     log: Option<PathBuf>,
     #[serde(default = "default_log_max_bytes")]
     log_max_bytes: i64,
@@ -178,6 +185,8 @@ struct HostFile {
     gpus: Option<i64>,
     mem_bw_gbps: Option<f64>,
     name: Option<String>,
+    #[serde(default)]
+    unmanaged_cache: UnmanagedCache,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -454,6 +463,9 @@ pub struct DaemonConfig {
     pub policy: PolicyKind,
     /// The model `ml` uses.
     pub model: Option<PathBuf>,
+    /// The model `ml` uses for the GPU services' shares (schema `qos-gpu`); without one
+    /// they come from the online share model.
+    pub gpu_model: Option<PathBuf>,
     /// Decision log, if any.
     pub log: Option<PathBuf>,
     /// Size at which the decision log is rotated.
@@ -468,6 +480,8 @@ pub struct DaemonConfig {
     pub cpus: Option<CpuList>,
     /// Peak memory bandwidth, if known.
     pub mem_bw_gbps: Option<f64>,
+    /// Which cache processes cohabit does not manage may use (`[host] unmanaged_cache`).
+    pub unmanaged_cache: UnmanagedCache,
     /// GPUs to plan for when NVML cannot list them.
     pub gpus: Option<u32>,
     /// MPS control.
@@ -710,6 +724,7 @@ impl DaemonConfig {
             interval_ms: f.interval_ms.unsigned_abs(),
             policy,
             model: f.model,
+            gpu_model: f.gpu_model,
             log: f.log,
             log_max_bytes: f.log_max_bytes.unsigned_abs(),
             log_keep: u32::try_from(f.log_keep).unwrap_or(0),
@@ -717,6 +732,7 @@ impl DaemonConfig {
             metrics_addr,
             cpus,
             mem_bw_gbps: f.host.mem_bw_gbps,
+            unmanaged_cache: f.host.unmanaged_cache,
             gpus: f
                 .host
                 .gpus
@@ -1433,6 +1449,17 @@ mod tests {
     const MIN: &str = "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\", unauthenticated = true }\n";
 
     #[test]
+    fn unmanaged_cache_is_shared_unless_the_pool_is_asked_for() {
+        let c = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!(c.unmanaged_cache, UnmanagedCache::Shared, "default");
+        let pool = format!("[host]\nunmanaged_cache = \"pool\"\n{MIN}");
+        let c = DaemonConfig::parse(&pool, "t.toml").unwrap();
+        assert_eq!(c.unmanaged_cache, UnmanagedCache::Pool);
+        let e = err(&format!("[host]\nunmanaged_cache = \"lc\"\n{MIN}"));
+        assert!(e.contains("unmanaged_cache") && e.contains("lc"), "{e}");
+    }
+
+    #[test]
     fn a_service_priority_is_read_and_bounded() {
         let c = DaemonConfig::parse(MIN, "t.toml").unwrap();
         assert_eq!(c.services[0].priority, 0, "default");
@@ -1444,6 +1471,33 @@ mod tests {
             e.contains("service kv: priority") && e.contains("5000"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn ml_takes_an_optional_gpu_model_beside_its_model() {
+        let ml = "policy = \"ml\"\nmodel = \"/etc/cohabit/qos.json\"\n";
+        let c = DaemonConfig::parse(&format!("{ml}{MIN}"), "t.toml").unwrap();
+        assert_eq!(c.gpu_model, None, "optional");
+        let c = DaemonConfig::parse(
+            &format!("{ml}gpu_model = \"/etc/cohabit/qos-gpu.json\"\n{MIN}"),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.gpu_model.as_deref(),
+            Some(Path::new("/etc/cohabit/qos-gpu.json"))
+        );
+        assert_eq!(c.model.as_deref(), Some(Path::new("/etc/cohabit/qos.json")));
+        // A GPU model is no CPU model: ml still needs `model`.
+        let e = err(&format!(
+            "policy = \"ml\"\ngpu_model = \"/etc/cohabit/qos-gpu.json\"\n{MIN}"
+        ));
+        assert!(e.contains("needs model"), "{e}");
+        // Misspelt: refused, naming the key.
+        let e = err(&format!(
+            "{ml}gpu-model = \"/etc/cohabit/qos-gpu.json\"\n{MIN}"
+        ));
+        assert!(e.contains("gpu-model"), "{e}");
     }
 
     #[test]

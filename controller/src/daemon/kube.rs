@@ -34,7 +34,6 @@
 //! same view and checkpoint give the same services.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -88,12 +87,12 @@ pub fn start_agent(
 
 /// Starts the node agent and the pods' side of the loop for the host `cfg` describes
 /// (which has `[kubernetes]`), just opened as `host`; the policy is built again as `kind`
-/// (with `model`, and `cfg.explore` around it) whenever the pods change.
+/// (with `models`, and `cfg.explore` around it) whenever the pods change.
 pub fn start(
     cfg: &DaemonConfig,
     host: &RealHost,
     kind: PolicyKind,
-    model: Option<Arc<cohabit_models::Model>>,
+    models: super::model::Models,
 ) -> anyhow::Result<Pods> {
     let kube = cfg
         .kubernetes
@@ -103,7 +102,7 @@ pub fn start(
     tracing::info!(node = %kube.node_name, "watching this node's pods");
     let explore = cfg.explore.clone();
     let factory: PolicyFactory = Box::new(move |ctx: HostContext| {
-        let mut policy = kind.build(ctx.clone(), model.clone())?;
+        let mut policy = models.build(kind, ctx.clone())?;
         if let Some(e) = &explore {
             policy = Box::new(Explore::new(policy, ctx, e.clone()));
         }
@@ -464,7 +463,9 @@ impl Pods {
             .collect()
     }
 
-    /// Builds the policy for the host's services now and applies its first plan.
+    /// Builds the policy for the host's services now and applies the first plan: what is
+    /// in force carried over to the new set of services ([`cohabit_policy::carry_over`]),
+    /// or the policy's fair share when nothing is in force yet.
     fn rebuild(
         &mut self,
         host: &mut Checked<RealHost>,
@@ -478,14 +479,19 @@ impl Pods {
         };
         *policy = (self.factory)(ctx.clone()).unwrap_or_else(|e| {
             tracing::error!(error = %e, "the policy could not be built for the new services; using static until the next change");
-            Box::new(StaticPolicy::new(ctx))
+            Box::new(StaticPolicy::new(ctx.clone()))
         });
         let initial = policy.initial();
         *fair_share = initial.plan.clone();
+        // The services that stay keep what they have; only the new ones start fair.
+        let first = match host.host().plan_in_force() {
+            Some(in_force) => cohabit_policy::carry_over(&ctx, in_force),
+            None => initial.plan,
+        };
         if dry_run {
             return;
         }
-        if let Err(e) = host.apply(&initial.plan, &[]) {
+        if let Err(e) = host.apply(&first, &[]) {
             tracing::warn!(error = %e, "the first plan for the new services was refused; the next tick tries again");
         }
     }

@@ -53,7 +53,7 @@ use self::exporter::{ErrorKind, Exporter};
 use self::host::changes::{ChangeLog, HostChanges, InMemory};
 use self::host::RealHost;
 use self::log::{LogFile, LogLimits, RotatingLog};
-use self::model::ModelWatch;
+use self::model::{ModelWatch, Models};
 use self::signals::{Signals, Stop};
 use self::state::StateDir;
 use self::supervise::{panic_message, Checked, FailSafe};
@@ -214,12 +214,7 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
     let explore = cfg.explore.clone();
     // A model that does not load stops the start, naming the file: an operator who asked
     // for ml should not silently get something else.
-    let model = match (&cfg.model, policy_kind) {
-        (Some(path), PolicyKind::Ml) => Some(Arc::new(
-            cohabit_models::Model::load(path).context("loading the model for policy ml")?,
-        )),
-        _ => None,
-    };
+    let models = Models::load(&cfg)?;
     let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
     // Hardware counters take 3 descriptors per CPU per group: before the host sizes their
     // budget from the limit, the soft limit goes up to the hard one.
@@ -239,9 +234,9 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         host: host.host().capacity().clone(),
         specs: host.host().specs(),
     };
-    let mut policy: Box<dyn Policy> = policy_kind.build(ctx.clone(), model.clone())?;
+    let mut policy: Box<dyn Policy> = models.build(policy_kind, ctx.clone())?;
     let pods = for_pods
-        .map(|c| kube::start(&c, host.host(), policy_kind, model))
+        .map(|c| kube::start(&c, host.host(), policy_kind, models))
         .transpose()?;
     if let Some(e) = explore {
         tracing::info!(
@@ -739,6 +734,52 @@ mod tests {
         assert!(msg.contains("loading the model for policy ml"), "{msg}");
         assert!(msg.contains("qos.json"), "{msg}");
         assert!(!dir.path().join("no-cgroups").exists());
+    }
+
+    #[test]
+    fn ml_with_a_gpu_model_that_does_not_load_stops_before_touching_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = cohabit_models::Model::synthetic(1, &[], 0)
+            .save(dir.path(), "qos")
+            .unwrap();
+        // A CPU artifact given as the GPU model, one of a schema this build does not know,
+        // and a file that is no model at all.
+        let mut unknown = cohabit_models::Model::synthetic(1, &[], 1);
+        unknown.meta.schema = Some("qos-tpu".into());
+        let unknown = unknown.save(dir.path(), "tpu").unwrap();
+        let junk = dir.path().join("junk.json");
+        std::fs::write(&junk, "{\"format\": \"something else\"}").unwrap();
+        let cases = [
+            (
+                &cpu,
+                "qos.json",
+                "expected a model of feature schema qos-gpu-v1",
+            ),
+            (&unknown, "tpu.json", "\"qos-tpu\" (unknown to this build)"),
+            (&junk, "junk.json", "model metadata"),
+        ];
+        for (gpu, file, says) in cases {
+            let text = format!(
+                "policy = \"ml\"\nmodel = \"{}\"\ngpu_model = \"{}\"\n[paths]\ncgroup = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:9400\", unauthenticated = true }}\n",
+                cpu.display(),
+                gpu.display(),
+                dir.path().join("no-cgroups").display(),
+                dir.path().join("state").display()
+            );
+            let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let e = rt.block_on(run(cfg, true, Some(1))).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(
+                msg.contains("loading the GPU model (gpu_model) for policy ml"),
+                "{msg}"
+            );
+            assert!(msg.contains(file) && msg.contains(says), "{msg}");
+            assert!(!dir.path().join("no-cgroups").exists());
+        }
     }
 
     mod supervised {

@@ -14,19 +14,82 @@
 //! matching the metadata) is logged with the loader's error and counted in
 //! `cohabit_model_reload_failures_total`; the previous model keeps running. The same
 //! version is not tried again; the next change to either file is. A model that failed at
-//! start stops the start instead (`start` in the module above): an operator who asked for
-//! `ml` must not silently get something else.
+//! start stops the start instead ([`Models::load`]): an operator who asked for `ml` must
+//! not silently get something else.
+//!
+//! The GPU services' share model (`gpu_model`, schema `qos-gpu`) is loaded at start with the
+//! same loader and the same rule, and kept for the policy's lifetime; it is not watched.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use cohabit_models::Model;
-use cohabit_policy::Policy;
+use anyhow::Context as _;
+use cohabit_models::{Model, Schema, CPU_SCHEMA, GPU_SCHEMA};
+use cohabit_policy::{BuildError, HostContext, Policy, PolicyKind};
 use sha2::{Digest, Sha256};
 
+use super::config::DaemonConfig;
 use super::exporter::Exporter;
+
+/// The models a policy is built with, loaded at start from the files the configuration
+/// names: `ml`'s model (`model`) and its GPU services' share model (`gpu_model`, optional).
+/// The other policies load none.
+#[derive(Debug, Clone, Default)]
+pub struct Models {
+    /// The CPU model (schema `qos`).
+    pub cpu: Option<Arc<Model>>,
+    /// The GPU services' share model (schema `qos-gpu`).
+    pub gpu: Option<Arc<Model>>,
+}
+
+impl Models {
+    /// Loads the models `cfg` names for `ml` with the hardened loader ([`Model::load_schema`]),
+    /// each against its schema: a file that does not load, or that holds a model of another
+    /// schema, is an error naming the file, and the start stops before the host is touched.
+    /// Logs the GPU model in force, or its absence where GPU services are configured (one
+    /// line).
+    pub fn load(cfg: &DaemonConfig) -> anyhow::Result<Self> {
+        if cfg.policy != PolicyKind::Ml {
+            return Ok(Self::default());
+        }
+        let load = |path: Option<&Path>, schema: &'static Schema, what: &str| {
+            path.map(|p| {
+                Model::load_schema(p, schema)
+                    .map(Arc::new)
+                    .with_context(|| format!("loading the {what} for policy ml"))
+            })
+            .transpose()
+        };
+        let models = Self {
+            cpu: load(cfg.model.as_deref(), &CPU_SCHEMA, "model")?,
+            gpu: load(
+                cfg.gpu_model.as_deref(),
+                &GPU_SCHEMA,
+                "GPU model (gpu_model)",
+            )?,
+        };
+        match (&models.gpu, &cfg.gpu_model) {
+            (Some(m), Some(path)) => tracing::info!(
+                path = %path.display(),
+                schema = %format_args!("{}-v{}", m.schema().name, m.meta.schema_version),
+                weights_digest = m.meta.weights_digest.as_deref().unwrap_or("none"),
+                "GPU model in force for the GPU services' shares (online share model as fallback)"
+            ),
+            _ if cfg.services.iter().any(|s| s.gpu.is_some()) => tracing::info!(
+                "no GPU model (gpu_model): GPU services' shares come from the online share model"
+            ),
+            _ => {}
+        }
+        Ok(models)
+    }
+
+    /// Builds `kind` for `ctx` with these models ([`PolicyKind::build_with_gpu`]).
+    pub fn build(&self, kind: PolicyKind, ctx: HostContext) -> Result<Box<dyn Policy>, BuildError> {
+        kind.build_with_gpu(ctx, self.cpu.clone(), self.gpu.clone())
+    }
+}
 
 /// Largest metadata file the watcher reads to digest it; a larger one is left to the
 /// loader, which refuses it.
@@ -382,6 +445,57 @@ mod tests {
         assert!(matches!(&found[..], [Reload::Failed(_)]), "{found:?}");
         assert_eq!(policy.model.as_deref(), Some(third.as_str()));
         assert_eq!(counters(&ex), (2.0, 4.0));
+    }
+
+    /// A configuration of `policy` with `model` and `gpu_model` lines (`None`: none).
+    fn config(policy: &str, model: Option<&Path>, gpu_model: Option<&Path>) -> DaemonConfig {
+        let line = |key: &str, p: Option<&Path>| {
+            p.map_or_else(String::new, |p| format!("{key} = \"{}\"\n", p.display()))
+        };
+        let text = format!(
+            "policy = \"{policy}\"\n{}{}[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:9400\", unauthenticated = true }}\n",
+            line("model", model),
+            line("gpu_model", gpu_model)
+        );
+        DaemonConfig::parse(&text, "t.toml").unwrap()
+    }
+
+    #[test]
+    fn ml_loads_its_gpu_model_beside_its_model_and_other_policies_load_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = Model::synthetic(1, &[], 0).save(dir.path(), "qos").unwrap();
+        let gpu = Model::synthetic_schema(&GPU_SCHEMA, 2, &[4], 1)
+            .save(dir.path(), "qos-gpu")
+            .unwrap();
+        let models = Models::load(&config("ml", Some(&cpu), Some(&gpu))).unwrap();
+        assert_eq!(models.cpu.as_ref().unwrap().schema(), &CPU_SCHEMA);
+        let g = models.gpu.as_ref().expect("the GPU model is loaded");
+        assert_eq!(g.schema(), &GPU_SCHEMA);
+        assert_eq!(g.ensemble.members.len(), 2);
+        let mut policy = models.build(PolicyKind::Ml, ctx()).unwrap();
+        assert_eq!(policy.name(), "ml");
+        assert!(policy.replace_model(Arc::clone(models.cpu.as_ref().unwrap())));
+
+        // Without gpu_model: the CPU model only.
+        let models = Models::load(&config("ml", Some(&cpu), None)).unwrap();
+        assert!(models.cpu.is_some() && models.gpu.is_none());
+
+        // The GPU model where the CPU one belongs is refused too, naming the file.
+        let e = Models::load(&config("ml", Some(&gpu), None)).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("loading the model for policy ml") && msg.contains("qos-gpu.json"),
+            "{msg}"
+        );
+
+        // Other policies load nothing, not even a file that is missing.
+        let missing = dir.path().join("missing.json");
+        let models = Models::load(&config("parties", Some(&missing), Some(&missing))).unwrap();
+        assert!(models.cpu.is_none() && models.gpu.is_none());
+        assert_eq!(
+            models.build(PolicyKind::Parties, ctx()).unwrap().name(),
+            "parties"
+        );
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //! anchored on the smoothed measured value at the share in force, with `e` learned from the
 //! service's own share changes (prior [`MlConfig::gpu_exponent_prior`]).
 //!
+//! Predictions: the decision records, for a GPU service measured at its share in force, the
+//! predicted ln(p99/target) and spread at the share laid out (after the GPU's services are
+//! fitted): the learned model's when it chose the share, else the online model's
+//! ([`MlPolicy::record_gpu_predictions`]).
+//!
 //! The cost of a change is the host's (`GpuCapacity::share_change`): where the driver changes
 //! running clients' shares (MPS v3), a change costs nothing, so no interval is skipped and
 //! a surplus of one step is given back once measured; otherwise every change costs a
@@ -36,9 +41,10 @@
 //! settled share) yields down to one step to services of the same or higher priority that
 //! miss theirs by less, so that they can meet them (the fewest violations).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cohabit_core::{DecisionPath, Observation, Reason, Sample, ShareChange};
+use cohabit_core::{DecisionPath, Observation, Plan, Prediction, Reason, Sample, ShareChange};
 use cohabit_models::{
     gpu_features, gpu_present, log_qos_ratio, GpuCoRunners, GpuReadings, Model, ModelMetadata,
     GPU_FEATURE_NAMES, GPU_SCHEMA, N_GPU_FEATURES,
@@ -76,6 +82,36 @@ pub(super) struct GpuModel {
     /// Whether the share has been chosen from a measurement once (the first choice needs
     /// only one sample; later ones need [`GPU_MIN_SAMPLES`]).
     placed: bool,
+    /// What this tick's share was planned from (`None`: a restart pending, or no reading at
+    /// the share in force), for the prediction at the share laid out.
+    basis: Option<ShareBasis>,
+}
+
+/// What a GPU service's share was planned from at one tick: the prediction at the share
+/// finally laid out ([`MlPolicy::record_gpu_predictions`]) is made from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ShareBasis {
+    /// Effective share in force, percent.
+    share_now: f64,
+    /// Smoothed measured ln(p99/target) at that share, and its spread.
+    anchor: f64,
+    anchor_sigma: f64,
+    /// The online model's exponent.
+    exponent: f64,
+    /// Cores of its CPU side in force.
+    cores_now: u32,
+    /// The learned GPU model chose the share (else the online model did).
+    by_model: bool,
+}
+
+impl ShareBasis {
+    /// The online model's prediction of ln(p99/target) at `share` (percent), and its spread.
+    fn online(&self, share: f64) -> (f64, f64) {
+        (
+            self.anchor - self.exponent * (share / self.share_now).ln(),
+            self.anchor_sigma,
+        )
+    }
 }
 
 /// The share a GPU service is given this tick, before the GPU's services are fitted.
@@ -232,48 +268,43 @@ pub(super) fn gpu_out_of_range(
         .find(|(_, z)| z.abs() > z_limit)
 }
 
-/// The share the learned GPU model wants for a service (percent, not yet in steps) and why,
-/// or why it cannot be used (the caller falls back to the online model): an input out of
-/// range, no share predicted to meet the target, or the model unsure of the share it picks.
-pub(super) fn model_share(
+/// The GPU features of the service `q` describes with `cand` (percent) as the candidate share.
+fn features_at(q: &ShareQuery<'_>, cand: f64) -> [f32; N_GPU_FEATURES] {
+    gpu_features(
+        q.target_ms,
+        q.sample,
+        &GpuReadings::default(),
+        q.cores_now,
+        q.share_now,
+        cand,
+        q.co,
+    )
+}
+
+/// The learned GPU model's predictions (mean, spread) of ln(p99/target) at those of
+/// `candidates` (percent) whose inputs are in its training range, with those shares; empty
+/// when none is. Anchored on the measured tail (the model's change), unless saturated (its
+/// level).
+fn score_shares(
     model: &Model,
     cfg: &MlConfig,
     q: &ShareQuery<'_>,
-) -> Result<(f64, String), String> {
-    let feats = |cand: f64| {
-        gpu_features(
-            q.target_ms,
-            q.sample,
-            &GpuReadings::default(),
-            q.cores_now,
-            q.share_now,
-            cand,
-            q.co,
-        )
-    };
-    let reference = feats(q.share_now);
-    if let Some((name, z)) = gpu_out_of_range(&model.meta, &reference, cfg.z_limit) {
-        return Err(format!(
-            "gpu model not used: input {name} out of its training range (z {z:.1})"
-        ));
-    }
+    candidates: impl IntoIterator<Item = f64>,
+) -> (Vec<f64>, Vec<(f64, f64)>) {
+    let reference = features_at(q, q.share_now);
     let mut shares = Vec::new();
     let mut rows = Vec::new();
-    for k in 1..=20u32 {
-        let share = f64::from(k * 5);
-        let f = feats(share);
+    for share in candidates {
+        let f = features_at(q, share);
         if gpu_out_of_range(&model.meta, &f, cfg.z_limit).is_none() {
             shares.push(share);
             rows.extend_from_slice(&f);
         }
     }
-    let Ok(rows) = Array2::from_shape_vec((shares.len(), N_GPU_FEATURES), rows) else {
-        return Err("gpu model not used: no candidate share in range".into());
+    let rows = match Array2::from_shape_vec((shares.len(), N_GPU_FEATURES), rows) {
+        Ok(rows) if !shares.is_empty() => rows,
+        _ => return (Vec::new(), Vec::new()),
     };
-    if shares.is_empty() {
-        return Err("gpu model not used: no candidate share in range".into());
-    }
-    // Anchored on the measured tail (the model's change), unless saturated (its level).
     let saturated = q.anchor > SATURATED.ln();
     let preds: Vec<(f64, f64)> = if saturated {
         let (m, s) = model.score(rows.view());
@@ -294,6 +325,27 @@ pub(super) fn model_share(
             })
             .collect()
     };
+    (shares, preds)
+}
+
+/// The share the learned GPU model wants for a service (percent, not yet in steps) and why,
+/// or why it cannot be used (the caller falls back to the online model): an input out of
+/// range, no share predicted to meet the target, or the model unsure of the share it picks.
+pub(super) fn model_share(
+    model: &Model,
+    cfg: &MlConfig,
+    q: &ShareQuery<'_>,
+) -> Result<(f64, String), String> {
+    let reference = features_at(q, q.share_now);
+    if let Some((name, z)) = gpu_out_of_range(&model.meta, &reference, cfg.z_limit) {
+        return Err(format!(
+            "gpu model not used: input {name} out of its training range (z {z:.1})"
+        ));
+    }
+    let (shares, preds) = score_shares(model, cfg, q, (1..=20u32).map(|k| f64::from(k * 5)));
+    if shares.is_empty() {
+        return Err("gpu model not used: no candidate share in range".into());
+    }
     let limit = cfg.margin.ln();
     let pick = shares
         .iter()
@@ -369,6 +421,7 @@ impl MlPolicy {
         g.observe(pending, log_qos_ratio(&sample, target), sample.gpu_util_pct);
         let e = g.exponent.unwrap_or(cfg.gpu_exponent_prior);
         let share_now = f64::from(effective.unwrap_or(100).max(1));
+        g.basis = None;
         let (want, why, path) = match g.log_q {
             _ if pending => (
                 published.map_or(share_now, f64::from),
@@ -387,7 +440,15 @@ impl MlPolicy {
                     q.exp(),
                     g.samples
                 );
-                match (gpu_model.as_deref(), gpu) {
+                let mut basis = ShareBasis {
+                    share_now,
+                    anchor: q,
+                    anchor_sigma: g.sigma(),
+                    exponent: e,
+                    cores_now,
+                    by_model: false,
+                };
+                let planned = match (gpu_model.as_deref(), gpu) {
                     (Some(m), Some(gi)) => {
                         let co = GpuCoRunners::observed(obs, name, gi);
                         let query = ShareQuery {
@@ -400,7 +461,10 @@ impl MlPolicy {
                             anchor_sigma: g.sigma(),
                         };
                         match model_share(m, &cfg, &query) {
-                            Ok((w, text)) => (w, text, DecisionPath::Model),
+                            Ok((w, text)) => {
+                                basis.by_model = true;
+                                (w, text, DecisionPath::Model)
+                            }
                             Err(reason) => (
                                 online,
                                 format!("{reason}; online model: {online_why}"),
@@ -409,7 +473,9 @@ impl MlPolicy {
                         }
                     }
                     _ => (online, online_why, DecisionPath::Model),
-                }
+                };
+                g.basis = Some(basis);
+                planned
             }
         };
         let ask = ShareAsk {
@@ -434,6 +500,56 @@ impl MlPolicy {
             .gpus
             .get(gpu as usize)
             .is_some_and(|g| g.share_change == ShareChange::Live)
+    }
+
+    /// Predictions of ln(p99/target) for the GPU services at the shares laid out in `plan`,
+    /// added to `predictions` (the decision log's and the metrics'): the learned GPU
+    /// model's where it chose the share and its inputs at the share laid out are in range,
+    /// else the online model's (the same units). None for a service waiting for a restart
+    /// or without a latency reading at its share in force.
+    pub(super) fn record_gpu_predictions(
+        &self,
+        obs: &Observation,
+        plans: &[ServicePlan],
+        plan: &Plan,
+        predictions: &mut BTreeMap<String, Prediction>,
+    ) {
+        for p in plans.iter().filter(|p| p.gpu_pct.is_some()) {
+            let Some(share) = plan.services.get(&p.name).and_then(|a| a.gpu_mps_pct) else {
+                continue;
+            };
+            if let Some(pred) = self.gpu_prediction(obs, &p.name, f64::from(share.max(1))) {
+                predictions.insert(p.name.clone(), pred);
+            }
+        }
+    }
+
+    /// [`MlPolicy::record_gpu_predictions`] for one service at `share` (percent).
+    fn gpu_prediction(&self, obs: &Observation, name: &str, share: f64) -> Option<Prediction> {
+        let b = self.state.get(name)?.gpu.basis?;
+        let learned = || {
+            let model = self.gpu_model.as_deref().filter(|_| b.by_model)?;
+            let o = obs.services.iter().find(|o| o.spec.name == name)?;
+            let co = GpuCoRunners::observed(obs, name, o.spec.gpu?);
+            let query = ShareQuery {
+                target_ms: o.spec.p99_target_ms()?,
+                sample: &o.sample,
+                cores_now: b.cores_now,
+                share_now: b.share_now,
+                co: &co,
+                anchor: b.anchor,
+                anchor_sigma: b.anchor_sigma,
+            };
+            score_shares(model, &self.cfg, &query, [share])
+                .1
+                .first()
+                .copied()
+        };
+        let (mean, sigma) = learned().unwrap_or_else(|| b.online(share));
+        (mean.is_finite() && sigma.is_finite()).then_some(Prediction {
+            log_qos_ratio: mean,
+            log_qos_sigma: sigma,
+        })
     }
 
     /// Keeps the GPU services on each GPU within 99 % (the pool keeps 1 %), by
@@ -1001,6 +1117,138 @@ mod tests {
         let st = [standing(0, 0.8), standing(0, 19.0), standing(0, 0.9)];
         let got = fit_shares(&[30.0, 100.0, 30.0], &cur, &st, true, 99.0).unwrap();
         assert_eq!(got[1].1, Fit::Spread);
+    }
+
+    /// One GPU service `a` (target 25 ms, share 40 % in force, `effective` as the client
+    /// runs) beside a best-effort job on the same GPU, measured at p99 33.7 ms
+    /// (ln(p99/target) 0.3): the context and the observation.
+    fn one_gpu_service(effective: u8) -> (crate::HostContext, Observation) {
+        use cohabit_core::{
+            Allocation, GpuCapacity, Plan, ServiceClass, ServiceObservation, ServiceSpec, WayRange,
+        };
+
+        let mut host = super::super::tests::host();
+        host.gpus = vec![GpuCapacity {
+            name: "g".into(),
+            sms: 108,
+            share_change: ShareChange::Restart,
+        }];
+        let specs = vec![
+            ServiceSpec {
+                name: "a".into(),
+                class: ServiceClass::LatencyCritical {
+                    p99_target_ms: 25.0,
+                },
+                gpu: Some(0),
+                priority: 0,
+            },
+            ServiceSpec {
+                name: "train".into(),
+                class: ServiceClass::BestEffort,
+                gpu: Some(0),
+                priority: 0,
+            },
+        ];
+        let alloc = |cores: u32, first: u32, pct: u8| Allocation {
+            cores,
+            llc_ways: WayRange::new(first, 1),
+            mba_pct: 100,
+            gpu_mps_pct: Some(pct),
+        };
+        let current = Plan {
+            services: BTreeMap::from([("a".into(), alloc(2, 0, 40))]),
+            best_effort: alloc(32, 1, 60),
+        };
+        let services = specs
+            .iter()
+            .map(|spec| ServiceObservation {
+                spec: spec.clone(),
+                sample: if spec.is_latency_critical() {
+                    Sample {
+                        p99_ms: Some(33.7),
+                        requests_per_s: Some(20.0),
+                        gpu_util_pct: Some(70.0),
+                        cpu_busy_cores: Some(0.5),
+                        ..Sample::default()
+                    }
+                } else {
+                    Sample::default()
+                },
+                gpu_mps_effective_pct: spec.is_latency_critical().then_some(effective),
+            })
+            .collect();
+        let obs = Observation {
+            t_ms: 1_000,
+            services,
+            current,
+        };
+        (crate::HostContext { host, specs }, obs)
+    }
+
+    #[test]
+    fn a_gpu_service_decided_by_the_gpu_model_records_its_prediction_at_the_share_laid_out() {
+        use crate::Policy as _;
+
+        let measured = (33.7f64 / 25.0).ln();
+        // The learned model: ln(p99/target) falls by 0.7 per unit of ln(share ratio); the
+        // online model's prior exponent is 0.5, so the two predictions differ.
+        let r = gcol("log_share_ratio");
+        let gpu = Arc::new(linear_gpu_model(&[
+            (0.0, &[(r, -0.7)]),
+            (0.0, &[(r, -0.7)]),
+        ]));
+        let cpu = Arc::new(Model::synthetic(1, &[], 0));
+        let (ctx, obs) = one_gpu_service(40);
+        let mut ml = MlPolicy::new(ctx.clone(), Arc::clone(&cpu), MlConfig::default())
+            .with_gpu_model(gpu)
+            .unwrap();
+        let _ = ml.initial();
+        let d = ml.decide(&obs, 1_000);
+        let why = &d.reasons["a"];
+        assert_eq!(why.path, DecisionPath::Model, "{why:?}");
+        assert!(why.text.starts_with("gpu model:"), "{why:?}");
+        let share = f64::from(d.plan.services["a"].gpu_mps_pct.unwrap());
+        assert!(share > 40.0, "grows from 40 %: {share}");
+        let p = d
+            .predictions
+            .get("a")
+            .expect("the GPU service's prediction");
+        assert!(
+            p.log_qos_ratio.is_finite() && p.log_qos_sigma.is_finite(),
+            "{p:?}"
+        );
+        // The model's change from the measured tail at the share laid out; the spread is
+        // the measured tail's (one sample: 0.1 + 0.3), the members agreeing.
+        let expected = measured - 0.7 * (share / 40.0).ln();
+        assert!(
+            (p.log_qos_ratio - expected).abs() < 1e-4,
+            "{p:?} vs {expected}"
+        );
+        assert!((p.log_qos_sigma - 0.4).abs() < 1e-6, "{p:?}");
+        // Within the margin at the chosen share, pessimistically.
+        assert!(p.log_qos_ratio + 0.5 * p.log_qos_sigma <= 0.9f64.ln() + 1e-9);
+
+        // Without the learned model: the online model's prediction, in the same units.
+        let mut ml = MlPolicy::new(ctx.clone(), Arc::clone(&cpu), MlConfig::default());
+        let _ = ml.initial();
+        let d = ml.decide(&obs, 1_000);
+        let share = f64::from(d.plan.services["a"].gpu_mps_pct.unwrap());
+        let p = d
+            .predictions
+            .get("a")
+            .expect("the online model's prediction");
+        let expected = measured - 0.5 * (share / 40.0).ln();
+        assert!(
+            (p.log_qos_ratio - expected).abs() < 1e-9,
+            "{p:?} vs {expected}"
+        );
+
+        // A restart pending (published 40 %, the client still at 30 %): no prediction.
+        let (ctx, obs) = one_gpu_service(30);
+        let mut ml = MlPolicy::new(ctx, cpu, MlConfig::default());
+        let _ = ml.initial();
+        let d = ml.decide(&obs, 1_000);
+        assert!(!d.predictions.contains_key("a"), "{:?}", d.predictions);
     }
 
     #[test]

@@ -584,7 +584,8 @@ impl Policy for MlPolicy {
         } = self.plan_pool_levels(obs, now_ms);
         self.last_degraded = packing.degraded;
         let (plan, mut reasons) = self.lay_out(&plans, &packing);
-        let predictions = self.record_predictions(obs, &plans, &plan);
+        let mut predictions = self.record_predictions(obs, &plans, &plan);
+        self.record_gpu_predictions(obs, &plans, &plan, &mut predictions);
         let pool_why = if level < MBA_MAX_PCT {
             format!("what the latency-critical services leave; memory bandwidth {level} %")
         } else {

@@ -158,6 +158,8 @@ enum Undo {
         group: String,
         previous: Schemata,
     },
+    /// The root group's cache lines as they were before this apply.
+    RootCache(Schemata),
     RemoveCgroup(PathBuf),
     File {
         dir: PathBuf,
@@ -209,6 +211,11 @@ impl Journal {
                 }),
                 Undo::Schemata { group, previous } => resctrl(k).and_then(|r| {
                     r.apply(&group, &previous)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }),
+                Undo::RootCache(previous) => resctrl(k).and_then(|r| {
+                    r.apply_root_undoable(&previous)
                         .map(drop)
                         .map_err(|e| e.to_string())
                 }),
@@ -371,12 +378,57 @@ fn write_resctrl(
             });
         }
     }
+    write_root_cache(r, record, next, journal)?;
     // The tasks of the groups removed early wait in the root group only until their new
     // group holds its values.
     for (to, tasks) in evicted {
         if let Err(e) = r.move_tasks(Some(&to), &tasks) {
             tracing::warn!(group = %to, error = %e, "could not move the tasks of a removed resctrl group into their new group; the next tick attaches them");
         }
+    }
+    Ok(())
+}
+
+/// The root group's cache lines: narrowed to the pool's when `next` asks for it (the
+/// original noted first, once), given back when it no longer does.
+fn write_root_cache(
+    r: &Resctrl,
+    record: &mut Record,
+    next: &HostWrites,
+    journal: &mut Journal,
+) -> Result<(), HostError> {
+    let noted = record.changes.changes.iter().find_map(|c| match c {
+        Change::ResctrlRootCache { original } => Some(original.clone()),
+        _ => None,
+    });
+    match (&next.root_cache, noted) {
+        (Some(want), noted) => {
+            if noted.is_none() {
+                let original = r.schemata(None)?.cache_only().to_string();
+                record.note(Change::ResctrlRootCache { original })?;
+            }
+            let applied = r.apply_root_undoable(want)?;
+            if !applied.written.is_empty() {
+                journal.0.push(Undo::RootCache(applied.previous));
+            }
+        }
+        (None, Some(original)) => {
+            let result = Schemata::parse(&original)
+                .map_err(|e| e.to_string())
+                .and_then(|o| r.apply_root_undoable(&o).map_err(|e| e.to_string()));
+            match result {
+                Ok(applied) => {
+                    record.forget(|c| matches!(c, Change::ResctrlRootCache { .. }));
+                    if !applied.written.is_empty() {
+                        journal.0.push(Undo::RootCache(applied.previous));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not give the root resctrl group its cache back; kept for the restore on exit");
+                }
+            }
+        }
+        (None, None) => {}
     }
     Ok(())
 }
@@ -810,7 +862,7 @@ pub(super) fn restore(k: &Kernel, record: &mut Record, gpu: &mut GpuActuator, pr
 /// cohabit did not move, forked inside, goes where the moved processes of that hierarchy
 /// came from when they all came from one place, else to the hierarchy's root) and removed;
 /// owners' control files get their originals back, newest first; resctrl groups are
-/// removed; GPU environment files are put back. A change whose object is gone (process
+/// removed and the root group's cache lines put back; GPU environment files are put back. A change whose object is gone (process
 /// exited, cgroup removed by its owner) is done. Returns the changes that could not be
 /// restored, oldest first.
 pub fn restore_changes(k: &Kernel, changes: &HostChanges, procfs: &Procfs) -> HostChanges {
@@ -853,6 +905,12 @@ pub fn restore_changes(k: &Kernel, changes: &HostChanges, procfs: &Procfs) -> Ho
             Change::ResctrlGroup { name } => {
                 resctrl(k).and_then(|r| r.remove_group(name).map_err(|e| e.to_string()))
             }
+            Change::ResctrlRootCache { original } => resctrl(k).and_then(|r| {
+                let o = Schemata::parse(original).map_err(|e| e.to_string())?;
+                r.apply_root_undoable(&o)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
             Change::File { path, original } => {
                 gpu::restore_file(path, original.as_deref()).map_err(|e| e.to_string())
             }
@@ -1023,6 +1081,7 @@ mod tests {
             resctrl: Some(info),
             perf: PerfSupport::Unsupported("test".into()),
             clk_tck: 100.0,
+            unmanaged_cache: Default::default(),
         };
         Host {
             procfs: Procfs::new(cg.base().join("proc")),
@@ -1034,6 +1093,15 @@ mod tests {
             cg,
             facts,
             gpu: GpuActuator::new(&[], None),
+        }
+    }
+
+    /// The host's kernel opened anew, as a daemon started after a crash would.
+    fn fresh_kernel(h: &Host) -> Kernel {
+        Kernel {
+            cgroups: Some(h.cg.cgroups().unwrap()),
+            resctrl: Resctrl::discover(&h.resctrl_fake.paths(), Arc::new(h.resctrl_fake.clone()))
+                .unwrap(),
         }
     }
 
@@ -1337,12 +1405,7 @@ mod tests {
         // A child forked in cohabit's group, and the record alone restores everything.
         h.cg.add_process(61, 2100, "/cohabit/best-effort").unwrap();
         let saved = record.changes.clone();
-        let fresh = Kernel {
-            cgroups: Some(h.cg.cgroups().unwrap()),
-            resctrl: Resctrl::discover(&h.resctrl_fake.paths(), Arc::new(h.resctrl_fake.clone()))
-                .unwrap(),
-        };
-        let left = restore_changes(&fresh, &saved, &h.procfs);
+        let left = restore_changes(&fresh_kernel(&h), &saved, &h.procfs);
         assert!(left.is_empty(), "{left:?}");
         assert_eq!(
             h.cg.cgroup_of(60).as_deref(),
@@ -1357,6 +1420,111 @@ mod tests {
         assert!(!h.cg.root().join("cohabit").exists());
         assert_eq!(read(&h, BATCH, "cpuset.cpus"), "");
         assert!(resctrl_state(&h).is_empty());
+    }
+
+    #[test]
+    fn unmanaged_processes_get_the_pools_ways_when_asked_and_them_back_after() {
+        let mut h = host();
+        let root = h.resctrl_fake.root().join("schemata");
+        let root_schemata = || std::fs::read_to_string(&root).unwrap();
+        // Another tool had set the root group to ways 0-9 and 50 % bandwidth.
+        std::fs::write(&root, "L3:0=3ff\nMB:0=50\n").unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        // By default the root group is left alone.
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 6, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(root_schemata(), "L3:0=3ff\nMB:0=50\n");
+        assert!(!record
+            .changes
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::ResctrlRootCache { .. })));
+        // Asked for: the root group's cache is the pool's (ways 6-11), its bandwidth kept,
+        // the original noted; kv's own ways are nobody else's.
+        h.facts.unmanaged_cache = layout::UnmanagedCache::Pool;
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 6, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(root_schemata(), "L3:0=fc0\nMB:0=50\n");
+        assert!(record.changes.changes.contains(&Change::ResctrlRootCache {
+            original: "L3:0=3ff\n".into()
+        }));
+        // It follows the pool; the original noted stays the first one.
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 8, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(root_schemata(), "L3:0=f00\nMB:0=50\n");
+        let noted: Vec<&Change> = record
+            .changes
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::ResctrlRootCache { .. }))
+            .collect();
+        assert_eq!(
+            noted,
+            vec![&Change::ResctrlRootCache {
+                original: "L3:0=3ff\n".into()
+            }]
+        );
+        // After a crash, the record alone puts the root group back.
+        let saved = record.changes.clone();
+        let left = restore_changes(&fresh_kernel(&h), &saved, &h.procfs);
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(root_schemata(), "L3:0=3ff\nMB:0=50\n");
+        assert!(resctrl_state(&h).is_empty());
+    }
+
+    #[test]
+    fn a_root_cache_the_kernel_refuses_is_rolled_back_with_the_rest_of_the_apply() {
+        let mut h = host();
+        h.facts.unmanaged_cache = layout::UnmanagedCache::Pool;
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        let good = writes(&h, &plan(2, 6, 6));
+        apply(&h.kernel, &mut record, good.clone(), &t, &mut h.gpu, None).unwrap();
+        let root = h.resctrl_fake.root().join("schemata");
+        assert_eq!(
+            std::fs::read_to_string(&root).unwrap(),
+            "L3:0=fc0\nMB:0=100\n"
+        );
+        // A plan whose root cache the kernel refuses (a non-contiguous mask): nothing of
+        // this apply stays, the root group included, and the last good state is kept.
+        let mut bad = writes(&h, &plan(3, 4, 5));
+        bad.root_cache = Some(Schemata::parse("L3:0=a0a\n").unwrap());
+        let e = apply(&h.kernel, &mut record, bad, &t, &mut h.gpu, None).unwrap_err();
+        assert!(e.to_string().contains("the root group"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&root).unwrap(),
+            "L3:0=fc0\nMB:0=100\n"
+        );
+        assert_eq!(record.writes, good);
+        assert_eq!(
+            resctrl_state(&h),
+            vec![
+                ("cohabit-best-effort".into(), "L3:0=fc0\nMB:0=100\n".into()),
+                ("cohabit-kv".into(), "L3:0=3f\nMB:0=100\n".into()),
+            ]
+        );
     }
 
     #[test]

@@ -46,6 +46,13 @@ pub enum Change {
         /// The group's name under the resctrl mount.
         name: String,
     },
+    /// The cache lines of the root resctrl group's schemata (the cache every process no
+    /// control group claims may use), before cohabit first narrowed them to the pool's
+    /// ways (`[host] unmanaged_cache = "pool"`).
+    ResctrlRootCache {
+        /// The cache lines as the kernel held them (schemata text).
+        original: String,
+    },
     /// A file cohabit rewrote (a GPU client's environment file).
     File {
         /// The file.
@@ -115,6 +122,7 @@ fn same_object(a: &Change, b: &Change) -> bool {
         ) => p1 == p2 && s1 == s2,
         (Change::ResctrlGroup { name: n1 }, Change::ResctrlGroup { name: n2 }) => n1 == n2,
         (Change::File { path: p1, .. }, Change::File { path: p2, .. }) => p1 == p2,
+        (Change::ResctrlRootCache { .. }, Change::ResctrlRootCache { .. }) => true,
         _ => false,
     }
 }

@@ -54,6 +54,8 @@ pub struct HostFacts {
     pub perf: PerfSupport,
     /// The unit of process CPU time (ticks per second).
     pub clk_tck: f64,
+    /// Which cache unmanaged processes may use (`[host] unmanaged_cache`).
+    pub unmanaged_cache: super::layout::UnmanagedCache,
 }
 
 /// The facts and the handles cohabit will read and write through.
@@ -115,6 +117,7 @@ pub(super) fn discover(
         resctrl: info.cloned(),
         perf,
         clk_tck,
+        unmanaged_cache: cfg.unmanaged_cache,
     };
     Ok(Discovered {
         cgroups: cg.cgroups.filter(|_| facts.can_cpuset || facts.can_quota),

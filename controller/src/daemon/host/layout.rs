@@ -82,11 +82,31 @@ pub struct TooManyGroups {
     pub available: u32,
 }
 
+/// Which cache the processes cohabit does not manage may use: everything in the root
+/// resctrl group (system daemons, the services' own clients, anything no control group
+/// claims).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnmanagedCache {
+    /// The root group keeps the cache it had (every way, unless another tool set it): the
+    /// latency-critical ways are isolated from best-effort jobs, not from the rest of the
+    /// host. The default: cohabit changes nothing it does not manage.
+    #[default]
+    Shared,
+    /// The root group's cache masks become the pool's: unmanaged processes are treated as
+    /// best effort and stay out of the latency-critical ways (as Heracles treats every
+    /// other task). For hosts dedicated to co-location.
+    Pool,
+}
+
 /// Everything cohabit writes to the host for one plan.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HostWrites {
     /// resctrl control groups (one CLOSID each).
     pub resctrl: Vec<ResctrlGroup>,
+    /// The cache lines of the root group's schemata, when unmanaged processes share the
+    /// pool's ways ([`UnmanagedCache::Pool`]).
+    pub root_cache: Option<Schemata>,
     /// One cgroup per plan group.
     pub cgroups: Vec<CgroupValues>,
     /// MPS shares of managed GPU clients.
@@ -216,6 +236,14 @@ pub fn layout(
         }
         None => (vec![], vec![]),
     };
+    let root_cache = match facts.unmanaged_cache {
+        UnmanagedCache::Pool => resctrl
+            .iter()
+            .find(|g| g.members.iter().any(|m| m == BEST_EFFORT_GROUP))
+            .map(|g| g.schemata.cache_only())
+            .filter(|s| !s.is_empty()),
+        UnmanagedCache::Shared => None,
+    };
     let cpus = cpu_layout(plan, services, &facts.cpus);
     let cgroups = plan
         .groups()
@@ -246,6 +274,7 @@ pub fn layout(
         .collect();
     Ok(HostWrites {
         resctrl,
+        root_cache,
         cgroups,
         gpu,
         overlaps,
@@ -556,6 +585,7 @@ mod tests {
             resctrl: closids.map(rdt),
             perf: PerfSupport::Unsupported("test".into()),
             clk_tck: 100.0,
+            unmanaged_cache: Default::default(),
         }
     }
 

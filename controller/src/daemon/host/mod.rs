@@ -321,6 +321,11 @@ impl RealHost {
         failed
     }
 
+    /// The plan in force, once one has been applied.
+    pub fn plan_in_force(&self) -> Option<&Plan> {
+        self.applied.then_some(&self.plan)
+    }
+
     /// Cleans what a run left without a record, finds the processes, applies the first
     /// plan and starts managing them.
     pub fn launch(&mut self, plan: &Plan) -> Result<(), HostError> {

@@ -151,6 +151,7 @@ fn facts(cpus: Vec<u32>) -> HostFacts {
         resctrl: None,
         perf: PerfSupport::Unsupported("test".into()),
         clk_tck: 100.0,
+        unmanaged_cache: Default::default(),
     }
 }
 

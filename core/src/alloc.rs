@@ -71,7 +71,7 @@ pub struct Allocation {
     pub cores: u32,
     /// LLC ways (Intel CAT).
     pub llc_ways: WayRange,
-    /// Memory-bandwidth throttle (Intel MBA), 10–100 %.
+    /// Memory-bandwidth throttle (Intel MBA), from the host's `mba_min_pct` to 100 %.
     pub mba_pct: u8,
     /// NVIDIA MPS active-thread percentage on the service's GPU, if it uses one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,10 +131,18 @@ impl Allocation {
                 ),
             ));
         }
-        if !(10..=MBA_MAX_PCT).contains(&self.mba_pct) {
+        // resctrl refuses an MB value below `info/MB/min_bandwidth`; a host without MBA
+        // offers only 100 (`mba_min_pct` = 100, see the daemon's capacity discovery).
+        let lo = host.mba_min_pct.clamp(1, MBA_MAX_PCT);
+        if !(lo..=MBA_MAX_PCT).contains(&self.mba_pct) {
+            let why = if lo == MBA_MAX_PCT {
+                "this host has no memory bandwidth allocation, so only 100".to_string()
+            } else {
+                format!("must be between the host's MBA minimum {lo} and 100")
+            };
             return Err(CoreError::invalid(
                 format!("{who}.mba_pct"),
-                format!("must be between 10 and 100, got {}", self.mba_pct),
+                format!("{why}, got {}", self.mba_pct),
             ));
         }
         if let Some(g) = self.gpu_mps_pct {
@@ -192,6 +200,47 @@ mod tests {
         assert!(!a.overlaps(&WayRange::new(4, 2)));
         assert!(a.overlaps(&WayRange::new(3, 2)));
         assert!(WayRange::new(3, 2).overlaps(&a));
+    }
+
+    fn host(mba_min_pct: u8) -> HostCapacity {
+        HostCapacity {
+            name: "t".into(),
+            cores: 4,
+            freq_ghz: 2.0,
+            llc_ways: 4,
+            llc_way_bytes: 1 << 20,
+            mem_bw_bytes_per_s: 1e10,
+            gpus: vec![],
+            closids: 4,
+            mba_min_pct,
+            mba_gran_pct: mba_min_pct,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
+        }
+    }
+
+    fn at_mba(mba_pct: u8) -> Allocation {
+        Allocation {
+            cores: 1,
+            llc_ways: WayRange::new(0, 1),
+            mba_pct,
+            gpu_mps_pct: None,
+        }
+    }
+
+    #[test]
+    fn mba_below_the_hosts_minimum_is_refused_as_resctrl_refuses_it() {
+        let rdt = host(20);
+        at_mba(20).validate(&rdt, "g").unwrap();
+        at_mba(100).validate(&rdt, "g").unwrap();
+        let e = at_mba(10).validate(&rdt, "g").unwrap_err().to_string();
+        assert!(e.contains("g.mba_pct") && e.contains("minimum 20"), "{e}");
+        assert!(at_mba(101).validate(&rdt, "g").is_err());
+        // A host without MBA offers only 100.
+        let bare = host(100);
+        at_mba(100).validate(&bare, "pool").unwrap();
+        let e = at_mba(90).validate(&bare, "pool").unwrap_err().to_string();
+        assert!(e.contains("no memory bandwidth allocation"), "{e}");
     }
 
     proptest! {

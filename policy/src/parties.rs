@@ -769,4 +769,21 @@ mod tests {
         assert_eq!(plan.best_effort.mba_pct, c.host.mba_min_pct);
         plan.validate(&c.host, &c.specs).unwrap();
     }
+
+    #[test]
+    fn on_a_host_without_mba_the_pool_is_never_throttled() {
+        let mut c = ctx(1, true, false, 0);
+        c.host.mba_min_pct = 100;
+        c.host.mba_gran_pct = 100;
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        p.shares.get_mut("lc0").unwrap().cores = 36;
+        p.shares.get_mut("lc0").unwrap().ways = 19;
+        let mut plan = p.initial().plan;
+        for k in 1..6 {
+            let d = p.decide(&obs(&plan, &c, &[("lc0", 1.3)]), k * 1000);
+            plan = d.plan;
+            assert_eq!(plan.best_effort.mba_pct, 100, "tick {k}");
+            plan.validate(&c.host, &c.specs).unwrap();
+        }
+    }
 }

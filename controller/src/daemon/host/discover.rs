@@ -28,9 +28,10 @@ pub const DEFAULT_FREQ_GHZ: f64 = 2.0;
 pub const DEFAULT_LLC_BYTES: u64 = 32 << 20;
 /// Memory bandwidth assumed when the configuration has no `mem_bw_gbps`.
 pub const DEFAULT_MEM_BW_GBPS: f64 = 100.0;
-/// MBA minimum and step assumed without MBA (the values plans used before the host said;
-/// without MBA nothing is throttled, so they bind nothing).
-pub const DEFAULT_MBA_PCT: u8 = 10;
+/// MBA minimum and step on a host without MBA (no resctrl, or no `info/MB`): 100 %, the
+/// only level such a host can hold, so no policy plans a throttle that nothing applies
+/// (plans below it are refused by `Allocation::validate`).
+pub const NO_MBA_PCT: u8 = cohabit_core::MBA_MAX_PCT;
 /// Clock tick rate assumed if the kernel reports none (Linux's `USER_HZ` on every arch
 /// cohabit runs on).
 pub const DEFAULT_CLK_TCK: f64 = 100.0;
@@ -270,14 +271,16 @@ pub fn capacity(h: &CapacityInput<'_>) -> HostCapacity {
         mem_bw_bytes_per_s: h.mem_bw_gbps.unwrap_or(DEFAULT_MEM_BW_GBPS) * 1e9,
         gpus: h.gpus.clone(),
         closids: closids(h.resctrl, h.latency_critical),
+        // Without MBA (no resctrl, or resctrl without MB) the only level is 100 %: a policy
+        // that planned a throttle here would log a change that no knob carries out.
         mba_min_pct: h
             .resctrl
             .and_then(ResctrlInfo::mba_min_pct)
-            .unwrap_or(DEFAULT_MBA_PCT),
+            .unwrap_or(NO_MBA_PCT),
         mba_gran_pct: h
             .resctrl
             .and_then(ResctrlInfo::mba_gran_pct)
-            .unwrap_or(DEFAULT_MBA_PCT),
+            .unwrap_or(NO_MBA_PCT),
         min_cbm_bits: l3.map_or(1, |l| l.min_cbm_bits.clamp(1, ways)),
         shareable_bits: l3.map_or(0, |l| l.shareable_bits & all_ways),
     }
@@ -385,8 +388,12 @@ mod tests {
         assert_eq!((bare.llc_ways, bare.llc_way_bytes), (1, 22 << 20));
         assert_eq!(
             (bare.closids, bare.mba_min_pct, bare.mba_gran_pct),
-            (5, 10, 10)
+            (5, 100, 100),
+            "no MBA: 100 % is the only level"
         );
+        let cat_only = capacity(&input(Some(&rdt(16, None))));
+        assert_eq!((cat_only.mba_min_pct, cat_only.mba_gran_pct), (100, 100));
+        cat_only.validate().unwrap();
         bare.validate().unwrap();
         let mut silent = input(None);
         silent.llc_bytes = None;

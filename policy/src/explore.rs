@@ -14,9 +14,11 @@
 //! Algorithm, each tick:
 //! 1. The base policy decides as if alone (it sees every observation; its state stays its
 //!    own).
-//! 2. **Stop.** If the plan in force was an explored one and any latency-critical service
-//!    measured a p99 over its target, exploration ends for the rest of the run: the base
-//!    plan is returned from now on, and the reason is logged once.
+//! 2. **Stop.** If the plan in force was an explored one, or still holds an allocation the
+//!    walk set (a base policy that holds what is in force, like `ml`'s fallback, adopts
+//!    the walk's last step as its own), and any latency-critical service measured a p99
+//!    over its target, exploration ends for the rest of the run: the base plan is returned
+//!    from now on, and the reason is logged once.
 //! 3. **Gate.** Unless every latency-critical service has a p99 reading at most
 //!    `(1 - margin) × target`, the walk is reset and the base plan is returned unchanged.
 //! 4. **Step.** Otherwise one random step: a random CPU service, a random resource (cores;
@@ -31,8 +33,8 @@
 //!    lose the base policy's prediction (it was for another allocation).
 //!
 //! Properties (tested below): it never explores while a service is inside the margin or
-//! unmeasured; it stops at the first violation under an explored plan and never explores
-//! again; every plan it returns is valid for the host; with the gate closed it returns
+//! unmeasured; it stops at the first violation under an explored plan, or under an
+//! allocation the walk set that a holding base policy kept, and never explores again; every plan it returns is valid for the host; with the gate closed it returns
 //! exactly the base policy's decision. Randomness comes from a seeded generator, so a run
 //! is reproducible.
 
@@ -128,6 +130,8 @@ pub struct Explore {
     offsets: BTreeMap<String, Offset>,
     /// The last plan returned was an explored one.
     explored_last: bool,
+    /// Allocations the walk set, per latency-critical service, while they stay in force.
+    walk_set: BTreeMap<String, Allocation>,
     /// Why exploration ended, once it has.
     stopped: Option<String>,
     explored_ticks: u64,
@@ -156,6 +160,7 @@ impl Explore {
             rng,
             offsets: BTreeMap::new(),
             explored_last: false,
+            walk_set: BTreeMap::new(),
             stopped: None,
             explored_ticks: 0,
         }
@@ -355,7 +360,10 @@ impl Policy for Explore {
         if self.stopped.is_some() {
             return base;
         }
-        if self.explored_last {
+        // What the walk set and is still in force; anything changed since is forgotten.
+        self.walk_set
+            .retain(|name, a| obs.current.services.get(name) == Some(&*a));
+        if self.explored_last || !self.walk_set.is_empty() {
             if let Some(why) = Self::violation(obs) {
                 tracing::warn!(
                     explored_ticks = self.explored_ticks,
@@ -363,6 +371,7 @@ impl Policy for Explore {
                 );
                 self.stopped = Some(why);
                 self.offsets.clear();
+                self.walk_set.clear();
                 self.explored_last = false;
                 return base;
             }
@@ -387,6 +396,11 @@ impl Policy for Explore {
             return base;
         }
         self.explored_ticks += 1;
+        for (name, a) in &plan.services {
+            if base.plan.services.get(name) != Some(a) {
+                self.walk_set.insert(name.clone(), *a);
+            }
+        }
         self.explored(&base, plan, &step)
     }
 
@@ -538,6 +552,73 @@ mod tests {
             assert_eq!(e.decide(&o, k * 1000).plan, base_plan);
         }
         assert_eq!(e.explored_ticks(), 1);
+    }
+
+    /// A base policy that keeps whatever is in force, as `ml`'s fallback does when it holds.
+    struct Hold(Plan);
+
+    impl Policy for Hold {
+        fn name(&self) -> &'static str {
+            "hold"
+        }
+        fn initial(&mut self) -> Decision {
+            Decision {
+                plan: self.0.clone(),
+                reasons: BTreeMap::new(),
+                predictions: BTreeMap::new(),
+            }
+        }
+        fn decide(&mut self, obs: &Observation, _now_ms: u64) -> Decision {
+            Decision {
+                plan: obs.current.clone(),
+                reasons: BTreeMap::new(),
+                predictions: BTreeMap::new(),
+            }
+        }
+    }
+
+    #[test]
+    fn a_violation_under_a_step_the_base_policy_adopted_still_stops_it() {
+        let ctx = {
+            let (_, mut ctx) = explorer(ExploreConfig::default());
+            ctx.host.cores = 16;
+            ctx
+        };
+        let start = StaticPolicy::new(ctx.clone()).initial().plan;
+        let mut e = Explore::new(
+            Box::new(Hold(start.clone())),
+            ctx.clone(),
+            ExploreConfig::default(),
+        );
+        let o = obs(&ctx, &[Some(0.3), Some(0.3)], &start, 0);
+        let explored = e.decide(&o, 0);
+        assert_ne!(explored.plan, start, "it explored");
+        // Inside the margin but under the target: the gate closes, the base holds the
+        // explored allocation, and that plan is the base's own.
+        let o = obs(&ctx, &[Some(0.8), Some(0.8)], &explored.plan, 1000);
+        let held = e.decide(&o, 1000);
+        assert_eq!(held.plan, explored.plan, "the base adopted the walk's step");
+        assert!(held
+            .reasons
+            .values()
+            .all(|r| r.path != DecisionPath::Explore));
+        assert_eq!(e.stopped(), None);
+        // The violation comes an interval later, under the adopted step: it stops.
+        let o = obs(&ctx, &[Some(1.3), Some(0.3)], &held.plan, 2000);
+        e.decide(&o, 2000);
+        assert!(e.stopped().unwrap().contains("lc0"), "{:?}", e.stopped());
+        // Once the base has moved off every allocation the walk set, a violation is the
+        // base's own and does not stop a fresh explorer.
+        let mut e = Explore::new(
+            Box::new(Hold(start.clone())),
+            ctx.clone(),
+            ExploreConfig::default(),
+        );
+        let explored = e.decide(&obs(&ctx, &[Some(0.3), Some(0.3)], &start, 0), 0);
+        assert_ne!(explored.plan, start);
+        e.decide(&obs(&ctx, &[Some(0.8), Some(0.8)], &start, 1000), 1000);
+        e.decide(&obs(&ctx, &[Some(1.3), Some(0.3)], &start, 2000), 2000);
+        assert_eq!(e.stopped(), None);
     }
 
     #[test]

@@ -14,11 +14,11 @@
 //! Algorithm, each tick:
 //! 1. The base policy decides as if alone (it sees every observation; its state stays its
 //!    own).
-//! 2. **Stop.** If the plan in force was an explored one, or still holds an allocation the
-//!    walk set (a base policy that holds what is in force, like `ml`'s fallback, adopts
-//!    the walk's last step as its own), and any latency-critical service measured a p99
-//!    over its target, exploration ends for the rest of the run: the base plan is returned
-//!    from now on, and the reason is logged once.
+//! 2. **Stop.** If the plan in force still holds an allocation the walk set (returned as
+//!    explored, or kept since by a base policy that holds what is in force, as `ml`'s
+//!    fallback does), and any latency-critical service measured a p99 over its target,
+//!    exploration ends for the rest of the run: the base plan is returned from now on,
+//!    and the reason is logged once.
 //! 3. **Gate.** Unless every latency-critical service has a p99 reading at most
 //!    `(1 - margin) × target`, the walk is reset and the base plan is returned unchanged.
 //! 4. **Step.** Otherwise one random step: a random CPU service, a random resource (cores;
@@ -33,10 +33,10 @@
 //!    lose the base policy's prediction (it was for another allocation).
 //!
 //! Properties (tested below): it never explores while a service is inside the margin or
-//! unmeasured; it stops at the first violation under an explored plan, or under an
-//! allocation the walk set that a holding base policy kept, and never explores again; every plan it returns is valid for the host; with the gate closed it returns
-//! exactly the base policy's decision. Randomness comes from a seeded generator, so a run
-//! is reproducible.
+//! unmeasured; it stops at the first violation under an allocation the walk set, also
+//! one a holding base policy kept, and never explores again; every plan it returns is
+//! valid for the host; with the gate closed it returns exactly the base policy's decision.
+//! Randomness comes from a seeded generator, so a run is reproducible.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -128,9 +128,8 @@ pub struct Explore {
     cfg: ExploreConfig,
     rng: ChaCha8Rng,
     offsets: BTreeMap<String, Offset>,
-    /// The last plan returned was an explored one.
-    explored_last: bool,
-    /// Allocations the walk set, per latency-critical service, while they stay in force.
+    /// Allocations the walk set, per latency-critical service, while they stay in force
+    /// (whether returned as explored or kept since by a base policy that holds them).
     walk_set: BTreeMap<String, Allocation>,
     /// Why exploration ended, once it has.
     stopped: Option<String>,
@@ -159,7 +158,6 @@ impl Explore {
             cfg,
             rng,
             offsets: BTreeMap::new(),
-            explored_last: false,
             walk_set: BTreeMap::new(),
             stopped: None,
             explored_ticks: 0,
@@ -363,36 +361,31 @@ impl Policy for Explore {
         // What the walk set and is still in force; anything changed since is forgotten.
         self.walk_set
             .retain(|name, a| obs.current.services.get(name) == Some(&*a));
-        if self.explored_last || !self.walk_set.is_empty() {
+        if !self.walk_set.is_empty() {
             if let Some(why) = Self::violation(obs) {
                 tracing::warn!(
                     explored_ticks = self.explored_ticks,
-                    "exploration stopped for good: {why} under an explored plan; back to the base policy's plans"
+                    "exploration stopped for good: {why} under an allocation the walk set; back to the base policy's plans"
                 );
                 self.stopped = Some(why);
                 self.offsets.clear();
                 self.walk_set.clear();
-                self.explored_last = false;
                 return base;
             }
         }
         if let Some(why) = self.gate(obs) {
             tracing::debug!("not exploring: {why}");
             self.offsets.clear();
-            self.explored_last = false;
             return base;
         }
         let Some(step) = self.step(&base.plan) else {
-            self.explored_last = false;
             return base;
         };
         let Some(plan) = self.walked(&base.plan) else {
             self.offsets.clear();
-            self.explored_last = false;
             return base;
         };
-        self.explored_last = plan != base.plan;
-        if !self.explored_last {
+        if plan == base.plan {
             return base;
         }
         self.explored_ticks += 1;

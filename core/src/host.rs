@@ -114,6 +114,29 @@ impl HostCapacity {
         self.closids.saturating_sub(1)
     }
 
+    /// True when the LLC can be split between groups: CAT with more than one way. A host
+    /// without CAT reports one way ([`Self::without_allocation`]).
+    pub fn partitions_llc(&self) -> bool {
+        self.llc_ways > 1
+    }
+
+    /// This host as cohabit sees it without RDT allocation (no resctrl: most VMs): the
+    /// LLC is one way that every group shares whole, and memory bandwidth has one level,
+    /// 100 %. The controller's host discovery reports such a host this way, and the
+    /// training data puts scenes on it, so a model has seen `ways_now = 1`.
+    #[must_use]
+    pub fn without_allocation(&self) -> HostCapacity {
+        HostCapacity {
+            llc_ways: 1,
+            llc_way_bytes: self.llc_bytes(),
+            mba_min_pct: crate::MBA_MAX_PCT,
+            mba_gran_pct: crate::MBA_MAX_PCT,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
+            ..self.clone()
+        }
+    }
+
     /// Total LLC size in bytes.
     pub fn llc_bytes(&self) -> u64 {
         self.llc_way_bytes * u64::from(self.llc_ways)
@@ -221,6 +244,28 @@ mod tests {
             min_cbm_bits: 1,
             shareable_bits: 0,
         }
+    }
+
+    #[test]
+    fn without_allocation_the_llc_is_one_shared_way_and_mba_only_100() {
+        let vm = host().without_allocation();
+        vm.validate().unwrap();
+        assert_eq!((vm.llc_ways, vm.llc_bytes()), (1, 11 << 20));
+        assert!(!vm.partitions_llc() && host().partitions_llc());
+        assert_eq!((vm.cores, vm.closids), (8, 16));
+        let whole = crate::Allocation {
+            cores: 2,
+            llc_ways: crate::WayRange::new(0, 1),
+            mba_pct: 100,
+            gpu_mps_pct: None,
+        };
+        whole.validate(&vm, "svc").unwrap();
+        let throttled = crate::Allocation {
+            mba_pct: 90,
+            ..whole
+        };
+        assert!(throttled.validate(&vm, "svc").is_err());
+        assert!(throttled.validate(&host(), "svc").is_ok());
     }
 
     #[test]

@@ -88,8 +88,15 @@ impl HostContext {
     }
 
     /// How many latency-critical services may have a resctrl group (a way range and MBA)
-    /// of their own: every group the host's CLOSIDs allow, less the best-effort pool's.
+    /// of their own: every group the host's CLOSIDs allow, less the best-effort pool's;
+    /// none on a host whose LLC cannot be partitioned (no CAT: every group shares the whole
+    /// cache, [`HostCapacity::partitions_llc`]), so no policy plans ways there.
+    ///
+    /// [`HostCapacity::partitions_llc`]: cohabit_core::HostCapacity::partitions_llc
     pub fn isolated_services(&self) -> usize {
+        if !self.host.partitions_llc() {
+            return 0;
+        }
         usize::try_from(self.host.groups_available().saturating_sub(1)).unwrap_or(usize::MAX)
     }
 
@@ -545,6 +552,20 @@ pub(crate) mod tests {
             assert!(a.cores >= 1, "{name} keeps its cores");
         }
         assert_eq!(plan.lc_cores() + pool.cores, c.host.cores);
+    }
+
+    #[test]
+    fn without_cat_no_service_has_ways_of_its_own_and_every_group_has_the_whole_llc() {
+        let mut c = ctx(3, true, false, 0);
+        c.host = c.host.without_allocation();
+        assert_eq!(c.isolated_services(), 0);
+        assert!(c.latency_critical().all(|s| c.shares_pool_group(&s.name)));
+        let plan = layout(&c, &fair_shares(&c), 100);
+        plan.validate(&c.host, &c.specs).unwrap();
+        assert!(plan
+            .groups()
+            .all(|(_, a)| a.llc_ways == WayRange::new(0, 1) && a.mba_pct == 100));
+        assert_eq!(plan.lc_cores() + plan.best_effort.cores, c.host.cores);
     }
 
     #[test]

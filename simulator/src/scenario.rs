@@ -16,6 +16,8 @@
 //! # closids = 16             # resctrl CLOSIDs, the default group's included
 //! # counters = false          # no hardware performance counters (most VMs): no IPC, no LLC misses
 //! # rdt_monitoring = false    # no RDT monitoring (CMT/MBM): no LLC occupancy, no memory bandwidth
+//! # rdt_allocation = false    # no CAT or MBA (no resctrl, most VMs): the LLC is one way every
+//! #                           # group shares whole, memory bandwidth is never throttled
 //! # gpu_share_change = "live" # MPS shares reach running clients (v3); default "restart"
 //!
 //! [[service]]                 # latency-critical
@@ -192,6 +194,7 @@ struct HostFile {
     closids: Option<i64>,
     counters: Option<bool>,
     rdt_monitoring: Option<bool>,
+    rdt_allocation: Option<bool>,
     gpu_share_change: Option<cohabit_core::ShareChange>,
 }
 
@@ -567,6 +570,9 @@ fn host_from(f: &HostFile) -> Result<SimHost, String> {
             g.share_change = how;
         }
     }
+    if f.rdt_allocation == Some(false) {
+        h.capacity = h.capacity.without_allocation();
+    }
     Ok(h)
 }
 
@@ -648,6 +654,15 @@ model = "stream"
             .unwrap_err()
             .to_string();
         assert!(err.contains("host.closids"), "{err}");
+    }
+
+    #[test]
+    fn a_host_without_rdt_allocation_has_one_shared_way_and_no_mba() {
+        let s = parse(&GOOD.replace("[host]", "[host]\nrdt_allocation = false")).unwrap();
+        let c = s.capacity();
+        assert_eq!((c.llc_ways, c.mba_min_pct), (1, 100));
+        assert_eq!(c.llc_bytes(), parse(GOOD).unwrap().capacity().llc_bytes());
+        assert_eq!(parse(GOOD).unwrap().capacity().llc_ways, 20);
     }
 
     #[test]

@@ -253,57 +253,88 @@ fn a_confidently_biased_model_is_corrected_online() {
     );
 }
 
+/// `ml` with the built-in model on scenario `name` run on a VM-like host: no hardware
+/// counters, no RDT monitoring and, unless `allocation`, no CAT or MBA either (one shared
+/// way, no throttling). Checks that absent readings stay absent and no decision falls back
+/// for an input out of the training range; returns the share of latency-critical decisions
+/// on the model path and the share of intervals meeting every target.
+fn on_a_vm(name: &str, allocation: bool) -> (f64, f64) {
+    let mut sc = Scenario::load(name).unwrap();
+    sc.telemetry = Telemetry {
+        counters: false,
+        rdt_monitoring: false,
+    };
+    if !allocation {
+        sc.host.capacity = sc.host.capacity.without_allocation();
+    }
+    let sc = Arc::new(sc);
+    let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+    let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
+    let records = run(&sc, &mut ml, sc.ticks());
+    assert!(records.iter().all(|r| r
+        .observation
+        .services
+        .iter()
+        .all(|o| o.sample.ipc.is_none() && o.sample.mem_bw_bytes_per_s.is_none())));
+    let paths: Vec<DecisionPath> = records
+        .iter()
+        .flat_map(|r| {
+            sc.specs()
+                .into_iter()
+                .filter(|s| s.is_latency_critical())
+                .map(|s| r.reasons[&s.name].path)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for r in &records {
+        if !allocation {
+            assert!(
+                r.plan
+                    .groups()
+                    .all(|(_, a)| a.llc_ways == WayRange::new(0, 1) && a.mba_pct == 100),
+                "{name}: {:?}",
+                r.plan
+            );
+        }
+        for why in r.reasons.values() {
+            assert!(
+                !why.text.contains("outside the training range"),
+                "{name}: {why}"
+            );
+        }
+    }
+    let model_path = paths.iter().filter(|p| **p == DecisionPath::Model).count();
+    let met = records.iter().filter(|r| met(&sc, r)).count();
+    #[allow(clippy::cast_precision_loss)]
+    (
+        model_path as f64 / paths.len() as f64,
+        met as f64 / records.len() as f64,
+    )
+}
+
 #[test]
 fn on_a_host_without_counters_or_rdt_ml_takes_the_model_path_and_keeps_qos() {
     // A VM: no hardware counters, no RDT monitoring; latency, load and CPU time only. The
     // absent readings are absent (flags at 0), not values out of the training range, so
     // the model decides.
     for name in ["demo", "parties-mix", "load-spike"] {
-        let mut sc = Scenario::load(name).unwrap();
-        sc.telemetry = Telemetry {
-            counters: false,
-            rdt_monitoring: false,
-        };
-        let sc = Arc::new(sc);
-        let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
-        let mut ml = MlPolicy::new(ctx(&sc), model, MlConfig::default());
-        let records = run(&sc, &mut ml, sc.ticks());
-        assert!(records
-            .iter()
-            .all(|r| r
-                .observation
-                .services
-                .iter()
-                .all(|o| o.sample.ipc.is_none() && o.sample.mem_bw_bytes_per_s.is_none())));
-        let paths: Vec<DecisionPath> = records
-            .iter()
-            .flat_map(|r| {
-                sc.specs()
-                    .into_iter()
-                    .filter(|s| s.is_latency_critical())
-                    .map(|s| r.reasons[&s.name].path)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let model_path = paths.iter().filter(|p| **p == DecisionPath::Model).count();
-        assert!(
-            model_path * 100 >= paths.len() * 95,
-            "{name}: {model_path} of {} decisions on the model path",
-            paths.len()
-        );
-        for r in &records {
-            for why in r.reasons.values() {
-                assert!(
-                    !why.text.contains("outside the training range"),
-                    "{name}: {why}"
-                );
-            }
-        }
-        let met = records.iter().filter(|r| met(&sc, r)).count();
-        assert!(
-            met * 100 >= records.len() * 97,
-            "{name}: QoS met in {met} of {}",
-            records.len()
-        );
+        let (model_path, met) = on_a_vm(name, true);
+        assert!(model_path >= 0.95, "{name}: {model_path} on the model path");
+        assert!(met >= 0.97, "{name}: QoS met in {met}");
+    }
+}
+
+#[test]
+fn on_a_host_without_any_rdt_ml_takes_the_model_path_on_the_shared_llc() {
+    // Most cloud VMs: no resctrl at all, so every group has the whole LLC (`ways_now` = 1,
+    // which a model trained only on partitioned hosts had never seen: z = 4.1 on the
+    // project's VM, every decision on the fallback) and MBA is 100 %. Cores are the knob.
+    // Measured: 0.98 / 0.99 / 0.95 of decisions on the model path and QoS met in 0.99 /
+    // 0.99 / 0.96 of intervals (demo, parties-mix, load-spike); the model trained before
+    // such hosts were in its data took the model path in under 1 % of demo's.
+    for name in ["demo", "parties-mix", "load-spike"] {
+        let (model_path, met) = on_a_vm(name, false);
+        assert!(model_path >= 0.9, "{name}: {model_path} on the model path");
+        assert!(met >= 0.95, "{name}: QoS met in {met}");
     }
 }

@@ -7,10 +7,11 @@
 //! and the best-effort pool's MBA level are drawn over the platform's steps
 //! (`random_mba`), half of the time unthrottled.
 //!
-//! Hosts differ in what they can measure: a share of the scenes is on a host without
-//! hardware counters (a VM), without RDT monitoring, or without both ([`HOST_KINDS`]), and in
-//! some intervals a service has no latency reading ([`LATENCY_MISSING`]), so the model has
-//! seen every presence flag at 0 and `ml` can use it on such hosts.
+//! Hosts differ in what they can measure and partition: a share of the scenes is on a host
+//! without hardware counters (a VM), without RDT monitoring, without both, or without any
+//! RDT (no CAT, no MBA: every group on the whole LLC, as cohabit sees a VM) ([`HOST_KINDS`]),
+//! and in some intervals a service has no latency reading ([`LATENCY_MISSING`]), so the model
+//! has seen every presence flag at 0, and `ways_now = 1`, and `ml` can use it on such hosts.
 
 use std::collections::BTreeMap;
 
@@ -27,44 +28,34 @@ use crate::dataset::{Dataset, Row};
 use crate::scene::{generate_scenes, Scene, SceneKind};
 
 // Where it has always been named; the scene loop of both generators applies it.
-pub use crate::scene::LATENCY_MISSING;
+pub use crate::scene::{HostKind, LATENCY_MISSING};
 
-/// The kinds of host scenes are drawn on, with their shares: everything measured; no
-/// hardware counters (most VMs: no IPC, no LLC misses); no RDT monitoring (no occupancy, no
-/// bandwidth, the neighbours' included); neither.
-pub const HOST_KINDS: [(Telemetry, f64); 4] = [
-    (
-        Telemetry {
-            counters: true,
-            rdt_monitoring: true,
-        },
-        0.6,
-    ),
-    (
-        Telemetry {
-            counters: false,
-            rdt_monitoring: true,
-        },
-        0.1,
-    ),
-    (
-        Telemetry {
-            counters: true,
-            rdt_monitoring: false,
-        },
-        0.1,
-    ),
-    (
-        Telemetry {
-            counters: false,
-            rdt_monitoring: false,
-        },
-        0.2,
-    ),
+/// The kinds of host scenes are drawn on, with their shares: everything measured and
+/// partitioned; no hardware counters (no IPC, no LLC misses); no RDT monitoring (no
+/// occupancy, no bandwidth, the neighbours' included); neither; and no RDT at all (no
+/// resctrl: no monitoring, and no CAT or MBA, so every group shares the whole LLC and
+/// bandwidth is never throttled), with or without counters, as on most cloud VMs.
+pub const HOST_KINDS: [(HostKind, f64); 6] = [
+    (HostKind::BARE_METAL, 0.5),
+    (kind(false, true, true), 0.1),
+    (kind(true, false, true), 0.1),
+    (kind(false, false, true), 0.1),
+    (kind(true, false, false), 0.05),
+    (kind(false, false, false), 0.15),
 ];
 
+const fn kind(counters: bool, rdt_monitoring: bool, allocation: bool) -> HostKind {
+    HostKind {
+        telemetry: Telemetry {
+            counters,
+            rdt_monitoring,
+        },
+        allocation,
+    }
+}
+
 /// A host kind drawn with the shares of [`HOST_KINDS`].
-fn host_kind(rng: &mut ChaCha8Rng) -> Telemetry {
+fn host_kind(rng: &mut ChaCha8Rng) -> HostKind {
     let mut u: f64 = rng.gen();
     for (kind, share) in HOST_KINDS {
         if u < share {
@@ -72,7 +63,7 @@ fn host_kind(rng: &mut ChaCha8Rng) -> Telemetry {
         }
         u -= share;
     }
-    Telemetry::default()
+    HostKind::BARE_METAL
 }
 
 /// What to generate.
@@ -136,7 +127,6 @@ pub fn generate(cfg: &GenConfig, progress: impl FnMut(usize, usize)) -> Dataset 
     let host = cfg.platform.host();
     let kind = CpuScenes {
         cfg,
-        cap: host.capacity.clone(),
         pool: cfg
             .services
             .clone()
@@ -150,7 +140,6 @@ pub fn generate(cfg: &GenConfig, progress: impl FnMut(usize, usize)) -> Dataset 
 /// scored under random allocations.
 struct CpuScenes<'a> {
     cfg: &'a GenConfig,
-    cap: HostCapacity,
     /// The latency-critical services to draw from.
     pool: Vec<String>,
 }
@@ -158,7 +147,7 @@ struct CpuScenes<'a> {
 impl SceneKind for CpuScenes<'_> {
     const NAME: &'static str = "gen";
 
-    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, Telemetry) {
+    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, HostKind) {
         let n_lc = rng.gen_range(1..=3usize);
         let mut names: Vec<&String> = self
             .pool
@@ -207,9 +196,10 @@ impl SceneKind for CpuScenes<'_> {
         (services, host_kind(rng))
     }
 
-    /// LC services side by side in the ways, the pool gets the rest.
+    /// LC services side by side in the ways, the pool gets the rest (on a host without
+    /// allocation, the one way all of them share).
     fn plan(&self, rng: &mut ChaCha8Rng, sc: &Scenario) -> Plan {
-        let cap = &self.cap;
+        let cap = &sc.host.capacity;
         let n = u32::try_from(
             sc.services
                 .iter()
@@ -250,7 +240,7 @@ impl SceneKind for CpuScenes<'_> {
     }
 
     fn rows(&self, rng: &mut ChaCha8Rng, scene: &Scene, rows: &mut Vec<Row>) {
-        let cap = &self.cap;
+        let cap = &scene.sc.host.capacity;
         let plan = &scene.plan;
         for (i, s) in scene.sc.services.iter().enumerate() {
             let Some(t) = s.spec.p99_target_ms() else {
@@ -295,6 +285,59 @@ mod tests {
 
     use super::*;
 
+    fn feature(name: &str) -> usize {
+        FEATURE_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or_else(|| panic!("{name} is a feature"))
+    }
+
+    #[test]
+    fn some_scenes_are_on_a_host_without_rdt_where_every_group_has_the_whole_llc() {
+        let shares: f64 = HOST_KINDS.iter().map(|(_, s)| s).sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+        let data = generate(
+            &GenConfig {
+                scenes: 300,
+                candidates: 3,
+                seed: 5,
+                platform: Platform::XeonE5_2697V4,
+                services: None,
+            },
+            |_, _| {},
+        );
+        let [ways_now, ways_cand, mba_now, mba_cand, has_occ, has_bw] = [
+            "ways_now",
+            "ways_cand",
+            "mba_now",
+            "mba_cand",
+            "has_occupancy",
+            "has_bw",
+        ]
+        .map(feature);
+        let whole = |r: &Row| r.features[ways_now] > 0.999 && r.features[ways_cand] > 0.999;
+        let vm: Vec<&Row> = data.rows.iter().filter(|r| whole(r)).collect();
+        #[allow(clippy::cast_precision_loss)]
+        let share = vm.len() as f64 / data.rows.len() as f64;
+        // 20 % of scenes have no RDT; a partitioned host rarely gives one service every way.
+        assert!(
+            (0.12..0.3).contains(&share),
+            "{share} of rows on the whole LLC"
+        );
+        for r in vm {
+            assert!(r.features[mba_now] > 0.999 && r.features[mba_cand] > 0.999);
+            assert!(r.features[has_occ] < 0.5 && r.features[has_bw] < 0.5);
+        }
+        // The outcome still depends on the allocation: cores move the target there too.
+        let spread = data
+            .rows
+            .iter()
+            .filter(|r| whole(r))
+            .map(|r| r.target)
+            .fold((f32::MAX, f32::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
+        assert!(spread.1 - spread.0 > 1.0, "{spread:?}");
+    }
+
     #[test]
     fn mba_levels_cover_every_step_of_the_platform_now_and_as_candidates() {
         let data = generate(
@@ -308,10 +351,7 @@ mod tests {
             |_, _| {},
         );
         for name in ["mba_now", "mba_cand"] {
-            let i = FEATURE_NAMES
-                .iter()
-                .position(|n| *n == name)
-                .unwrap_or_else(|| panic!("{name} is a feature"));
+            let i = feature(name);
             let levels: BTreeSet<u64> = data
                 .rows
                 .iter()

@@ -19,13 +19,13 @@ use cohabit_core::{
 };
 use cohabit_models::{gpu_features, GpuCoRunners, GpuReadings};
 use cohabit_sim::catalogue::{self, Platform};
-use cohabit_sim::scenario::{Scenario, SimService, Telemetry};
+use cohabit_sim::scenario::{Scenario, SimService};
 use cohabit_sim::trace::LoadTrace;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::{Dataset, Row};
-use crate::scene::{generate_scenes, Scene, SceneKind};
+use crate::scene::{generate_scenes, HostKind, Scene, SceneKind};
 
 /// Probability that a GPU service has no GPU utilisation reading in a scene's interval.
 pub const GPU_UTIL_MISSING: f64 = 0.05;
@@ -116,7 +116,7 @@ struct GpuScenes<'a> {
 impl SceneKind for GpuScenes<'_> {
     const NAME: &'static str = "gen-gpu";
 
-    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, Telemetry) {
+    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, HostKind) {
         let pool = &self.pool;
         let n_lc = rng.gen_range(1..=3usize);
         let mut services = Vec::new();
@@ -158,7 +158,7 @@ impl SceneKind for GpuScenes<'_> {
                 });
             }
         }
-        (services, Telemetry::default())
+        (services, HostKind::BARE_METAL)
     }
 
     /// The CPU side: a few cores and a way each, the pool gets the rest; random shares.

@@ -26,13 +26,49 @@ use crate::dataset::{Dataset, Row};
 /// absent, as they come from the same probe.
 pub const LATENCY_MISSING: f64 = 0.05;
 
+/// What a scene's host can measure and partition.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostKind {
+    /// What it can measure.
+    pub telemetry: Telemetry,
+    /// Whether it has RDT allocation (CAT and MBA). Without it (no resctrl: most VMs) the
+    /// scene runs on [`HostCapacity::without_allocation`] of the platform: every group
+    /// shares the whole LLC as one way and memory bandwidth is never throttled, as the
+    /// daemon sees such a host.
+    ///
+    /// [`HostCapacity::without_allocation`]: cohabit_core::HostCapacity::without_allocation
+    pub allocation: bool,
+}
+
+impl HostKind {
+    /// A host with everything: counters, RDT monitoring and allocation.
+    pub const BARE_METAL: HostKind = HostKind {
+        telemetry: Telemetry {
+            counters: true,
+            rdt_monitoring: true,
+        },
+        allocation: true,
+    };
+
+    /// The platform `host` as this kind of host presents it.
+    fn host(&self, host: &SimHost) -> SimHost {
+        if self.allocation {
+            return host.clone();
+        }
+        SimHost {
+            capacity: host.capacity.without_allocation(),
+            ..host.clone()
+        }
+    }
+}
+
 /// What one kind of dataset draws for each scene, called in this order.
 pub(crate) trait SceneKind {
     /// The scenario's name.
     const NAME: &'static str;
 
-    /// The services of a scene, and what its host can measure.
-    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, Telemetry);
+    /// The services of a scene, and the kind of host it runs on.
+    fn services(&self, rng: &mut ChaCha8Rng) -> (Vec<SimService>, HostKind);
 
     /// The plan in force during the scene's interval.
     fn plan(&self, rng: &mut ChaCha8Rng, sc: &Scenario) -> Plan;
@@ -64,8 +100,9 @@ pub(crate) struct Scene {
     pub(crate) samples: Vec<Sample>,
 }
 
-/// Generates a dataset of `scenes` scenes of `kind` on `host` from `seed`; `progress` is
-/// called with (done, total) scenes.
+/// Generates a dataset of `scenes` scenes of `kind` on the platform `host` (each as its
+/// scene's [`HostKind`] presents it) from `seed`; `progress` is called with (done, total)
+/// scenes.
 pub(crate) fn generate_scenes<K: SceneKind>(
     kind: &K,
     host: &SimHost,
@@ -76,17 +113,17 @@ pub(crate) fn generate_scenes<K: SceneKind>(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut rows = Vec::new();
     for done in 0..scenes {
-        let (services, telemetry) = kind.services(&mut rng);
+        let (services, host_kind) = kind.services(&mut rng);
         let sc = Arc::new(Scenario {
             name: K::NAME.into(),
             description: String::new(),
             duration_s: 1.0,
             tick_ms: 1000,
             seed,
-            host: host.clone(),
+            host: host_kind.host(host),
             services,
             noise: Noise::default(),
-            telemetry,
+            telemetry: host_kind.telemetry,
         });
         let scene = Scene::simulate(&mut rng, kind, sc);
         kind.rows(&mut rng, &scene, &mut rows);

@@ -391,6 +391,15 @@ mod tests {
             (5, 100, 100),
             "no MBA: 100 % is the only level"
         );
+        // The training data's hosts without RDT are this one: what a model saw is what the
+        // daemon feeds it.
+        assert_eq!(
+            bare,
+            HostCapacity {
+                closids: bare.closids,
+                ..c.without_allocation()
+            }
+        );
         let cat_only = capacity(&input(Some(&rdt(16, None))));
         assert_eq!((cat_only.mba_min_pct, cat_only.mba_gran_pct), (100, 100));
         cat_only.validate().unwrap();

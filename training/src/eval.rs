@@ -100,12 +100,17 @@ pub fn split_rows<'a>(rows: &[&'a Row], test_frac: f64, seed: u64) -> (Vec<&'a R
     (train, test)
 }
 
-/// Leave-one-service-out errors of the baseline alone (no ensemble to train).
+/// Leave-one-service-out errors of the baseline alone (no ensemble to train). A dataset of
+/// one service (the logs of one host with one service) has nothing to hold out against:
+/// its errors are over 0 rows.
 pub fn ridge_held_out(data: &Dataset) -> Result<Errors> {
     let mut pred = Vec::new();
     let mut rows_all: Vec<&Row> = Vec::new();
     for s in data.services() {
         let (out, inn): (Vec<&Row>, Vec<&Row>) = data.rows.iter().partition(|r| r.service == s);
+        if inn.is_empty() {
+            continue;
+        }
         pred.extend(Ridge::fit(&inn)?.predict(&out).iter().copied());
         rows_all.extend(out);
     }
@@ -126,6 +131,9 @@ pub fn held_out(
     for s in data.services() {
         progress(&s);
         let (out, inn): (Vec<&Row>, Vec<&Row>) = data.rows.iter().partition(|r| r.service == s);
+        if inn.is_empty() {
+            continue;
+        }
         let (train, val) = split_rows(&inn, cfg.val_frac, cfg.seed);
         let model = fit(&train, &val, cfg, None, |_, _| {})?;
         let ridge = Ridge::fit(&train)?;

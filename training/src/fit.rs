@@ -317,6 +317,9 @@ pub struct Ridge {
 impl Ridge {
     /// Fits the baseline on rows.
     pub fn fit(rows: &[&Row]) -> Result<Self> {
+        if rows.is_empty() {
+            bail!("the ridge baseline needs rows to fit on, and got none");
+        }
         let (x, y) = matrix(rows);
         let (mean, std) = normalisation(&x);
         let xn = ((&x - &mean) / &std).mapv(f64::from);

@@ -77,7 +77,7 @@ fn generated_rows_include_hosts_without_counters_or_rdt_and_ticks_without_latenc
             .count();
         absent as f64 / a.rows.len() as f64
     };
-    // 30 % of scenes without counters, 30 % without RDT monitoring (20 % without both),
+    // 35 % of scenes without counters, 40 % without RDT monitoring (25 % without both),
     // 5 % of readings without latency; besides the rare missing reading.
     for flag in ["has_ipc", "has_miss_rate", "has_occupancy", "has_bw"] {
         let s = share(flag);
@@ -309,5 +309,26 @@ fn a_small_gpu_fit_beats_the_mean_and_is_a_gpu_artifact_refused_as_a_cpu_one() {
     assert!(
         e.contains("warm start from a model of schema qos-gpu-v1"),
         "{e}"
+    );
+}
+
+#[test]
+fn a_dataset_of_one_service_has_nothing_to_hold_out_and_says_so_instead_of_panicking() {
+    // The logs of one host running one service (realbench's memcached alone): `eval`'s
+    // leave-one-service-out baseline has no other service to fit on.
+    let mut one = small(7);
+    let first = one.rows[0].service.clone();
+    one.rows.retain(|r| r.service == first);
+    assert!(!one.rows.is_empty());
+    let held = cohabit_training::eval::ridge_held_out(&one).unwrap();
+    assert_eq!(held.rows, 0);
+    let err = fit::Ridge::fit(&[]).unwrap_err().to_string();
+    assert!(err.contains("ridge baseline needs rows"), "{err}");
+    // With two services each is held out against the other.
+    let two = small(7);
+    assert!(two.services().len() > 1);
+    assert_eq!(
+        cohabit_training::eval::ridge_held_out(&two).unwrap().rows,
+        two.rows.len()
     );
 }

@@ -37,9 +37,10 @@ pub struct MlConfig {
     /// intervals in a row is probed with a cut (safe exploration of its cliff).
     pub explore_below: f64,
     /// Fraction of the cores an exploring cut takes (at least one core); 0 turns the
-    /// exploration off, the default: with 0.15 it gained best-effort throughput on three
-    /// of the E5 scenarios but cost QoS and actuations on `few-closids` and `demo`
-    /// (figures in the issue 14 report), so it stays opt-in until it is surer.
+    /// exploration off, the default: with 0.15 (and cuts only where the model's mean stays
+    /// within the margin) it gained best-effort throughput on three E5 scenarios but cost
+    /// QoS on `few-closids`, `mba-stream` and the Gold `load-spike`, and actuations
+    /// everywhere (README, Limits), so it stays opt-in until it is surer.
     pub explore_step: f64,
 }
 

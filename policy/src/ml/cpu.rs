@@ -146,6 +146,12 @@ impl MlPolicy {
                     to.0
                 ),
             ),
+            ExploreStep::Cut(to) if !predicted_within(&st.scored, to, x.limit) => {
+                // The model's mean already puts the cut past the margin: not worth a
+                // violation to learn (the calm count restarts).
+                st.probe = None;
+                return plan;
+            }
             ExploreStep::Cut(to) => (
                 to,
                 format!(
@@ -420,9 +426,46 @@ fn fallback_step(cur: (u32, u32), slack: Option<f64>, own_ways: bool) -> (u32, u
     }
 }
 
+/// Whether the model's mean, without its spread, puts the cut `to` (cores, ways) within
+/// `limit` (ln of the margin), judged by this tick's scored candidates: the one with the
+/// most cores and ways among those with no more of either than the cut (fewer never help,
+/// so it is a pessimistic stand-in). False when none was scored (the service was not
+/// searched this tick). Exploring a cut the spread forbids is the point; one the mean
+/// forbids would only cost a violation.
+fn predicted_within(scored: &[((u32, u32), Pred)], to: (u32, u32), limit: f64) -> bool {
+    scored
+        .iter()
+        .filter(|((c, w), _)| *c <= to.0 && *w <= to.1)
+        .max_by_key(|((c, w), _)| (*c, *w))
+        .is_some_and(|(_, p)| p.mean <= limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_is_explored_only_where_the_models_mean_stays_within_the_margin() {
+        let pred = |mean: f64| Pred {
+            mean,
+            sigma: 0.5,
+            model_sigma: 0.1,
+        };
+        let limit = 0.9f64.ln();
+        // Scored at 6 and 8 cores with 4 ways; the cut to 7 cores and 5 ways is judged by
+        // (6, 4), the nearest with no more of either.
+        let scored = vec![
+            ((6, 4), pred(-0.3)),
+            ((8, 4), pred(-0.5)),
+            ((6, 8), pred(0.4)),
+        ];
+        assert!(predicted_within(&scored, (7, 5), limit));
+        let worse = vec![((6, 4), pred(0.0)), ((8, 4), pred(-0.5))];
+        assert!(!predicted_within(&worse, (7, 5), limit));
+        // Nothing scored at or under the cut: no cut.
+        assert!(!predicted_within(&scored, (5, 4), limit));
+        assert!(!predicted_within(&[], (7, 5), limit));
+    }
 
     #[test]
     fn the_fallback_grows_a_violating_service_in_proportion_to_how_far_off() {

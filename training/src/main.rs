@@ -374,6 +374,12 @@ fn main() -> Result<()> {
                 report.mlp_per_service.insert(s, eval::model_errors(&m, &r));
             }
             report.ridge_held_out = eval::ridge_held_out(&ds)?;
+            if report.ridge_held_out.rows == 0 {
+                eprintln!(
+                    "note: ridge_held_out is over 0 rows: the data hold one service, so no \
+                     service can be held out against the others"
+                );
+            }
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
     }

@@ -330,8 +330,9 @@ fn on_a_host_without_any_rdt_ml_takes_the_model_path_on_the_shared_llc() {
     // which a model trained only on partitioned hosts had never seen: z = 4.1 on the
     // project's VM, every decision on the fallback) and MBA is 100 %. Cores are the knob.
     // Measured: 0.98 / 0.99 / 0.95 of decisions on the model path and QoS met in 0.99 /
-    // 0.99 / 0.96 of intervals (demo, parties-mix, load-spike); the model trained before
-    // such hosts were in its data took the model path in under 1 % of demo's.
+    // 0.99 / 0.96 of intervals (demo, parties-mix, load-spike). Before such a host isolated
+    // no service, `ml` scored candidates with no ways of their own and took the model path
+    // in under 1 % of demo's decisions.
     for name in ["demo", "parties-mix", "load-spike"] {
         let (model_path, met) = on_a_vm(name, false);
         assert!(model_path >= 0.9, "{name}: {model_path} on the model path");

@@ -130,7 +130,10 @@ pub struct Share {
     /// Cores.
     pub cores: u32,
     /// Number of LLC ways (laid out as a contiguous range of its own; ignored for a service
-    /// beyond the CLOSID budget, which takes the pool's range, see [`layout`]).
+    /// beyond the CLOSID budget, which takes the pool's range, see [`layout`]). 0: no range
+    /// of its own: the service's group takes the best-effort pool's range, shared, and keeps
+    /// its own MBA (where the host partitions the LLC; a cache-insensitive service's way
+    /// goes back to the pool).
     pub ways: u32,
     /// MBA percent.
     pub mba_pct: u8,
@@ -152,9 +155,16 @@ pub struct Share {
 /// pool's way range and MBA, and so share its resctrl group, whatever their `ways` and
 /// `mba_pct` say (their cores and GPU shares are theirs). The plan then needs at most
 /// `host.groups_available()` groups. When the budget does not bind, nothing changes.
+///
+/// A service within the budget whose share has 0 ways gets the pool's way range too, at its
+/// own MBA: one resctrl group with the pool when the pool is at the same MBA, else one
+/// shared by every such service (never more groups than they had with ranges of their own;
+/// overlapping capacity bitmasks are allowed by CAT unless a group is exclusive, which
+/// cohabit never asks for).
 pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u8) -> Plan {
     let mut services = BTreeMap::new();
     let mut in_pool = Vec::new();
+    let mut on_pool_ways = Vec::new();
     let mut next_way = 0;
     let mut cores = 0;
     let mut gpu_used = vec![0u32; ctx.host.gpus.len().max(1)];
@@ -163,7 +173,11 @@ pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u
         let Some(s) = shares.get(&spec.name) else {
             continue;
         };
-        let (first, ways) = if i < isolated {
+        let (first, ways) = if i < isolated && s.ways == 0 && ctx.host.partitions_llc() {
+            // Set to the pool's range below.
+            on_pool_ways.push(spec.name.clone());
+            (0, 1)
+        } else if i < isolated {
             let ways = s
                 .ways
                 .max(1)
@@ -206,6 +220,11 @@ pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u
         if let Some(a) = services.get_mut(&name) {
             a.llc_ways = be_ways;
             a.mba_pct = be_mba_pct;
+        }
+    }
+    for name in on_pool_ways {
+        if let Some(a) = services.get_mut(&name) {
+            a.llc_ways = be_ways;
         }
     }
     Plan {
@@ -486,6 +505,28 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_share_of_no_ways_takes_the_pools_range_in_a_group_of_its_own() {
+        let c = ctx_with_closids(2, 16);
+        let mut shares = fair_shares(&c);
+        shares.get_mut("lc0").unwrap().ways = 0;
+        let plan = layout(&c, &shares, 40);
+        let (a, pool) = (plan.services["lc0"], plan.best_effort);
+        // lc1's range starts at way 0 (lc0 takes none), the pool has the rest, lc0 shares
+        // it at its own MBA.
+        assert_eq!(plan.services["lc1"].llc_ways.first, 0);
+        assert_eq!(
+            (a.llc_ways, a.mba_pct, pool.mba_pct),
+            (pool.llc_ways, 100, 40)
+        );
+        assert_eq!(plan.resctrl_groups(), 3);
+        // Without CAT (one way), no range is anyone's: the share takes way 0 as before.
+        let mut flat = c.clone();
+        flat.host = flat.host.without_allocation();
+        let plan = layout(&flat, &shares, 100);
+        assert_eq!(plan.services["lc0"].llc_ways, WayRange::new(0, 1));
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub struct MlConfig {
     /// QoS on `few-closids`, `mba-stream` and the Gold `load-spike`, and actuations
     /// everywhere (README, Limits), so it stays opt-in until it is surer.
     pub explore_step: f64,
+    /// A cache-insensitive service (its frontier needs no more cores with one way than with
+    /// any other count) may run on the best-effort pool's ways instead of a range of its
+    /// own, so that the ways go to the services that need them ([`super::pack`]).
+    pub pool_ways_for_insensitive: bool,
 }
 
 impl Default for MlConfig {
@@ -63,6 +67,7 @@ impl Default for MlConfig {
             way_cost: 0.1,
             explore_below: 0.75,
             explore_step: 0.0,
+            pool_ways_for_insensitive: true,
         }
     }
 }

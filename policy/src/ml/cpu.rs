@@ -39,6 +39,11 @@ struct CpuView {
     measured: Option<f64>,
     /// Shares the pool's ways (beyond the CLOSIDs).
     shares_pool: bool,
+    /// Runs on the pool's ways in a group of its own (its range is the pool's; `current`
+    /// then says one way, as the model is asked about it).
+    on_pool: bool,
+    /// May be put on the pool's ways ([`super::MlConfig::pool_ways_for_insensitive`]).
+    pool_option: bool,
 }
 
 /// What the frontier search found for one service.
@@ -83,7 +88,13 @@ impl MlPolicy {
             cand_neighbours.mem_bw_bytes_per_s = (neighbours.mem_bw_bytes_per_s - bw + at).max(0.0);
         }
         let shares_pool = self.ctx.shares_pool_group(name);
+        let pool_option = self.cfg.pool_ways_for_insensitive
+            && !shares_pool
+            && self.ctx.host.partitions_llc()
+            && self.ctx.has_cpu_best_effort();
         CpuView {
+            on_pool: self.on_pool.contains(name),
+            pool_option,
             target_ms,
             neighbours,
             cand_neighbours,
@@ -229,25 +240,38 @@ impl MlPolicy {
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
         let costs = self.costs();
-        let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);
-        let cur_cost = cost(v.current.cores, v.current.llc_ways.count);
-        let cheaper = found.points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
         let st = self.state.entry(name.to_string()).or_default();
+        let mut points = found.points;
+        if v.pool_option
+            && st.pool_ways_allowed(v.on_pool, safe, v.sample.requests_per_s)
+            && !found.relaxed
+        {
+            points.extend(search::pool_point(&points));
+        }
+        // The allocation in force as the packer counts it: no ways of its own on the pool's.
+        let current = (
+            v.current.cores,
+            if v.on_pool {
+                0
+            } else {
+                v.current.llc_ways.count
+            },
+        );
+        let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);
+        let cur_cost = cost(current.0, current.1);
+        let cheaper = points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
         st.scored = found.scored;
         st.scored_mba = v.cand_mba;
         let h = st.hysteresis(safe, cheaper, new_service, cfg.shrink_after);
         let now = format!("p99/target {:.2} ± {:.2}", cur_mean.exp(), cur_sigma);
         let text = model_reason(new_service, h, safe, found.relaxed, &now);
-        let mut points = found.points;
         if !safe && !new_service {
-            points = search::never_fewer_ways(points, v.current.llc_ways.count);
+            points = search::never_fewer_ways(points, current.1);
         }
         ServicePlan {
             name: name.to_string(),
             need: Need::Frontier { points },
-            keep: h
-                .keep
-                .then_some((v.current.cores, v.current.llc_ways.count)),
+            keep: h.keep.then_some(current),
             reason: Reason::new(DecisionPath::Model, text),
             gpu_pct: None,
             predictable: true,

@@ -33,7 +33,13 @@
 //!    resource). A service measured under `margin` of its target keeps its allocation until
 //!    a cheaper admissible one has existed for `shrink_after` intervals; a service that needs
 //!    more never loses ways in the same step. Way ranges are contiguous and disjoint, from
-//!    way 0 in configuration order. Services beyond the host's CLOSIDs
+//!    way 0 in configuration order. A cache-insensitive service (its frontier needs no more
+//!    cores with one way than with any other count) is also offered the point `(cores, 0)`:
+//!    the pool's ways, shared, in a group of its own at full bandwidth; it costs only its
+//!    cores, so the ways go to the services that need them (the oracle's shared ranges,
+//!    within what `ml` can predict). The model is asked about such a service as if it had one
+//!    way; measured past its margin there, it is not put there again at that load
+//!    ([`MlConfig::pool_ways_for_insensitive`] turns this off). Services beyond the host's CLOSIDs
 //!    ([`HostContext::shares_pool_group`]) share the pool's ways with the best-effort jobs:
 //!    they are searched with the ways they really get (pool sizes up to the pool's range in
 //!    force, never more ways than they measured under), pay only for their cores, and a
@@ -102,10 +108,10 @@
 //! functions over plain data; this file runs the steps in order.
 
 use std::cell::OnceCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use cohabit_core::{DecisionPath, Observation, Plan, Prediction, Reason, MBA_MAX_PCT};
+use cohabit_core::{DecisionPath, Observation, Plan, Prediction, Reason, WayRange, MBA_MAX_PCT};
 use cohabit_models::{log_qos_ratio, Model, Neighbours};
 
 use crate::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
@@ -173,6 +179,35 @@ pub struct MlPolicy {
     /// This tick's reference outputs per CPU service ([`Predictor::reference_out`]), shared
     /// by every pool level planned.
     references: BTreeMap<String, OnceCell<Vec<f32>>>,
+    /// The CPU services running on the pool's ways in a group of their own this tick
+    /// ([`on_pool_ways`]).
+    on_pool: BTreeSet<String>,
+}
+
+/// The services within the CLOSID budget whose range in `plan` is the pool's (a
+/// cache-insensitive service put there, or the one whose top way the pool shares when the
+/// services take every way: either way, it has no way of its own).
+fn on_pool_ways(ctx: &HostContext, plan: &Plan) -> BTreeSet<String> {
+    if !ctx.host.partitions_llc() {
+        return BTreeSet::new();
+    }
+    plan.services
+        .iter()
+        .filter(|(name, a)| a.llc_ways == plan.best_effort.llc_ways && !ctx.shares_pool_group(name))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// `plan` as the model is asked about it: a service on the pool's ways has one way (it
+/// shares them; one is the most it may count on).
+fn as_modelled(plan: &Plan, on_pool: &BTreeSet<String>) -> Plan {
+    let mut plan = plan.clone();
+    for name in on_pool {
+        if let Some(a) = plan.services.get_mut(name) {
+            a.llc_ways = WayRange::new(a.llc_ways.first, 1);
+        }
+    }
+    plan
 }
 
 /// One pool MBA level planned in full: what every service wanted there and how it packed.
@@ -214,6 +249,7 @@ impl MlPolicy {
             pool_level: MBA_MAX_PCT,
             last_degraded: false,
             references: BTreeMap::new(),
+            on_pool: BTreeSet::new(),
         }
     }
 
@@ -400,6 +436,7 @@ impl MlPolicy {
             .iter()
             .map(|p| {
                 let slack = slack(obs, &p.name);
+                let on_pool = self.on_pool.contains(&p.name);
                 Demand {
                     priority: self
                         .ctx
@@ -407,12 +444,18 @@ impl MlPolicy {
                         .iter()
                         .find(|s| s.name == p.name)
                         .map_or(0, |s| s.priority),
-                    current: obs
-                        .current
-                        .services
-                        .get(&p.name)
-                        .map_or((1, 1), |a| (a.cores, a.llc_ways.count)),
-                    need: p.need.clone(),
+                    current: obs.current.services.get(&p.name).map_or((1, 1), |a| {
+                        (a.cores, if on_pool { 0 } else { a.llc_ways.count })
+                    }),
+                    need: match p.need {
+                        // Held where it is: on the pool's ways still.
+                        Need::Fixed { cores, ways: 1 }
+                            if on_pool && p.reason.path != DecisionPath::Fallback =>
+                        {
+                            Need::Fixed { cores, ways: 0 }
+                        }
+                        ref need => need.clone(),
+                    },
                     keep: p.keep,
                     shares_pool_ways: self.ctx.shares_pool_group(&p.name),
                     violating: slack.is_some_and(|s| s < 0.0),
@@ -570,6 +613,17 @@ impl Policy for MlPolicy {
     }
 
     fn decide(&mut self, obs: &Observation, now_ms: u64) -> Decision {
+        self.on_pool = on_pool_ways(&self.ctx, &obs.current);
+        let modelled;
+        let obs = if self.on_pool.is_empty() {
+            obs
+        } else {
+            modelled = Observation {
+                current: as_modelled(&obs.current, &self.on_pool),
+                ..obs.clone()
+            };
+            &modelled
+        };
         self.references = self
             .ctx
             .latency_critical()
@@ -584,7 +638,8 @@ impl Policy for MlPolicy {
         } = self.plan_pool_levels(obs, now_ms);
         self.last_degraded = packing.degraded;
         let (plan, mut reasons) = self.lay_out(&plans, &packing);
-        let mut predictions = self.record_predictions(obs, &plans, &plan);
+        let placed = on_pool_ways(&self.ctx, &plan);
+        let mut predictions = self.record_predictions(obs, &plans, &as_modelled(&plan, &placed));
         self.record_gpu_predictions(obs, &plans, &plan, &mut predictions);
         let pool_why = if level < MBA_MAX_PCT {
             format!("what the latency-critical services leave; memory bandwidth {level} %")
@@ -788,10 +843,10 @@ pub(super) mod tests {
     #[test]
     fn services_beyond_the_closid_budget_share_the_pools_ways() {
         // 3 CLOSIDs: the root, the pool, and one service of its own. lc1 and lc2 share the
-        // pool's ways (and MBA); lc0 has a range the pool does not overlap.
+        // pool's ways (and MBA); lc0, to which ways matter, has a range the pool does not
+        // overlap.
         let c = ctx(3, 3);
-        let model = linear_model(&[(-1.0, &[]), (-1.0, &[])]);
-        let (_, d) = first_decision(&c, model, &sample(Some(0.5)));
+        let (_, d) = first_decision(&c, ways_model(), &sample(Some(0.5)));
         let pool = d.plan.best_effort;
         assert!(!d.plan.services["lc0"].llc_ways.overlaps(&pool.llc_ways));
         for name in ["lc1", "lc2"] {
@@ -805,11 +860,82 @@ pub(super) mod tests {
         assert!(d.plan.resctrl_groups() <= 2);
         // With 16 CLOSIDs every service has a range of its own.
         let c = ctx(3, 16);
-        let model = linear_model(&[(-1.0, &[]), (-1.0, &[])]);
-        let (_, d) = first_decision(&c, model, &sample(Some(0.5)));
+        let (_, d) = first_decision(&c, ways_model(), &sample(Some(0.5)));
         let ranges: Vec<WayRange> = d.plan.groups().map(|(_, a)| a.llc_ways).collect();
         for (i, a) in ranges.iter().enumerate() {
             assert!(ranges[i + 1..].iter().all(|b| !a.overlaps(b)), "{ranges:?}");
+        }
+    }
+
+    /// A model to which ways matter: one way needs more cores than two (each member
+    /// predicts -3 × ways_cand - 0.5 × cores_cand).
+    fn ways_model() -> Model {
+        let w = [(col("ways_cand"), -3.0), (col("cores_cand"), -0.5)];
+        linear_model(&[(0.0, &w), (0.0, &w)])
+    }
+
+    #[test]
+    fn cache_insensitive_services_run_on_the_pools_ways_in_groups_of_their_own() {
+        // Ways do not matter to the model: every service's frontier needs as few cores with
+        // one way as with any, so each runs on the pool's ways (in a group of its own, at
+        // full bandwidth) and the ways stay the pool's.
+        let c = ctx(3, 16);
+        let flat = || linear_model(&[(-1.0, &[]), (-1.0, &[])]);
+        let (_, d) = first_decision(&c, flat(), &sample(Some(0.5)));
+        let pool = d.plan.best_effort;
+        assert_eq!(pool.llc_ways, WayRange::new(0, 20), "{:?}", d.plan);
+        for name in ["lc0", "lc1", "lc2"] {
+            let a = d.plan.services[name];
+            assert_eq!((a.llc_ways, a.mba_pct), (pool.llc_ways, 100), "{name}");
+        }
+        // Same range, same MBA: one resctrl group serves them all.
+        assert_eq!(d.plan.resctrl_groups(), 1);
+        // The prediction recorded is for one way (the most a sharer may count on), so the
+        // next tick's correction compares like with like.
+        assert!(d.predictions.contains_key("lc0"));
+        // Switched off, each has a range of its own.
+        let cfg = MlConfig {
+            pool_ways_for_insensitive: false,
+            ..MlConfig::default()
+        };
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(flat()), cfg);
+        let initial = ml.initial().plan;
+        let off = ml.decide(&observe(&c, &initial, &sample(Some(0.5))), 1_000);
+        assert!(!off.plan.services["lc0"]
+            .llc_ways
+            .overlaps(&off.plan.best_effort.llc_ways));
+    }
+
+    #[test]
+    fn a_service_past_its_margin_on_the_pools_ways_gets_ways_of_its_own_again() {
+        // On the pool's ways and measured at 0.95 of its target twice (past the 0.9
+        // margin): the pool's ways are not offered, it gets a range of its own, and they
+        // are not offered again at that load while it is calm.
+        let c = ctx(1, 16);
+        let flat = linear_model(&[(-1.0, &[]), (-1.0, &[])]);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(flat), MlConfig::default());
+        let initial = ml.initial().plan;
+        let d = ml.decide(&observe(&c, &initial, &sample(Some(0.5))), 1_000);
+        let on_pool = d.plan;
+        assert_eq!(
+            on_pool.services["lc0"].llc_ways,
+            on_pool.best_effort.llc_ways
+        );
+        ml.decide(&observe(&c, &on_pool, &sample(Some(0.95))), 2_000);
+        let d = ml.decide(&observe(&c, &on_pool, &sample(Some(0.95))), 3_000);
+        let own = d.plan;
+        assert!(
+            !own.services["lc0"]
+                .llc_ways
+                .overlaps(&own.best_effort.llc_ways),
+            "{own:?} {:?}",
+            d.reasons
+        );
+        for t in 4..12 {
+            let d = ml.decide(&observe(&c, &own, &sample(Some(0.5))), t * 1_000);
+            assert!(!d.plan.services["lc0"]
+                .llc_ways
+                .overlaps(&d.plan.best_effort.llc_ways));
         }
     }
 

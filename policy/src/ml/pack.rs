@@ -16,7 +16,9 @@
 //! the isolated services' ways are settled when the programme reaches them) use none of the
 //! latency-critical ways and pay only for their cores; their point `(cores, ways)` means
 //! "enough with a pool of `ways` ways", so it fits only where the isolated services leave
-//! the pool at least that many ([`pool_ways`]).
+//! the pool at least that many ([`pool_ways`]). A point `(cores, 0)` of an isolated service
+//! puts it on the pool's ways (a cache-insensitive service, see `super::search::pool_point`):
+//! it uses no latency-critical way and costs only its cores.
 //!
 //! Degrade ([`degrade`]) when even that does not fit (the overload rule): nobody of the same
 //! or a higher priority is cut to make room. Each service keeps what it has (or its

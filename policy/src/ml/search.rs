@@ -49,6 +49,17 @@ pub(super) fn way_grid(max: u32) -> Vec<u32> {
     g
 }
 
+/// The point that puts a cache-insensitive service on the pool's ways: `(cores, 0)` when
+/// its frontier `points` needs no more cores with one way than with any other count (the
+/// model says ways do not help it), `None` otherwise.
+pub(super) fn pool_point(points: &[(u32, u32)]) -> Option<(u32, u32)> {
+    let fewest = points.iter().map(|p| p.0).min()?;
+    points
+        .iter()
+        .find(|p| p.1 == 1 && p.0 == fewest)
+        .map(|p| (p.0, 0))
+}
+
 /// The trust region: training candidates had at most twice the cores in force, so a single
 /// step at most doubles them (at least 2, at most the host's). A service measured under its
 /// margin (`held`) only looks for cheaper allocations, so a quarter more cores is as far as
@@ -157,6 +168,17 @@ pub(super) fn never_fewer_ways(points: Vec<(u32, u32)>, w0: u32) -> Vec<(u32, u3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_flat_frontier_offers_the_pools_ways() {
+        // As few cores with one way as with any: the pool's ways, with those cores.
+        assert_eq!(pool_point(&[(4, 1), (4, 2), (4, 8)]), Some((4, 0)));
+        // One way needs a core more than two: ways matter, no pool point.
+        assert_eq!(pool_point(&[(5, 1), (4, 2), (4, 8)]), None);
+        // No one-way point (not admissible there): none either.
+        assert_eq!(pool_point(&[(4, 2), (4, 8)]), None);
+        assert_eq!(pool_point(&[]), None);
+    }
 
     fn pred(mean: f64, sigma: f64) -> Pred {
         Pred {

@@ -74,6 +74,10 @@ pub(super) struct ServiceState {
     pub(super) probe: Option<Probe>,
     /// The allocation an exploring cut found past the margin: the service's cliff.
     pub(super) cliff: Option<Cliff>,
+    /// Requests per second at which the pool's ways were measured not enough for the
+    /// service: it is not put on them again while its load is at least [`CLIFF_LOAD`] of
+    /// this (0 when the load was not measured: never again).
+    pub(super) pool_ways_cliff: Option<f64>,
 }
 
 /// An exploring cut: from the allocation that was safe to the one being tried, both
@@ -152,6 +156,7 @@ impl Default for ServiceState {
             calm_ticks: 0,
             probe: None,
             cliff: None,
+            pool_ways_cliff: None,
         }
     }
 }
@@ -179,6 +184,23 @@ pub(super) struct Hysteresis {
 }
 
 impl ServiceState {
+    /// Whether the pool's ways may be offered to the service this tick: only while it is
+    /// measured within its margin (`safe`), and not at a load near one at which it was
+    /// measured past its margin on them (`on_pool` and not `safe`: remembered here, at `rps`).
+    pub(super) fn pool_ways_allowed(
+        &mut self,
+        on_pool: bool,
+        safe: bool,
+        rps: Option<f64>,
+    ) -> bool {
+        if on_pool && !safe {
+            self.pool_ways_cliff = Some(rps.unwrap_or(0.0));
+        }
+        safe && self
+            .pool_ways_cliff
+            .is_none_or(|c| rps.is_some_and(|r| r < CLIFF_LOAD * c))
+    }
+
     /// Factor on the model's spread for this service.
     pub(super) fn sigma_factor(&self) -> f64 {
         self.z2.sqrt().clamp(0.3, 3.0)

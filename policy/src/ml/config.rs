@@ -44,7 +44,7 @@ pub struct MlConfig {
     pub explore_step: f64,
     /// A cache-insensitive service (its frontier needs no more cores with one way than with
     /// any other count) may run on the best-effort pool's ways instead of a range of its
-    /// own, so that the ways go to the services that need them ([`super::pack`]).
+    /// own, so that the ways go to the services that need them (`ml` module docs, step 5).
     pub pool_ways_for_insensitive: bool,
 }
 

@@ -7,8 +7,8 @@
 //!
 //! Approach: each tick a few pool levels are candidates ([`pool_levels`]): the level in
 //! force; under pressure (a CPU service measured over its margin, or last tick's needs not
-//! fitting) a step down and the host's minimum; with no pressure for `shrink_after`
-//! intervals and a throttled pool, a step up. Every level is planned in full (searches and packing) with each service's
+//! fitting) a step down and the host's minimum; with no pressure and a throttled pool, a
+//! step up. Every level is planned in full (searches and packing) with each service's
 //! neighbour bandwidth as the pool would have it ([`pool_bw_at`]; services sharing the
 //! pool's resctrl group are searched at that MBA, through the model's `mba_cand`), and the
 //! level whose packing costs least, with [`throttle_cost`] added, wins. Levels are the
@@ -103,21 +103,18 @@ pub(super) fn throttle_cost(pool: &PoolBw, level: u8) -> f64 {
 }
 
 /// The pool levels planned this tick, the one in force first (see the module docs).
-/// `calm`: intervals in a row without pressure (some service over its margin, or last
-/// tick's needs not fitting), 0 under pressure now; a throttled pool is offered a step up
-/// only after `after` of them, as a service gives back only after a cheaper allocation has
-/// lasted (a service near its margin would otherwise toggle the pool every interval).
-pub(super) fn pool_levels(host: &HostCapacity, pool: &PoolBw, calm: u32, after: u32) -> Vec<u8> {
+/// `pressure`: some service is over its margin or last tick's needs did not fit.
+pub(super) fn pool_levels(host: &HostCapacity, pool: &PoolBw, pressure: bool) -> Vec<u8> {
     let now = pool.mba_now;
     if pool.bw_now.is_none() {
         // Nothing measured: never guess; a throttled pool is released.
         return vec![MBA_MAX_PCT];
     }
     let mut out = vec![now];
-    if calm == 0 {
+    if pressure {
         out.push(round_mba(host, f64::from(now) * 0.6));
         out.push(round_mba(host, f64::from(host.mba_min_pct)));
-    } else if now < MBA_MAX_PCT && calm >= after {
+    } else if now < MBA_MAX_PCT {
         out.push(round_mba(
             host,
             f64::from(now) + 2.0 * f64::from(host.mba_gran_pct.max(1)),
@@ -169,25 +166,23 @@ mod tests {
     #[test]
     fn a_pool_without_a_bandwidth_reading_is_never_throttled() {
         // Throttled to 50 with no reading: released to 100, even under pressure.
-        assert_eq!(pool_levels(&host(), &pool(50, None), 0, 5), vec![100]);
+        assert_eq!(pool_levels(&host(), &pool(50, None), true), vec![100]);
         assert_eq!(throttle_cost(&pool(50, None), 10), 0.0);
     }
 
     #[test]
     fn under_pressure_a_step_down_and_the_minimum_are_tried_beside_the_level_in_force() {
         assert_eq!(
-            pool_levels(&host(), &pool(100, Some(3e10)), 0, 5),
+            pool_levels(&host(), &pool(100, Some(3e10)), true),
             vec![100, 60, 10]
         );
-        // Without pressure an unthrottled pool stays; a throttled one may step up 2 steps,
-        // once the calm has lasted.
+        // Without pressure an unthrottled pool stays; a throttled one may step up 2 steps.
         assert_eq!(
-            pool_levels(&host(), &pool(100, Some(3e10)), 5, 5),
+            pool_levels(&host(), &pool(100, Some(3e10)), false),
             vec![100]
         );
-        assert_eq!(pool_levels(&host(), &pool(60, Some(3e10)), 4, 5), vec![60]);
         assert_eq!(
-            pool_levels(&host(), &pool(60, Some(3e10)), 5, 5),
+            pool_levels(&host(), &pool(60, Some(3e10)), false),
             vec![60, 80]
         );
     }

@@ -58,7 +58,7 @@
 //!    frontier has a point with fewer ways. The rule depends only on the needs and what is
 //!    in force, so it does not oscillate while the loads hold.
 //! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the
-//!    one in force; under pressure a step down and the minimum; without it for `shrink_after` intervals a step up), each
+//!    one in force; under pressure a step down and the minimum; without it a step up), each
 //!    service's neighbour bandwidth as the pool would have it (services sharing the pool's
 //!    group are searched at that MBA through `mba_cand`); the level with the fewest services
 //!    short, then the least cost (packing plus the throughput the throttle takes from the
@@ -176,8 +176,6 @@ pub struct MlPolicy {
     pool_level: u8,
     /// Last tick's needs did not all fit.
     last_degraded: bool,
-    /// Intervals in a row without pressure on the pool's bandwidth ([`mba::pool_levels`]).
-    pool_calm: u32,
     /// This tick's reference outputs per CPU service ([`Predictor::reference_out`]), shared
     /// by every pool level planned.
     references: BTreeMap<String, OnceCell<Vec<f32>>>,
@@ -250,7 +248,6 @@ impl MlPolicy {
             pool,
             pool_level: MBA_MAX_PCT,
             last_degraded: false,
-            pool_calm: 0,
             references: BTreeMap::new(),
             on_pool: BTreeSet::new(),
         }
@@ -330,17 +327,7 @@ impl MlPolicy {
     fn plan_pool_levels(&mut self, obs: &Observation, now_ms: u64) -> LevelPlan {
         self.pool = PoolBw::observed(obs, &self.ctx.host);
         let levels = if self.ctx.has_cpu_best_effort() {
-            self.pool_calm = if self.pressure(obs) {
-                0
-            } else {
-                self.pool_calm.saturating_add(1)
-            };
-            mba::pool_levels(
-                &self.ctx.host,
-                &self.pool,
-                self.pool_calm,
-                self.cfg.shrink_after,
-            )
+            mba::pool_levels(&self.ctx.host, &self.pool, self.pressure(obs))
         } else {
             vec![MBA_MAX_PCT]
         };

@@ -1,0 +1,111 @@
+//! The learned model's predicted change against the simulator's truth, for one service
+//! (issue 14: where `ml`'s per-service sizing comes from).
+//!
+//! Runs `ml` on a built-in scenario (E5 platform), takes the observation at a few ticks,
+//! and for a grid of (cores, ways) around the service's allocation in force prints the
+//! model's predicted change of ln(p99/target) with its calibrated spread (what `ml`'s
+//! search sees before the online correction) beside the true change (the same plan with
+//! only that service's allocation changed, laid out as the policies lay out, evaluated
+//! noise-free). A candidate is admissible to a service that could only give back when
+//! measured + change + 1.0 × spread ≤ ln(0.9).
+//!
+//! `cargo run --release -p cohabit-lab --example model_vs_truth [SCENARIO [SERVICE]]`
+//! (default `parties-mix moses`; simulated, a few seconds).
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cohabit_core::WayRange;
+use cohabit_lab::simulate::{self, LabPolicy};
+use cohabit_models::{features, log_qos_ratio, Neighbours};
+use cohabit_policy::{layout, shares_of, HostContext};
+use cohabit_sim::{Scenario, TruthModel};
+use ndarray::{Array2, ArrayView1};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let name = args.first().map_or("parties-mix", String::as_str);
+    let svc = args.get(1).map_or("moses", String::as_str);
+    let sc = Arc::new(Scenario::load(name).with_context(|| format!("scenario {name}"))?);
+    if !sc.services.iter().any(|s| s.spec.name == svc) {
+        bail!("scenario {name} has no service {svc}");
+    }
+    let model = simulate::builtin_model(sc.host.preset)?;
+    let run = simulate::run_policy(&sc, LabPolicy::Ml, None, None, |_| Ok(()))?;
+    let truth = TruthModel::new(Arc::clone(&sc));
+    let ctx = HostContext {
+        host: sc.capacity().clone(),
+        specs: sc.specs(),
+    };
+    let host = &ctx.host;
+    let n = sc.services.len();
+    println!("SIMULATION: every figure below comes from cohabit's simulated host.");
+    let len = run.records.len();
+    for idx in [len / 5, len / 2, len * 4 / 5] {
+        let obs = &run.records[idx].observation;
+        let o = obs
+            .services
+            .iter()
+            .find(|o| o.spec.name == svc)
+            .context("service not observed")?;
+        let target = o.spec.p99_target_ms().context("not latency-critical")?;
+        let Some(&cur) = obs.current.services.get(svc) else {
+            continue;
+        };
+        let Some(measured) = log_qos_ratio(&o.sample, target) else {
+            continue;
+        };
+        let nb = Neighbours::observed(obs, svc, host);
+        let loads = truth.loads_at(obs.t_ms as f64 / 1000.0 - 0.5);
+        // ln(p99/target) of the service, noise-free, with its allocation at (c, w).
+        let true_at = |c: u32, w: u32| -> Option<f64> {
+            let mut shares = shares_of(&obs.current);
+            let s = shares.get_mut(svc)?;
+            (s.cores, s.ways) = (c, w);
+            let plan = layout(&ctx, &shares, obs.current.best_effort.mba_pct);
+            let (_, g) = truth.evaluate(&plan, &loads, &vec![None; n], &vec![0.0; n]);
+            Some((g.p99_ms.get(svc)? / target).ln())
+        };
+        let base = true_at(cur.cores, cur.llc_ways.count).context("no truth")?;
+        println!(
+            "\n{name} t={} s: {svc} at {} cores / {} ways, measured p99/target {:.2} (true {:.2})",
+            obs.t_ms / 1000,
+            cur.cores,
+            cur.llc_ways.count,
+            measured.exp(),
+            base.exp()
+        );
+        println!(
+            "{:>6} {:>5} {:>9} {:>7} {:>8} {:>10}",
+            "cores", "ways", "model_d", "spread", "true_d", "admissible"
+        );
+        let w0 = cur.llc_ways.count;
+        let mut cands = Vec::new();
+        for w in [w0.saturating_sub(4).max(1), w0, w0 + 2, w0 + 4] {
+            for f in [6, 8, 10] {
+                cands.push(((cur.cores * f / 10).max(1), w.min(host.llc_ways)));
+            }
+        }
+        let reference = features(host, target, &o.sample, &cur, &cur, &nb);
+        let mut rows = Array2::<f32>::zeros((cands.len(), reference.len()));
+        for (i, &(c, w)) in cands.iter().enumerate() {
+            let mut a = cur;
+            a.cores = c;
+            a.llc_ways = WayRange::new(0, w);
+            let f = features(host, target, &o.sample, &cur, &a, &nb);
+            rows.row_mut(i).assign(&ArrayView1::from(&f[..]));
+        }
+        let (d, s) = model.score_change(ArrayView1::from(&reference[..]), rows.view());
+        for (i, &(c, w)) in cands.iter().enumerate() {
+            let t = true_at(c, w).map_or(f64::NAN, |v| v - base);
+            let pess = measured + f64::from(d[i]) + f64::from(s[i]);
+            println!(
+                "{c:>6} {w:>5} {:>+9.2} {:>7.2} {t:>+8.2} {:>10}",
+                d[i],
+                s[i],
+                if pess <= 0.9f64.ln() { "yes" } else { "no" }
+            );
+        }
+    }
+    Ok(())
+}

@@ -238,7 +238,8 @@ pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u
     }
 }
 
-/// The shares of a plan (inverse of [`layout`] for the latency-critical services).
+/// The shares of a plan (inverse of [`layout`] for the latency-critical services): a
+/// service whose range is the pool's has 0 ways (none of its own).
 pub fn shares_of(plan: &Plan) -> BTreeMap<String, Share> {
     plan.services
         .iter()
@@ -247,7 +248,11 @@ pub fn shares_of(plan: &Plan) -> BTreeMap<String, Share> {
                 name.clone(),
                 Share {
                     cores: a.cores,
-                    ways: a.llc_ways.count,
+                    ways: if a.llc_ways == plan.best_effort.llc_ways {
+                        0
+                    } else {
+                        a.llc_ways.count
+                    },
                     mba_pct: a.mba_pct,
                     gpu_pct: a.gpu_mps_pct,
                 },
@@ -390,6 +395,10 @@ fn fit_total(shares: &mut BTreeMap<String, Share>, total: u32, field: fn(&mut Sh
     }
     for s in shares.values_mut() {
         let v = field(s);
+        if *v == 0 {
+            // None to cut (a service on the pool's ways).
+            continue;
+        }
         // At most *v (total < sum), so it fits.
         let cut = u64::from(*v) * u64::from(total) / u64::from(sum);
         *v = u32::try_from(cut).unwrap_or(*v).max(1);
@@ -718,6 +727,31 @@ pub(crate) mod tests {
         let (lc, pool) = counts(&p);
         assert_eq!(lc.keys().cloned().collect::<Vec<_>>(), vec!["lc0", "lc2"]);
         assert_eq!((lc["lc0"], lc["lc2"], pool), ((20, 9), (9, 5), 7));
+    }
+
+    #[test]
+    fn a_service_on_the_pools_ways_stays_there_and_costs_the_others_no_ways() {
+        // lc1 runs on the pool's 11 ways; lc0 has 9 of its own. A new service comes: lc1
+        // is not counted for 11 ways (which would cut lc0 in proportion), it stays on the
+        // pool's, and the newcomer gets its fair 5 ways of what is free.
+        let before = ctx(2, true, false, 0);
+        let shares = [
+            ("lc0".to_string(), share(20, 9, None)),
+            ("lc1".to_string(), share(4, 0, None)),
+        ]
+        .into();
+        let in_force = layout(&before, &shares, 100);
+        assert_eq!(
+            in_force.services["lc1"].llc_ways,
+            in_force.best_effort.llc_ways
+        );
+        assert_eq!(shares_of(&in_force), shares);
+        let after = ctx(3, true, false, 0);
+        let p = carry_over(&after, &in_force);
+        p.validate(&after.host, &after.specs).unwrap();
+        assert_eq!(p.services["lc0"].llc_ways, WayRange::new(0, 9));
+        assert_eq!(p.services["lc2"].llc_ways.count, 5);
+        assert_eq!(p.services["lc1"].llc_ways, p.best_effort.llc_ways);
     }
 
     #[test]

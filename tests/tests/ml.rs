@@ -82,15 +82,18 @@ fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
             r.plan.validate(sc.capacity(), &sc.specs()).unwrap();
             // Services beyond the CLOSIDs have exactly the pool's range; the others have
             // ranges of their own, disjoint from each other's (and from the pool's when CPU
-            // jobs run there).
+            // jobs run there), or exactly the pool's (a cache-insensitive service there).
             let pool = r.plan.best_effort.llc_ways;
             let (sharing, isolated): (Vec<_>, Vec<_>) = r
                 .plan
                 .services
                 .iter()
-                .partition(|(n, _)| c.shares_pool_group(n));
+                .partition(|(n, a)| c.shares_pool_group(n) || a.llc_ways == pool);
             for (n, a) in &sharing {
                 assert_eq!(a.llc_ways, pool, "{name}: {n} shares the pool's group");
+                if c.shares_pool_group(n) {
+                    assert_eq!(a.mba_pct, r.plan.best_effort.mba_pct, "{name}: {n}");
+                }
             }
             let mut ranges: Vec<WayRange> = isolated.iter().map(|(_, a)| a.llc_ways).collect();
             // Overload rule (DESIGN §5): the pool yields first. It keeps at least one way
@@ -115,6 +118,61 @@ fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
             }
         }
     }
+}
+
+#[test]
+fn on_a_12_way_host_cache_insensitive_services_run_on_the_pools_ways_at_full_bandwidth() {
+    // Five services and a graph job on the Gold's 12 ways. The services to which ways do
+    // not matter go to the pool's ways (in groups of their own, so at full bandwidth
+    // however the pool is throttled); the ways they leave go to moses and masstree, which
+    // then need fewer cores, and the graph job gains. The same run without the option is
+    // the reference.
+    let sc = Arc::new(
+        Scenario::load("few-closids")
+            .unwrap()
+            .on_platform("xeon-gold-6338")
+            .unwrap(),
+    );
+    let c = ctx(&sc);
+    let run_with = |cfg: MlConfig| {
+        let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+        run(&sc, &mut MlPolicy::new(c.clone(), model, cfg), 600)
+    };
+    let on = run_with(MlConfig::default());
+    let off = run_with(MlConfig {
+        pool_ways_for_insensitive: false,
+        ..MlConfig::default()
+    });
+    let mut on_pool = 0;
+    for r in &on {
+        r.plan.validate(sc.capacity(), &sc.specs()).unwrap();
+        let pool = r.plan.best_effort;
+        for (n, a) in &r.plan.services {
+            if a.llc_ways == pool.llc_ways && !c.shares_pool_group(n) {
+                on_pool += 1;
+                assert_eq!(a.mba_pct, 100, "{n}");
+            }
+        }
+    }
+    assert!(
+        on_pool >= 600,
+        "{on_pool} service-intervals on the pool's ways"
+    );
+    let mean = |records: &[DecisionRecord], f: &dyn Fn(&DecisionRecord) -> f64| {
+        records.iter().map(f).sum::<f64>() / records.len() as f64
+    };
+    let be = |r: &DecisionRecord| r.truth.as_ref().unwrap().be_throughput;
+    let moses = |r: &DecisionRecord| f64::from(r.plan.services["moses"].cores);
+    let qos = |records: &[DecisionRecord]| {
+        records.iter().filter(|r| met(&sc, r)).count() as f64 / records.len() as f64
+    };
+    let (be_on, be_off) = (mean(&on, &be), mean(&off, &be));
+    assert!(
+        be_on > 1.1 * be_off,
+        "best effort {be_on:.3} with, {be_off:.3} without"
+    );
+    assert!(mean(&on, &moses) < mean(&off, &moses));
+    assert!(qos(&on) >= qos(&off) - 0.01, "{} {}", qos(&on), qos(&off));
 }
 
 #[test]

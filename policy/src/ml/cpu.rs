@@ -193,11 +193,15 @@ impl MlPolicy {
                     now.log_q.exp(),
                     prev.log_q.exp()
                 );
-                return hold(name, &v.current, why);
+                return hold(name, self.counted(name, &v.current), why);
             }
         }
         if v.measured.is_none() && !new_service {
-            return hold(name, &v.current, "hold (no latency reading)".into());
+            return hold(
+                name,
+                self.counted(name, &v.current),
+                "hold (no latency reading)".into(),
+            );
         }
         if let Some(why) = st.on_fallback(now_ms, &cfg) {
             return fallback(obs, name, &why, true, v.shares_pool);
@@ -240,6 +244,8 @@ impl MlPolicy {
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
         let costs = self.costs();
+        // The allocation in force as the packer counts it.
+        let current = self.counted(name, &v.current);
         let st = self.state.entry(name.to_string()).or_default();
         let mut points = found.points;
         if v.pool_option
@@ -248,15 +254,6 @@ impl MlPolicy {
         {
             points.extend(search::pool_point(&points));
         }
-        // The allocation in force as the packer counts it: no ways of its own on the pool's.
-        let current = (
-            v.current.cores,
-            if v.on_pool {
-                0
-            } else {
-                v.current.llc_ways.count
-            },
-        );
         let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);
         let cur_cost = cost(current.0, current.1);
         let cheaper = points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
@@ -386,11 +383,11 @@ fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> String {
     }
 }
 
-/// Holds the allocation in force on the model path (not predicted: the reading is not to
-/// be trusted or missing).
-fn hold(name: &str, current: &Allocation, text: String) -> ServicePlan {
+/// Holds the allocation in force, `current` (cores, ways) as the packer counts it, on the
+/// model path (not predicted: the reading is not to be trusted or missing).
+fn hold(name: &str, current: (u32, u32), text: String) -> ServicePlan {
     let reason = Reason::new(DecisionPath::Model, text);
-    ServicePlan::fixed(name, current.cores, current.llc_ways.count, reason, false)
+    ServicePlan::fixed(name, current.0, current.1, reason, false)
 }
 
 /// The fallback for a service the model cannot be trusted with, `why` saying why: a

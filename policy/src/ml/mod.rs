@@ -429,6 +429,17 @@ impl MlPolicy {
         plans
     }
 
+    /// (cores, ways) of `a`, service `name`'s allocation in force, as the packer counts
+    /// them: no ways of its own when it runs on the pool's ([`on_pool_ways`]).
+    fn counted(&self, name: &str, a: &cohabit_core::Allocation) -> (u32, u32) {
+        let ways = if self.on_pool.contains(name) {
+            0
+        } else {
+            a.llc_ways.count
+        };
+        (a.cores, ways)
+    }
+
     /// The packer's view of each plan. CLOSID budget: the services beyond it share the pool's
     /// ways ([`HostContext::shares_pool_group`]).
     fn demands(&self, obs: &Observation, plans: &[ServicePlan]) -> Vec<Demand> {
@@ -436,7 +447,6 @@ impl MlPolicy {
             .iter()
             .map(|p| {
                 let slack = slack(obs, &p.name);
-                let on_pool = self.on_pool.contains(&p.name);
                 Demand {
                     priority: self
                         .ctx
@@ -444,18 +454,12 @@ impl MlPolicy {
                         .iter()
                         .find(|s| s.name == p.name)
                         .map_or(0, |s| s.priority),
-                    current: obs.current.services.get(&p.name).map_or((1, 1), |a| {
-                        (a.cores, if on_pool { 0 } else { a.llc_ways.count })
-                    }),
-                    need: match p.need {
-                        // Held where it is: on the pool's ways still.
-                        Need::Fixed { cores, ways: 1 }
-                            if on_pool && p.reason.path != DecisionPath::Fallback =>
-                        {
-                            Need::Fixed { cores, ways: 0 }
-                        }
-                        ref need => need.clone(),
-                    },
+                    current: obs
+                        .current
+                        .services
+                        .get(&p.name)
+                        .map_or((1, 1), |a| self.counted(&p.name, a)),
+                    need: p.need.clone(),
                     keep: p.keep,
                     shares_pool_ways: self.ctx.shares_pool_group(&p.name),
                     violating: slack.is_some_and(|s| s < 0.0),

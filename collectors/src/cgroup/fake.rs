@@ -20,7 +20,11 @@
 //!   `cpuset.cpus.effective` becomes the requested CPUs the parent has, or all of the
 //!   parent's when that is empty, recomputed down the subtree; `cpuset.mems` likewise with
 //!   one memory node, 0;
-//! - `cpu.weight`: not a number is EINVAL, outside 1..=10000 is ERANGE; `cpu.max`: `max` or a
+//! - `cpu.weight`: not a number is EINVAL, outside 1..=10000 is ERANGE, and any write while
+//!   `cpu.idle` is 1 is EINVAL; `cpu.idle` (the idle scheduling class, Linux 5.15; absent
+//!   when built with [`FakeCgroup2Builder::idle_class`] false): only `0` or `1`, else
+//!   EINVAL; setting it to 1 makes `cpu.weight` read 1, back to 0 resets it to the default
+//!   100 (the weight before is lost, as in `sched_group_set_idle`); `cpu.max`: `max` or a
 //!   quota of at least 1000 µs, then an optional period of 1000..=1000000 µs, else EINVAL;
 //! - read-only files (`cgroup.controllers`, `*.effective`, `*.current`, `*.stat`) are
 //!   EACCES; `mkdir` needs an existing parent cgroup (ENOENT) and a new name (EEXIST);
@@ -50,6 +54,7 @@ pub struct FakeCgroup2Builder {
     cpus: u32,
     controllers: Vec<String>,
     root_subtree: Vec<String>,
+    idle_class: bool,
 }
 
 impl Default for FakeCgroup2Builder {
@@ -62,6 +67,7 @@ impl Default for FakeCgroup2Builder {
             cpus: 8,
             controllers: all.clone(),
             root_subtree: all,
+            idle_class: true,
         }
     }
 }
@@ -83,6 +89,12 @@ impl FakeCgroup2Builder {
     /// systemd sets on a real host).
     pub fn root_subtree(mut self, c: &[&str]) -> Self {
         self.root_subtree = c.iter().map(|s| (*s).to_string()).collect();
+        self
+    }
+
+    /// Whether the cpu controller has `cpu.idle` (Linux 5.15 and later; default true).
+    pub fn idle_class(mut self, yes: bool) -> Self {
+        self.idle_class = yes;
         self
     }
 
@@ -118,6 +130,7 @@ impl FakeCgroup2Builder {
             dir: Arc::new(dir),
             root,
             cpus: (0..self.cpus).collect(),
+            idle_class: self.idle_class,
             state: Arc::new(Mutex::new(State::default())),
         })
     }
@@ -137,6 +150,7 @@ pub struct FakeCgroup2 {
     dir: Arc<tempfile::TempDir>,
     root: PathBuf,
     cpus: Vec<u32>,
+    idle_class: bool,
     state: Arc<Mutex<State>>,
 }
 
@@ -171,6 +185,7 @@ fn files_of(controller: &str) -> &'static [(&'static str, &'static str)] {
             ("cpu.max", "max 100000"),
             ("cpu.weight", "100"),
             ("cpu.weight.nice", "0"),
+            ("cpu.idle", "0"),
             ("cpu.stat", "usage_usec 0\nuser_usec 0\nsystem_usec 0"),
         ],
         "io" => &[("io.max", ""), ("io.stat", "")],
@@ -358,6 +373,9 @@ impl FakeCgroup2 {
             let want = controllers.iter().any(|x| x == c);
             let have = had.iter().any(|x| x == c);
             for (file, init) in files_of(c) {
+                if *file == "cpu.idle" && !self.idle_class {
+                    continue;
+                }
                 let path = dir.join(file);
                 if want && !have {
                     std::fs::write(&path, init)?;
@@ -446,12 +464,28 @@ impl FakeCgroup2 {
         std::fs::write(dir.join("cpuset.mems"), list.to_string())
     }
 
-    fn write_weight(dir: &Path, data: &str) -> io::Result<()> {
+    fn write_weight(&self, dir: &Path, data: &str) -> io::Result<()> {
         let w: u64 = data.trim().parse().map_err(|_| err(libc::EINVAL))?;
         if !(1..=10_000).contains(&w) {
             return Err(err(libc::ERANGE));
         }
+        if self.read(dir, "cpu.idle").is_ok_and(|i| i == "1") {
+            return Err(err(libc::EINVAL));
+        }
         std::fs::write(dir.join("cpu.weight"), w.to_string())
+    }
+
+    fn write_idle(&self, dir: &Path, data: &str) -> io::Result<()> {
+        let idle = match data.trim() {
+            "0" => false,
+            "1" => true,
+            _ => return Err(err(libc::EINVAL)),
+        };
+        if self.read(dir, "cpu.idle")? == data.trim() {
+            return Ok(());
+        }
+        std::fs::write(dir.join("cpu.idle"), data.trim())?;
+        std::fs::write(dir.join("cpu.weight"), if idle { "1" } else { "100" })
     }
 
     fn write_cpu_max(&self, dir: &Path, data: &str) -> io::Result<()> {
@@ -506,7 +540,8 @@ impl KernelFs for FakeCgroup2 {
             "cgroup.procs" => self.write_procs(dir, data),
             "cpuset.cpus" => self.write_cpus(dir, data),
             "cpuset.mems" => self.write_mems(dir, data),
-            "cpu.weight" => Self::write_weight(dir, data),
+            "cpu.weight" => self.write_weight(dir, data),
+            "cpu.idle" => self.write_idle(dir, data),
             "cpu.max" => self.write_cpu_max(dir, data),
             _ => std::fs::write(path, data),
         }?;
@@ -668,10 +703,20 @@ mod tests {
             ("cpuset.cpus", "3-1", libc::EINVAL),
             ("cpuset.mems", "1", libc::EINVAL),
             ("cpuset.cpus.effective", "0", libc::EACCES),
+            ("cpu.idle", "2", libc::EINVAL),
+            ("cpu.idle", "-1", libc::EINVAL),
         ] {
             let e = f.write(&a.join(file), bad).unwrap_err();
             assert_eq!(code(&e), Some(errno), "{file} = {bad:?}");
         }
+        // The idle class: the weight reads 1 and cannot be written; leaving it resets it.
+        f.write(&a.join("cpu.weight"), "500").unwrap();
+        f.write(&a.join("cpu.idle"), "1").unwrap();
+        assert_eq!(f.read(&a, "cpu.weight").unwrap(), "1");
+        let e = f.write(&a.join("cpu.weight"), "10000").unwrap_err();
+        assert_eq!(code(&e), Some(libc::EINVAL), "weight of an idle group");
+        f.write(&a.join("cpu.idle"), "0").unwrap();
+        assert_eq!(f.read(&a, "cpu.weight").unwrap(), "100", "500 is lost");
         f.write(&a.join("cpu.weight"), "10000").unwrap();
         f.write(&a.join("cpu.max"), "5000").unwrap();
         assert_eq!(
@@ -688,6 +733,16 @@ mod tests {
         assert_eq!(f.read(&b, "cpuset.cpus.effective").unwrap(), "0-1");
         f.write(&a.join("cpuset.cpus"), "").unwrap();
         assert_eq!(f.read(&b, "cpuset.cpus.effective").unwrap(), "3");
+    }
+
+    #[test]
+    fn a_kernel_before_5_15_has_no_idle_class() {
+        for (idle, has) in [(true, true), (false, false)] {
+            let f = FakeCgroup2::builder().idle_class(idle).build().unwrap();
+            let a = f.mkdir_owner("/a", &[]).unwrap();
+            assert_eq!(a.join("cpu.idle").exists(), has);
+            assert_eq!(f.cgroups().unwrap().has_idle_class(), has);
+        }
     }
 
     #[test]

@@ -55,7 +55,7 @@ const PERIOD_US: u64 = 100_000;
 
 /// The control files cohabit writes (and so restores); nothing else is written through
 /// [`Cgroups::write_control`].
-pub const CONTROL_FILES: [&str; 7] = [
+pub const CONTROL_FILES: [&str; 8] = [
     "cpuset.cpus",
     "cpuset.mems",
     "cpu.max",
@@ -63,7 +63,14 @@ pub const CONTROL_FILES: [&str; 7] = [
     "cpu.cfs_quota_us",
     "cpu.cfs_period_us",
     "cpu.shares",
+    IDLE_FILE,
 ];
+
+/// The idle scheduling class of a group (v1 and v2): `1` puts it in, `0` takes it out.
+/// The kernel refuses a weight (`cpu.shares`, `cpu.weight`) for a group in it (EINVAL),
+/// and taking a group out resets its weight to the default, so the weight must be put
+/// back after it, never before.
+pub const IDLE_FILE: &str = "cpu.idle";
 
 /// Why a cgroup operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -414,20 +421,53 @@ impl Cgroups {
         }
     }
 
+    /// A name for a short-lived probe directory, unique per call (two threads of one
+    /// process may probe at once).
+    fn probe_name() -> String {
+        static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{PARENT}-probe-{}-{n}", std::process::id())
+    }
+
+    fn remove_probe(&self, dir: &Path) {
+        if let Err(e) = self.fs.remove_dir(dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not remove the cgroup probe");
+        }
+    }
+
+    /// Whether the cpu controller offers the kernel's idle scheduling class for groups
+    /// (`cpu.idle`, Linux 5.15 and later, v1 and v2): a group whose `cpu.idle` is 1 runs
+    /// only when its siblings leave a CPU idle and is preempted at once by any of them
+    /// waking up, and its CPUs count as idle when the kernel places a waking thread. v1:
+    /// the cpu hierarchy's root has the file; v2, whose root has none: a short-lived probe
+    /// group below the root has it (the mount must delegate `cpu`). [`IDLE_FILE`].
+    pub fn has_idle_class(&self) -> bool {
+        let Some(mount) = self.mount(Controller::Cpu) else {
+            return false;
+        };
+        match self.version {
+            Version::V1 => self.fs.read_to_string(&mount.join(IDLE_FILE)).is_ok(),
+            Version::V2 => {
+                let dir = mount.join(Self::probe_name());
+                if self.fs.create_dir(&dir).is_err() {
+                    return false;
+                }
+                let has = self.fs.read_to_string(&dir.join(IDLE_FILE)).is_ok();
+                self.remove_probe(&dir);
+                has
+            }
+        }
+    }
+
     /// Controllers whose hierarchy this process can create groups in (tried with a
     /// short-lived probe directory).
     pub fn writable_controllers(&self) -> Vec<String> {
-        // Unique per call: two threads of one process may probe at once.
-        static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let probe = format!("{PARENT}-probe-{}-{n}", std::process::id());
+        let probe = Self::probe_name();
         let mut out = Vec::new();
         for (ctrl, mount) in self.mounts.iter().filter(|(c, _)| *c != "name=systemd") {
             let dir = mount.join(&probe);
             if self.fs.create_dir(&dir).is_ok() {
-                if let Err(e) = self.fs.remove_dir(&dir) {
-                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove the writability probe");
-                }
+                self.remove_probe(&dir);
                 match self.version {
                     Version::V1 => out.push(ctrl.clone()),
                     Version::V2 => out.extend(self.v2_controllers.iter().cloned()),

@@ -27,6 +27,8 @@
 //! mem_bw_gbps = 76.8                 # peak memory bandwidth (MBA in MBps mode, telemetry sanity)
 //! unmanaged_cache = "shared"         # or "pool": processes cohabit does not manage (the root
 //!                                    # resctrl group) get the pool's cache ways, not every way
+//! best_effort_cpus = "spare"         # or "all": best-effort jobs may also run on the services'
+//!                                    # CPUs, in the kernel's idle class (cpu.idle)
 //!
 //! [[service]]                        # latency-critical
 //! name = "memcached"
@@ -73,7 +75,7 @@ use serde::Deserialize;
 
 use cohabit_policy::{ExploreConfig, PolicyKind};
 
-pub use super::host::layout::UnmanagedCache;
+pub use super::host::layout::{BestEffortCpus, UnmanagedCache};
 
 /// A configuration that failed to load; the message names the file and field.
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +189,8 @@ struct HostFile {
     name: Option<String>,
     #[serde(default)]
     unmanaged_cache: UnmanagedCache,
+    #[serde(default)]
+    best_effort_cpus: BestEffortCpus,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -482,6 +486,8 @@ pub struct DaemonConfig {
     pub mem_bw_gbps: Option<f64>,
     /// Which cache processes cohabit does not manage may use (`[host] unmanaged_cache`).
     pub unmanaged_cache: UnmanagedCache,
+    /// Where the best-effort pool may run (`[host] best_effort_cpus`).
+    pub best_effort_cpus: BestEffortCpus,
     /// GPUs to plan for when NVML cannot list them.
     pub gpus: Option<u32>,
     /// MPS control.
@@ -733,6 +739,7 @@ impl DaemonConfig {
             cpus,
             mem_bw_gbps: f.host.mem_bw_gbps,
             unmanaged_cache: f.host.unmanaged_cache,
+            best_effort_cpus: f.host.best_effort_cpus,
             gpus: f
                 .host
                 .gpus
@@ -1457,6 +1464,17 @@ mod tests {
         assert_eq!(c.unmanaged_cache, UnmanagedCache::Pool);
         let e = err(&format!("[host]\nunmanaged_cache = \"lc\"\n{MIN}"));
         assert!(e.contains("unmanaged_cache") && e.contains("lc"), "{e}");
+    }
+
+    #[test]
+    fn best_effort_cpus_are_the_spare_ones_unless_all_are_asked_for() {
+        let c = DaemonConfig::parse(MIN, "t.toml").unwrap();
+        assert_eq!(c.best_effort_cpus, BestEffortCpus::Spare, "default");
+        let all = format!("[host]\nbest_effort_cpus = \"all\"\n{MIN}");
+        let c = DaemonConfig::parse(&all, "t.toml").unwrap();
+        assert_eq!(c.best_effort_cpus, BestEffortCpus::All);
+        let e = err(&format!("[host]\nbest_effort_cpus = \"every\"\n{MIN}"));
+        assert!(e.contains("best_effort_cpus") && e.contains("every"), "{e}");
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct ProbeReport {
     pub cgroup_version: Option<Version>,
     /// Controllers cohabit could write.
     pub cgroup_writable: Vec<String>,
+    /// The kernel offers the idle class for groups (`cpu.idle`, Linux 5.15).
+    pub cpu_idle_class: bool,
+    /// How late a thread wakes from a 1 ms sleep on this host as it is now.
+    pub wake_latency: WakeLatency,
     /// Hardware counters.
     pub perf: PerfSupport,
     /// NVIDIA driver version, if NVML loaded.
@@ -39,6 +43,44 @@ pub struct ProbeReport {
     pub mps_state: String,
     /// What the host's MPS offers (absent without a control program).
     pub mps: Option<cohabit_collectors::mps::MpsCapabilities>,
+}
+
+/// How late a sleeping thread wakes: the overshoot of [`WAKE_SAMPLES`] sleeps of 1 ms, on
+/// the host as it is when probed (run it on a quiet host to see its idle CPUs). On bare
+/// metal the p99 is tens of µs; a VM whose idle vCPUs halt (no guest halt-polling) can take
+/// milliseconds to wake one, which a latency-critical service on its own idle CPUs pays on
+/// every request (README "Real services").
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct WakeLatency {
+    /// Median overshoot, µs.
+    pub p50_us: u64,
+    /// 99th percentile, µs.
+    pub p99_us: u64,
+}
+
+/// Sleeps measured by [`wake_latency`] (about 0.6 s in all).
+pub const WAKE_SAMPLES: usize = 500;
+
+/// Above this p99 overshoot the probe says idle CPUs wake slowly.
+pub const SLOW_WAKE_US: u64 = 500;
+
+/// Measures [`WakeLatency`] with `samples` sleeps of 1 ms.
+pub fn wake_latency(samples: usize) -> WakeLatency {
+    let nap = std::time::Duration::from_millis(1);
+    let mut late: Vec<u64> = (0..samples.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            std::thread::sleep(nap);
+            u64::try_from(t.elapsed().saturating_sub(nap).as_micros()).unwrap_or(u64::MAX)
+        })
+        .collect();
+    late.sort_unstable();
+    // Nearest rank: the sample at or above the quantile.
+    let at = |pct: usize| late[(late.len() * pct).div_ceil(100).saturating_sub(1)];
+    WakeLatency {
+        p50_us: at(50),
+        p99_us: at(99),
+    }
 }
 
 /// Looks at the host under `paths`, with the MPS control program at its usual place.
@@ -99,6 +141,8 @@ pub fn probe_with(
             .as_ref()
             .map(Cgroups::writable_controllers)
             .unwrap_or_default(),
+        cpu_idle_class: cg.as_ref().is_some_and(Cgroups::has_idle_class),
+        wake_latency: wake_latency(WAKE_SAMPLES),
         perf: perf::probe(),
         nvidia_driver,
         nvidia_absent,
@@ -184,6 +228,30 @@ impl ProbeReport {
             } else {
                 self.cgroup_writable.join(", ")
             },
+        );
+        line(
+            "cpu idle class",
+            if self.cpu_idle_class {
+                "yes (cpu.idle): the best-effort pool yields at once".to_string()
+            } else {
+                "no (cpu.idle needs Linux 5.15): the pool gets the lowest weight".to_string()
+            },
+        );
+        let w = self.wake_latency;
+        line(
+            "wake from 1 ms sleep",
+            format!(
+                "p50 {} µs, p99 {} µs late{}",
+                w.p50_us,
+                w.p99_us,
+                if w.p99_us > SLOW_WAKE_US && self.cpu_idle_class {
+                    "; idle CPUs wake slowly here (a VM whose idle vCPUs halt?): consider [host] best_effort_cpus = \"all\""
+                } else if w.p99_us > SLOW_WAKE_US {
+                    "; idle CPUs wake slowly here (a VM whose idle vCPUs halt?)"
+                } else {
+                    ""
+                }
+            ),
         );
         line(
             "hardware counters",
@@ -291,5 +359,20 @@ mod tests {
         let r = probe_with(&paths, &root.path().join("none"), None);
         assert!(r.mps.is_none());
         assert!(r.render().contains("is not installed"));
+        // No cgroup mount under the fixture root: no idle class, and said so.
+        assert!(!r.cpu_idle_class);
+        assert!(
+            r.render().contains("cpu.idle needs Linux 5.15"),
+            "{}",
+            r.render()
+        );
+    }
+
+    #[test]
+    fn wake_latency_is_ordered_and_at_least_the_timer_slack_is_measured() {
+        let w = wake_latency(20);
+        assert!(w.p50_us <= w.p99_us, "{w:?}");
+        // A 1 ms sleep never returns early, and a thread is never woken 1 s late on CI.
+        assert!(w.p99_us < 1_000_000, "{w:?}");
     }
 }

@@ -50,7 +50,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use cohabit_collectors::cgroup::{Cgroups, Controller, CpuList};
+use cohabit_collectors::cgroup::{Cgroups, Controller, CpuList, IDLE_FILE};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{Resctrl, Schemata};
 use cohabit_core::BEST_EFFORT_GROUP;
@@ -519,19 +519,31 @@ fn write_file(
     if same {
         return Ok(());
     }
-    if !t.own {
-        record.note(Change::CgroupFile {
-            dir: t.dir.clone(),
-            file: file.to_string(),
-            original: current.clone(),
-        })?;
-    }
+    note_original(record, t, file, &current)?;
     cg.write_control(&t.dir, file, value)?;
     journal.0.push(Undo::File {
         dir: t.dir.clone(),
         file: file.to_string(),
         previous: current,
     });
+    Ok(())
+}
+
+/// Notes `current`, the content of `file` before cohabit's first write, for an owner's
+/// cgroup (a group cohabit created goes on restore, its files with it).
+fn note_original(
+    record: &mut Record,
+    t: &Target,
+    file: &str,
+    current: &str,
+) -> Result<(), HostError> {
+    if !t.own {
+        record.note(Change::CgroupFile {
+            dir: t.dir.clone(),
+            file: file.to_string(),
+            original: current.to_string(),
+        })?;
+    }
     Ok(())
 }
 
@@ -614,11 +626,65 @@ fn write_cgroups(
                 write_file(cg, record, journal, t, file, &value)?;
             }
         }
-        if let Some(w) = v.weight {
-            let (file, value) = cg.weight_file(w);
-            write_file(cg, record, journal, t, file, &value)?;
+        write_class(cg, record, journal, t, v)?;
+    }
+    Ok(())
+}
+
+/// The weight and idle class of one cpu-controller target. The kernel refuses a weight for
+/// a group in the idle class and resets it when the group leaves, so: into the class, the
+/// weight is noted (for the restore and the undo, which both run newest first: the class
+/// goes, then the weight comes back) and not written; out of it, the class goes before the
+/// weight is written. A target without `cpu.idle` (a kernel before 5.15) gets the weight.
+fn write_class(
+    cg: &Cgroups,
+    record: &mut Record,
+    journal: &mut Journal,
+    t: &Target,
+    v: &layout::CgroupValues,
+) -> Result<(), HostError> {
+    let idle_now = v
+        .idle
+        .and_then(|_| cg.read_control(&t.dir, IDLE_FILE).ok())
+        .map(|text| text.trim() == "1");
+    let weight = v.weight.map(|w| cg.weight_file(w));
+    match (v.idle, idle_now) {
+        (Some(true), Some(false)) => {
+            if let Some((file, _)) = weight {
+                keep_for_restore(cg, record, journal, t, file)?;
+            }
+            write_file(cg, record, journal, t, IDLE_FILE, "1")
+        }
+        (Some(true), Some(true)) => Ok(()),
+        (_, now) => {
+            if now == Some(true) {
+                write_file(cg, record, journal, t, IDLE_FILE, "0")?;
+            }
+            match weight {
+                Some((file, value)) => write_file(cg, record, journal, t, file, &value),
+                None => Ok(()),
+            }
         }
     }
+}
+
+/// Notes the current content of `file` as if it were about to be written (the record and
+/// the journal), for a write to another file that changes it as a side effect: the note
+/// comes first, so it is put back after that write is undone.
+fn keep_for_restore(
+    cg: &Cgroups,
+    record: &mut Record,
+    journal: &mut Journal,
+    t: &Target,
+    file: &str,
+) -> Result<(), HostError> {
+    let current = cg.read_control(&t.dir, file)?;
+    note_original(record, t, file, &current)?;
+    journal.0.push(Undo::File {
+        dir: t.dir.clone(),
+        file: file.to_string(),
+        previous: current,
+    });
     Ok(())
 }
 
@@ -1082,6 +1148,8 @@ mod tests {
             perf: PerfSupport::Unsupported("test".into()),
             clk_tck: 100.0,
             unmanaged_cache: Default::default(),
+            idle_class: true,
+            best_effort_cpus: Default::default(),
         };
         Host {
             procfs: Procfs::new(cg.base().join("proc")),
@@ -1270,6 +1338,78 @@ mod tests {
             !h.cg.root().join("cohabit").exists(),
             "no group of cohabit's was needed"
         );
+    }
+
+    #[test]
+    fn the_pool_joins_the_idle_class_and_its_owners_weight_comes_back_after_it() {
+        let mut h = host();
+        // The owners' values: the batch unit at weight 300; kv's unit (oddly) idle.
+        std::fs::write(h.cg.dir(BATCH).join("cpu.weight"), "300").unwrap();
+        std::fs::write(h.cg.dir(KV).join("cpu.idle"), "1").unwrap();
+        std::fs::write(h.cg.dir(KV).join("cpu.weight"), "1").unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        let w = writes(&h, &plan(2, 6, 6));
+        apply(&h.kernel, &mut record, w.clone(), &t, &mut h.gpu, None).unwrap();
+        let class = |h: &Host, unit| (read(h, unit, "cpu.idle"), read(h, unit, "cpu.weight"));
+        assert_eq!(class(&h, BATCH), ("1".into(), "1".into()), "in the class");
+        assert_eq!(
+            class(&h, KV),
+            ("0".into(), "10000".into()),
+            "out, then weighted"
+        );
+        let n = h.cg.writes().len();
+        apply(&h.kernel, &mut record, w, &t, &mut h.gpu, None).unwrap();
+        assert_eq!(h.cg.writes().len(), n, "nothing differs, nothing written");
+        // Restore, newest first: the class goes, then the weight it reset comes back.
+        restore(&h.kernel, &mut record, &mut h.gpu, &h.procfs);
+        assert_eq!(class(&h, BATCH), ("0".into(), "300".into()));
+        assert_eq!(read(&h, KV, "cpu.idle"), "1");
+        assert!(record.changes.is_empty(), "{:?}", record.changes);
+    }
+
+    #[test]
+    fn a_failed_apply_takes_the_pool_out_of_the_idle_class_with_its_weight_back() {
+        let mut h = host();
+        std::fs::write(h.cg.dir(BATCH).join("cpu.weight"), "300").unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        let mut w = writes(&h, &plan(2, 6, 6));
+        // The pool's values first, then kv's, whose weight the kernel will not take.
+        w.cgroups.reverse();
+        assert_eq!(w.cgroups[0].group, BEST_EFFORT_GROUP);
+        let weight = h.cg.dir(KV).join("cpu.weight");
+        std::fs::remove_file(&weight).unwrap();
+        std::fs::create_dir(&weight).unwrap();
+        let e = apply(&h.kernel, &mut record, w, &t, &mut h.gpu, None).unwrap_err();
+        assert!(e.to_string().contains("cpu.weight"), "{e}");
+        assert_eq!(read(&h, BATCH, "cpu.idle"), "0");
+        assert_eq!(
+            read(&h, BATCH, "cpu.weight"),
+            "300",
+            "not the kernel's reset 100"
+        );
+    }
+
+    #[test]
+    fn without_the_idle_class_the_pool_gets_the_lowest_weight() {
+        let mut h = host();
+        // A kernel before 5.15: no cpu.idle in the batch unit.
+        std::fs::remove_file(h.cg.dir(BATCH).join("cpu.idle")).unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        apply(
+            &h.kernel,
+            &mut record,
+            writes(&h, &plan(2, 6, 6)),
+            &t,
+            &mut h.gpu,
+            None,
+        )
+        .unwrap();
+        assert_eq!(read(&h, BATCH, "cpu.weight"), "1");
+        restore(&h.kernel, &mut record, &mut h.gpu, &h.procfs);
+        assert_eq!(read(&h, BATCH, "cpu.weight"), "100");
     }
 
     #[test]

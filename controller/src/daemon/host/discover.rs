@@ -57,6 +57,20 @@ pub struct HostFacts {
     pub clk_tck: f64,
     /// Which cache unmanaged processes may use (`[host] unmanaged_cache`).
     pub unmanaged_cache: super::layout::UnmanagedCache,
+    /// The kernel offers the idle class for groups (`cpu.idle`).
+    pub idle_class: bool,
+    /// Where the pool may run (`[host] best_effort_cpus`).
+    pub best_effort_cpus: super::layout::BestEffortCpus,
+}
+
+impl HostFacts {
+    /// The pool runs on every managed CPU in the idle class: asked for, and the kernel
+    /// has the class and cohabit writes the cpu controller.
+    pub fn pool_on_every_cpu(&self) -> bool {
+        self.best_effort_cpus == super::layout::BestEffortCpus::All
+            && self.idle_class
+            && self.can_quota
+    }
 }
 
 /// The facts and the handles cohabit will read and write through.
@@ -119,7 +133,12 @@ pub(super) fn discover(
         perf,
         clk_tck,
         unmanaged_cache: cfg.unmanaged_cache,
+        idle_class: cg.idle_class,
+        best_effort_cpus: cfg.best_effort_cpus,
     };
+    if facts.best_effort_cpus == super::layout::BestEffortCpus::All && !facts.pool_on_every_cpu() {
+        tracing::warn!("best_effort_cpus = \"all\" needs the kernel's idle class for groups (cpu.idle, Linux 5.15) and a writable cpu controller; the pool keeps to the CPUs no service holds");
+    }
     Ok(Discovered {
         cgroups: cg.cgroups.filter(|_| facts.can_cpuset || facts.can_quota),
         facts,
@@ -135,6 +154,7 @@ struct CgroupFacts {
     writable: Vec<String>,
     can_cpuset: bool,
     can_quota: bool,
+    idle_class: bool,
 }
 
 fn cgroups(cfg: &DaemonConfig) -> Result<CgroupFacts, HostError> {
@@ -155,11 +175,16 @@ fn cgroups(cfg: &DaemonConfig) -> Result<CgroupFacts, HostError> {
             "cores: no writable cpu controller either; core allocations will not be applied"
         );
     }
+    let idle_class = can_quota && cgroups.as_ref().is_some_and(Cgroups::has_idle_class);
+    if can_quota && !idle_class {
+        tracing::warn!("the kernel has no idle class for groups (cpu.idle, Linux 5.15); the best-effort pool gets the lowest CPU weight instead");
+    }
     Ok(CgroupFacts {
         cgroups,
         writable,
         can_cpuset,
         can_quota,
+        idle_class,
     })
 }
 

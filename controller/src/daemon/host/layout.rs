@@ -30,18 +30,25 @@
 //! 2. CPUs ([`cpu_layout`]): latency-critical services get consecutive blocks of the host's
 //!    CPU list in configuration order, at least one CPU each; the pool gets every CPU left.
 //!    When none is left, the pool shares the last CPU as an *idle class* where the host can
-//!    weight cgroups (the cpu controller is writable): the lowest weight and no quota, so
-//!    it takes the cycles the service there leaves idle. It is kept to that one CPU, not
-//!    spread over all of them, because unmanaged processes (the clients of the services
-//!    themselves, on a small host; system daemons) need somewhere to run: spread over every
-//!    CPU at the lowest weight, the batch job still left the benchmark's own client waiting
-//!    (README "Real services"). When the CPUs run out, later services share the last one
-//!    too.
+//!    weight cgroups (the cpu controller is writable): no quota, so it takes the cycles the
+//!    service there leaves idle. It is kept to that one CPU, not spread over all of them,
+//!    because unmanaged processes (the clients of the services themselves, on a small host;
+//!    system daemons) need somewhere to run: spread over every CPU at the lowest weight, the
+//!    batch job still left the benchmark's own client waiting (README "Real services").
+//!    When the CPUs run out, later services share the last one too. With
+//!    [`BestEffortCpus::All`] and the kernel's idle class, the pool gets every managed CPU
+//!    instead (the services' sets stay as they are, disjoint): for hosts whose idle CPUs
+//!    wake slowly (VMs whose idle vCPUs halt), where a CPU kept busy by a pool that yields
+//!    at once serves a service faster than its own idle one.
 //! 3. CPU limit ([`cpu_limit`], written only where the cpu controller is): with CPU sets
 //!    the set is the limit; without them the quota is the allocation, and none for a pool
-//!    with no cores (the idle class). Weight ([`CpuWeight`]): the highest for
-//!    latency-critical groups, so unmanaged processes on their CPUs get little of them;
-//!    the lowest for the pool, which yields to everything.
+//!    with no cores (the idle class). Class: the pool is put in the kernel's idle class
+//!    (`cpu.idle`, Linux 5.15), where it runs only on cycles its siblings leave and is
+//!    preempted at once when one of them wakes, and its CPUs count as idle when the kernel
+//!    places a waking thread; latency-critical groups are kept out of it. Weight
+//!    ([`CpuWeight`]): the highest for latency-critical groups, so unmanaged processes on
+//!    their CPUs get little of them; the lowest for the pool where the kernel has no idle
+//!    class (the kernel refuses a weight for a group in the class).
 //!
 //!    Why an idle class and not a quota: on a real host (2 CPUs, memcached and nginx beside
 //!    a CPU-bound batch job, README "Real services") a pool confined to one service's CPU
@@ -97,6 +104,22 @@ pub enum UnmanagedCache {
     /// best effort and stay out of the latency-critical ways (as Heracles treats every
     /// other task). For hosts dedicated to co-location.
     Pool,
+}
+
+/// Where the best-effort pool may run (`[host] best_effort_cpus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BestEffortCpus {
+    /// The CPUs no latency-critical service holds (when none is left, the last one in the
+    /// idle class). The default: a service's CPUs are its own, as in Heracles and PARTIES.
+    #[default]
+    Spare,
+    /// Every managed CPU, the services' included, in the kernel's idle class: the pool
+    /// only takes cycles the services leave idle and yields to them at once. Needs the
+    /// idle class (`cpu.idle`, Linux 5.15); without it the pool keeps to `Spare`. For
+    /// hosts whose idle CPUs wake slowly (virtual machines whose idle vCPUs halt, see
+    /// README "Real services"), where a service's own idle CPU costs it more than sharing.
+    All,
 }
 
 /// Everything cohabit writes to the host for one plan.
@@ -167,8 +190,12 @@ pub struct CgroupValues {
     pub cpus: Option<CpuList>,
     /// The CFS limit, when CPU quotas are written.
     pub cpu_max: Option<CpuMax>,
-    /// The weight against sibling cgroups, when the cpu controller is written.
+    /// The weight against sibling cgroups, when the cpu controller is written; for a
+    /// group in the idle class, where the kernel has no idle class.
     pub weight: Option<CpuWeight>,
+    /// The idle class (`cpu.idle`), where the kernel has it and the cpu controller is
+    /// written: in it for the pool, out of it for latency-critical groups.
+    pub idle: Option<bool>,
 }
 
 /// The MPS share published for one GPU client.
@@ -244,7 +271,10 @@ pub fn layout(
             .filter(|s| !s.is_empty()),
         UnmanagedCache::Shared => None,
     };
-    let cpus = cpu_layout(plan, services, &facts.cpus);
+    let mut cpus = cpu_layout(plan, services, &facts.cpus);
+    if facts.pool_on_every_cpu() {
+        cpus.insert(BEST_EFFORT_GROUP.to_string(), CpuList(facts.cpus.clone()));
+    }
     let cgroups = plan
         .groups()
         .map(|(group, alloc)| CgroupValues {
@@ -259,6 +289,7 @@ pub fn layout(
             } else {
                 CpuWeight::Highest
             }),
+            idle: (facts.can_quota && facts.idle_class).then_some(group == BEST_EFFORT_GROUP),
         })
         .collect();
     let gpu = services
@@ -586,6 +617,8 @@ mod tests {
             perf: PerfSupport::Unsupported("test".into()),
             clk_tck: 100.0,
             unmanaged_cache: Default::default(),
+            idle_class: true,
+            best_effort_cpus: Default::default(),
         }
     }
 
@@ -664,6 +697,45 @@ mod tests {
         let pool = w.cgroup("best-effort").unwrap();
         assert_eq!(pool.weight, Some(CpuWeight::Lowest), "an idle class");
         assert_eq!(pool.cpu_max.unwrap().quota_us, None, "without a quota");
+    }
+
+    #[test]
+    fn the_pool_is_in_the_idle_class_and_on_every_cpu_only_when_asked() {
+        let p = plan(
+            &[("kv", alloc(2, 0, 4, 100)), ("web", alloc(1, 4, 2, 100))],
+            alloc(3, 6, 6, 100),
+        );
+        let specs = &three()[..2];
+        let idle = |w: &HostWrites, g: &str| w.cgroup(g).unwrap().idle;
+        // Default: the spare CPUs, in the idle class (services explicitly out of it).
+        let spare = layout(&p, &facts(None), specs, &BTreeSet::new()).unwrap();
+        assert_eq!(cpus_of(&spare, "best-effort"), "3-7");
+        assert_eq!(idle(&spare, "best-effort"), Some(true));
+        assert_eq!(idle(&spare, "kv"), Some(false));
+        // All: every managed CPU for the pool; the services' sets stay disjoint.
+        let mut f = facts(None);
+        f.best_effort_cpus = BestEffortCpus::All;
+        let all = layout(&p, &f, specs, &BTreeSet::new()).unwrap();
+        assert_eq!(cpus_of(&all, "best-effort"), "0-7");
+        assert_eq!(
+            (cpus_of(&all, "kv"), cpus_of(&all, "web")),
+            ("0-1".into(), "2".into())
+        );
+        // Without the kernel's idle class, neither: the lowest weight on the spare CPUs.
+        f.idle_class = false;
+        let old = layout(&p, &f, specs, &BTreeSet::new()).unwrap();
+        assert_eq!(cpus_of(&old, "best-effort"), "3-7");
+        assert_eq!(idle(&old, "best-effort"), None);
+        assert_eq!(
+            old.cgroup("best-effort").unwrap().weight,
+            Some(CpuWeight::Lowest)
+        );
+        // Nor without a writable cpu controller (the class is a cpu controller file).
+        f.idle_class = true;
+        f.can_quota = false;
+        let no_cpu = layout(&p, &f, specs, &BTreeSet::new()).unwrap();
+        assert_eq!(cpus_of(&no_cpu, "best-effort"), "3-7");
+        assert_eq!(idle(&no_cpu, "best-effort"), None);
     }
 
     #[test]

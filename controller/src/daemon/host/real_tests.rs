@@ -152,6 +152,8 @@ fn facts(cpus: Vec<u32>) -> HostFacts {
         perf: PerfSupport::Unsupported("test".into()),
         clk_tck: 100.0,
         unmanaged_cache: Default::default(),
+        idle_class: true,
+        best_effort_cpus: Default::default(),
     }
 }
 

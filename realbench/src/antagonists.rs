@@ -150,7 +150,7 @@ pub struct Batch {
 pub const GROUP: &str = "be";
 
 /// Starts the scenario's stress-ng in cgroup [`GROUP`] (created beforehand, so the `cap`
-/// policy can already be written there).
+/// and `idle` policies can already be written there).
 pub fn start(
     lab: &mut Lab,
     scenario: Scenario,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::antagonists::{self, Scenario, Throughput};
 use crate::client::{Load, LoadSpec};
 use crate::host_model::{self, FitSettings, HostModel};
-use crate::policies::{self, CohabitConfig, LcEntry, Policy};
+use crate::policies::{self, BestEffortCpus, CohabitConfig, LcEntry, Policy};
 use crate::procs::Lab;
 use crate::report::{
     summarize, BatchResult, CohabitResult, Machine, Report, RunKind, RunResult, ServiceResult,
@@ -118,6 +118,8 @@ pub struct Options {
     pub probe_rate_hz: u32,
     /// cohabit's probe time-out.
     pub probe_timeout_ms: u64,
+    /// cohabit's `[host] best_effort_cpus` (`None`: not written, cohabit's default).
+    pub best_effort_cpus: Option<BestEffortCpus>,
     /// The cohabit binary (default: beside this one, then `PATH`).
     pub cohabit: Option<PathBuf>,
     /// The model for `ml` (default: the built-in one, written into `out`); `ml-host` is
@@ -144,6 +146,7 @@ impl Options {
             policies: vec![
                 Policy::None,
                 Policy::Cap,
+                Policy::Idle,
                 Policy::Static,
                 Policy::Parties,
                 Policy::Ml,
@@ -157,6 +160,7 @@ impl Options {
             interval_ms: 1000,
             probe_rate_hz: 200,
             probe_timeout_ms: 100,
+            best_effort_cpus: None,
             cohabit: None,
             model: None,
             explore_s: 60,
@@ -559,6 +563,7 @@ fn start_daemon(
         batch_names,
         probe_rate_hz: ctx.opts.probe_rate_hz,
         probe_timeout_ms: ctx.opts.probe_timeout_ms,
+        best_effort_cpus: ctx.opts.best_effort_cpus,
     });
     std::fs::write(&config, text).map_err(crate::io_err("writing", &config))?;
     let output = dir.join("cohabit.log");
@@ -670,10 +675,12 @@ fn one_run(
     } else {
         start_services(ctx, lab, &dir)?
     };
-    // The batch job's cgroup, capped before anything runs in it.
+    // The batch job's cgroup, capped (or made idle) before anything runs in it.
     lab.tree().create(antagonists::GROUP)?;
-    if policy == Policy::Cap {
-        policies::apply_cap(lab.tree(), antagonists::GROUP, &ctx.cpus)?;
+    match policy {
+        Policy::Cap => policies::apply_cap(lab.tree(), antagonists::GROUP, &ctx.cpus)?,
+        Policy::Idle => policies::apply_idle(lab.tree(), antagonists::GROUP)?,
+        _ => {}
     }
     let batch_names: Vec<String> = scenario
         .map(|s| vec![s.worker_name().to_string()])
@@ -924,6 +931,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("explore run"));
+    }
+
+    #[test]
+    fn idle_runs_in_full_after_cap_but_not_in_quick() {
+        let full = Options::full("/tmp/x".into()).policies;
+        let cap = full.iter().position(|p| *p == Policy::Cap).unwrap();
+        assert_eq!(full.get(cap + 1), Some(&Policy::Idle));
+        let quick = Options::quick("/tmp/x".into());
+        assert_eq!(quick.policies, vec![Policy::None, Policy::Parties]);
+        assert_eq!(quick.best_effort_cpus, None);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The benchmark's own cgroups: `cohabit-realbench/<group>` in the cpu and cpuset
 //! hierarchies (cgroup v1) or in the unified hierarchy (v2). Services and antagonists start
 //! inside them (so every process the benchmark starts can be found and killed), the `cap`
-//! policy writes its limits there, and everything is removed at the end.
+//! and `idle` policies write their settings there, and everything is removed at the end.
 //!
 //! This is deliberately not cohabit's cgroup code: the benchmark judges cohabit and must
 //! not share its mistakes.
@@ -243,6 +243,22 @@ impl Tree {
         }
     }
 
+    /// Puts `group` in the kernel's idle scheduling class (`cpu.idle` = 1, in the cpu
+    /// hierarchy on v1, the unified one on v2): its tasks run only when a CPU has nothing
+    /// else to run. Linux 5.15 added the file; without it this is an error naming it. The
+    /// kernel then refuses writes of `cpu.shares`/`cpu.weight` to the group (EINVAL), so
+    /// this is not combined with [`Tree::set_lowest_weight`].
+    pub fn set_idle(&self, group: &str) -> Result<(), Error> {
+        let path = self.cpu_dir(group).join("cpu.idle");
+        if !path.exists() {
+            return Err(Error::Host(format!(
+                "{} for the idle policy: without it the kernel has no idle scheduling class for cgroups (Linux 5.15 or later)",
+                path.display()
+            )));
+        }
+        write(&path, "1")
+    }
+
     /// Caps `group` at `cpus` CPUs' worth of time per 100 ms period.
     pub fn set_quota(&self, group: &str, cpus: f64) -> Result<(), Error> {
         let period = 100_000u64;
@@ -417,5 +433,73 @@ mod tests {
             "echo $$ > '/sys/fs/cgroup/cpu,cpuacct/cohabit-realbench/svc-memcached/cgroup.procs' && echo $$ > '/sys/fs/cgroup/cpuset/cohabit-realbench/svc-memcached/cgroup.procs'"
         );
         assert_eq!(t.version(), "v1");
+    }
+
+    /// A tree over `layout` with `group`'s directories made and, if `idle`, a `cpu.idle`
+    /// reading 0 in every one (as the kernel has it in the cpu hierarchy only; the cpuset
+    /// one gets it here too, to show it is left alone).
+    fn fake(layout: Layout, group: &str, idle: bool) -> Tree {
+        let t = Tree {
+            layout,
+            mounts: vec![],
+        };
+        for d in t.dirs(group) {
+            std::fs::create_dir_all(&d).unwrap();
+            if idle {
+                std::fs::write(d.join("cpu.idle"), "0\n").unwrap();
+            }
+        }
+        t
+    }
+
+    fn idle_of(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("cpu.idle")).unwrap()
+    }
+
+    #[test]
+    fn the_idle_class_is_written_in_the_cpu_hierarchy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cpu, cpuset) = (tmp.path().join("cpu,cpuacct"), tmp.path().join("cpuset"));
+        let t = fake(
+            Layout::V1 {
+                cpu: cpu.clone(),
+                cpuset: cpuset.clone(),
+            },
+            "batch",
+            true,
+        );
+        t.set_idle("batch").unwrap();
+        assert_eq!(idle_of(&cpu.join(PARENT).join("batch")), "1");
+        assert_eq!(idle_of(&cpuset.join(PARENT).join("batch")), "0\n");
+
+        let tmp = tempfile::tempdir().unwrap();
+        let t = fake(
+            Layout::V2 {
+                root: tmp.path().to_path_buf(),
+            },
+            "batch",
+            true,
+        );
+        t.set_idle("batch").unwrap();
+        assert_eq!(idle_of(&tmp.path().join(PARENT).join("batch")), "1");
+    }
+
+    #[test]
+    fn a_kernel_without_the_idle_class_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = fake(
+            Layout::V2 {
+                root: tmp.path().to_path_buf(),
+            },
+            "batch",
+            false,
+        );
+        let want = tmp.path().join(PARENT).join("batch").join("cpu.idle");
+        let e = t.set_idle("batch").unwrap_err().to_string();
+        assert!(e.contains(&want.display().to_string()), "{e}");
+        assert!(e.contains("no idle scheduling class"), "{e}");
+        assert!(e.contains("Linux 5.15"), "{e}");
+        // Nothing was created in its place.
+        assert!(!want.exists());
     }
 }

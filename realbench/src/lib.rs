@@ -3,9 +3,9 @@
 //! It starts memcached and nginx (and redis on request) from Debian packages on loopback,
 //! drives them at fixed request rates with its own open-loop client ([`client`]), runs a
 //! stress-ng batch job that presses on one resource ([`antagonists`]), and does so under
-//! each policy ([`policies`]): no control, a cap set by hand, and cohabit's `static`,
-//! `parties` and `ml` run by the real `cohabit run` daemon, whose latency source is its
-//! own probe; with `ml-host`, an explore phase (`cohabit run --explore`) first collects
+//! each policy ([`policies`]): no control, a cap set by hand, the kernel's idle class set
+//! by hand, and cohabit's `static`, `parties` and `ml` run by the real `cohabit run`
+//! daemon, whose latency source is its own probe; with `ml-host`, an explore phase (`cohabit run --explore`) first collects
 //! decision logs that train a host model ([`host_model`]) run beside the simulator-trained
 //! one. The client's latencies, never cohabit's, decide: per one-second window,
 //! whether the p99 met the target ([`report`]). The batch job's throughput is compared

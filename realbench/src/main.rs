@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use cohabit_realbench::antagonists::Scenario;
 use cohabit_realbench::bench::{self, Options, ServiceSetup};
-use cohabit_realbench::policies::Policy;
+use cohabit_realbench::policies::{BestEffortCpus, Policy};
 
 /// cohabit on real services (memcached, nginx, redis) under stress-ng batch jobs, judged by
 /// an independent open-loop client. Needs root and the Debian packages memcached,
@@ -25,7 +25,8 @@ struct Cli {
     /// Batch jobs, comma-separated: cpu, membw, cache.
     #[arg(long, value_delimiter = ',')]
     scenarios: Option<Vec<Scenario>>,
-    /// Policies, comma-separated: none, cap, static, parties, ml, ml-host (ml with a model
+    /// Policies, comma-separated: none, cap, idle (the batch job's cgroup in the kernel's
+    /// idle class, Linux 5.15 or later), static, parties, ml, ml-host (ml with a model
     /// trained on this host's own logs from an explore phase first).
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<Policy>>,
@@ -47,6 +48,10 @@ struct Cli {
     /// cohabit's probe time-out.
     #[arg(long)]
     probe_timeout_ms: Option<u64>,
+    /// cohabit's `[host] best_effort_cpus`: spare or all (default: not written, cohabit's
+    /// own default).
+    #[arg(long)]
+    best_effort_cpus: Option<BestEffortCpus>,
     /// The cohabit binary (default: beside this one, then PATH).
     #[arg(long)]
     cohabit: Option<PathBuf>,
@@ -93,6 +98,7 @@ fn options(cli: Cli) -> Options {
     o.interval_ms = cli.interval_ms.unwrap_or(o.interval_ms);
     o.probe_rate_hz = cli.probe_rate_hz.unwrap_or(o.probe_rate_hz);
     o.probe_timeout_ms = cli.probe_timeout_ms.unwrap_or(o.probe_timeout_ms);
+    o.best_effort_cpus = cli.best_effort_cpus;
     o.cohabit = cli.cohabit;
     o.model = cli.model;
     o.explore_s = cli.explore_s.unwrap_or(o.explore_s);

@@ -1,5 +1,6 @@
-//! The policies compared: no control, a cap an operator would set by hand, and cohabit's
-//! three policies run by the real daemon with a generated configuration.
+//! The policies compared: no control, two settings an operator would make by hand (a cap,
+//! the kernel's idle class), and cohabit's three policies run by the real daemon with a
+//! generated configuration.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -17,6 +18,9 @@ pub enum Policy {
     /// By hand: the batch jobs pinned to the upper half of the CPUs with the lowest CPU
     /// weight; the services left alone.
     Cap,
+    /// By hand with the kernel alone: the batch jobs' cgroup in the idle scheduling class
+    /// (`cpu.idle = 1`, Linux 5.15 or later) on every CPU; the services left alone.
+    Idle,
     /// `cohabit run` with `policy = "static"`.
     Static,
     /// `cohabit run` with `policy = "parties"`.
@@ -36,12 +40,13 @@ impl std::str::FromStr for Policy {
         match s {
             "none" => Ok(Policy::None),
             "cap" => Ok(Policy::Cap),
+            "idle" => Ok(Policy::Idle),
             "static" => Ok(Policy::Static),
             "parties" => Ok(Policy::Parties),
             "ml" => Ok(Policy::Ml),
             "ml-host" => Ok(Policy::MlHost),
             _ => Err(format!(
-                "unknown policy {s:?}: none, cap, static, parties, ml or ml-host"
+                "unknown policy {s:?}: none, cap, idle, static, parties, ml or ml-host"
             )),
         }
     }
@@ -53,6 +58,7 @@ impl Policy {
         match self {
             Policy::None => "none",
             Policy::Cap => "cap",
+            Policy::Idle => "idle",
             Policy::Static => "static",
             Policy::Parties => "parties",
             Policy::Ml => "ml",
@@ -63,7 +69,7 @@ impl Policy {
     /// The `policy` of cohabit's configuration, if cohabit runs.
     pub fn cohabit(self) -> Option<&'static str> {
         match self {
-            Policy::None | Policy::Cap => None,
+            Policy::None | Policy::Cap | Policy::Idle => None,
             Policy::Static => Some("static"),
             Policy::Parties => Some("parties"),
             Policy::Ml | Policy::MlHost => Some("ml"),
@@ -120,6 +126,42 @@ pub fn apply_cap(tree: &Tree, group: &str, cpus: &[u32]) -> Result<(), Error> {
     tree.set_lowest_weight(group)
 }
 
+/// Puts the batch jobs' cgroup in the kernel's idle class; its CPUs stay all of them.
+pub fn apply_idle(tree: &Tree, group: &str) -> Result<(), Error> {
+    tree.set_idle(group)
+}
+
+/// cohabit's `[host] best_effort_cpus`: which CPUs its best-effort group gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BestEffortCpus {
+    /// The CPUs no latency-critical service holds.
+    Spare,
+    /// Every CPU.
+    All,
+}
+
+impl std::str::FromStr for BestEffortCpus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spare" => Ok(BestEffortCpus::Spare),
+            "all" => Ok(BestEffortCpus::All),
+            _ => Err(format!("unknown best-effort CPUs {s:?}: spare or all")),
+        }
+    }
+}
+
+impl BestEffortCpus {
+    /// Its name, as cohabit's configuration writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BestEffortCpus::Spare => "spare",
+            BestEffortCpus::All => "all",
+        }
+    }
+}
+
 /// One latency-critical service in cohabit's configuration.
 #[derive(Debug, Clone)]
 pub struct LcEntry {
@@ -153,6 +195,8 @@ pub struct CohabitConfig<'a> {
     pub probe_rate_hz: u32,
     /// Probe time-out.
     pub probe_timeout_ms: u64,
+    /// `[host] best_effort_cpus`; `None` leaves cohabit's default.
+    pub best_effort_cpus: Option<BestEffortCpus>,
 }
 
 fn quoted(s: &str) -> String {
@@ -173,6 +217,9 @@ pub fn cohabit_toml(c: &CohabitConfig<'_>) -> String {
     let _ = writeln!(t, "log = {}", quoted(&c.log.display().to_string()));
     let _ = writeln!(t, "metrics_addr = \"\"");
     let _ = writeln!(t, "\n[host]\nname = \"realbench\"");
+    if let Some(b) = c.best_effort_cpus {
+        let _ = writeln!(t, "best_effort_cpus = {}", quoted(b.name()));
+    }
     let _ = writeln!(
         t,
         "\n[paths]\nstate_dir = {}",
@@ -231,6 +278,7 @@ mod tests {
             batch_names: &names,
             probe_rate_hz: 200,
             probe_timeout_ms: 100,
+            best_effort_cpus: None,
         });
         assert!(t.contains("policy = \"parties\""));
         assert!(t.contains(
@@ -241,9 +289,57 @@ mod tests {
         assert!(t.contains("p99_target_ms = 1.5"));
         assert!(t.contains("[paths]\nstate_dir = \"/tmp/run/cohabit-state\""));
         assert!(!t.contains("model"));
+        assert!(!t.contains("best_effort_cpus"));
         assert_eq!("ml".parse::<Policy>().unwrap().cohabit(), Some("ml"));
         assert_eq!("ml-host".parse::<Policy>().unwrap().cohabit(), Some("ml"));
         assert_eq!(Policy::MlHost.name(), "ml-host");
         assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
+    }
+
+    #[test]
+    fn the_idle_policy_parses_and_runs_no_daemon() {
+        let p: Policy = "idle".parse().unwrap();
+        assert_eq!(p, Policy::Idle);
+        assert_eq!(p.name(), "idle");
+        assert_eq!(p.cohabit(), None);
+        assert_eq!(serde_json::to_string(&p).unwrap(), "\"idle\"");
+        assert!("idel"
+            .parse::<Policy>()
+            .unwrap_err()
+            .contains("none, cap, idle, static"));
+    }
+
+    #[test]
+    fn best_effort_cpus_are_written_into_host_only_when_asked() {
+        assert_eq!("all".parse::<BestEffortCpus>(), Ok(BestEffortCpus::All));
+        assert_eq!("spare".parse::<BestEffortCpus>(), Ok(BestEffortCpus::Spare));
+        assert!("half"
+            .parse::<BestEffortCpus>()
+            .unwrap_err()
+            .contains("spare or all"));
+        let config = |b| {
+            cohabit_toml(&CohabitConfig {
+                policy: "ml",
+                interval_ms: 1000,
+                model: None,
+                log: Path::new("/tmp/run/decisions.jsonl"),
+                state_dir: Path::new("/tmp/run/cohabit-state"),
+                services: &[],
+                batch_names: &[],
+                probe_rate_hz: 200,
+                probe_timeout_ms: 100,
+                best_effort_cpus: b,
+            })
+        };
+        assert!(!config(None).contains("best_effort_cpus"));
+        for (b, line) in [
+            (BestEffortCpus::All, "best_effort_cpus = \"all\""),
+            (BestEffortCpus::Spare, "best_effort_cpus = \"spare\""),
+        ] {
+            let t = config(Some(b));
+            // Inside [host], before the next table.
+            let host = &t[t.find("[host]").unwrap()..t.find("[paths]").unwrap()];
+            assert_eq!(host, format!("[host]\nname = \"realbench\"\n{line}\n\n"));
+        }
     }
 }

@@ -234,6 +234,13 @@ impl Report {
             "machine: {} × {}, {:.0} GiB, Linux {}, cgroup {}",
             m.cpus, m.cpu_model, m.memory_gib, m.kernel, m.cgroup
         );
+        if let Some(b) = self
+            .settings
+            .get("best_effort_cpus")
+            .and_then(serde_json::Value::as_str)
+        {
+            let _ = writeln!(t, "cohabit: [host] best_effort_cpus = \"{b}\"");
+        }
         let _ = writeln!(
             t,
             "{:<8} {:<14} {:<10} {:>7} {:>11} {:>22} {:>8} {:>7} {:>9}",
@@ -405,6 +412,34 @@ mod tests {
         assert_eq!(s.window_p99.p50_ms, 0.9);
         assert_eq!(s.overall_p99_ms, 1.2);
         assert_eq!(s.achieved_rps, 75.0);
+    }
+
+    #[test]
+    fn the_header_names_best_effort_cpus_only_when_set() {
+        let report = |settings| Report {
+            machine: Machine {
+                cpu_model: "x".into(),
+                cpus: 2,
+                memory_gib: 1.0,
+                kernel: "6.18".into(),
+                cgroup: "v1".into(),
+                tools: vec![],
+            },
+            settings,
+            runs: vec![],
+            host_model: None,
+        };
+        let mut o = crate::bench::Options::quick("/tmp/x".into());
+        let t = report(serde_json::to_value(&o).unwrap()).table();
+        assert!(!t.contains("best_effort_cpus"), "{t}");
+        o.best_effort_cpus = Some(crate::policies::BestEffortCpus::All);
+        let v = serde_json::to_value(&o).unwrap();
+        assert_eq!(v["best_effort_cpus"], "all");
+        let t = report(v).table();
+        assert_eq!(
+            t.lines().nth(1),
+            Some("cohabit: [host] best_effort_cpus = \"all\"")
+        );
     }
 
     #[test]

@@ -133,9 +133,14 @@ pub(super) fn discover(
         perf,
         clk_tck,
         unmanaged_cache: cfg.unmanaged_cache,
-        idle_class: cg.idle_class,
+        // Pods' cgroups are the kubelet's: it writes their weights (at start, on an
+        // in-place resize), and the kernel refuses a weight for a group in the idle class.
+        idle_class: cg.idle_class && cfg.kubernetes.is_none(),
         best_effort_cpus: cfg.best_effort_cpus,
     };
+    if cg.idle_class && cfg.kubernetes.is_some() {
+        tracing::info!("with [kubernetes] the best-effort pool gets the lowest CPU weight, not the idle class: the kubelet writes pods' weights, which the kernel refuses for a group in the class");
+    }
     if facts.best_effort_cpus == super::layout::BestEffortCpus::All && !facts.pool_on_every_cpu() {
         tracing::warn!("best_effort_cpus = \"all\" needs the kernel's idle class for groups (cpu.idle, Linux 5.15) and a writable cpu controller; the pool keeps to the CPUs no service holds");
     }

@@ -280,6 +280,72 @@ fn an_owners_cgroup_is_written_in_place_its_process_stays_and_restore_puts_it_ba
 }
 
 #[test]
+fn a_batch_owners_cgroup_joins_the_real_idle_class_and_gets_its_weight_back() {
+    let _tree = TREE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(cg) = testing::real_cgroups() else {
+        return;
+    };
+    if !cg.has_idle_class() {
+        eprintln!("skipped: this kernel has no idle class for groups (cpu.idle, Linux 5.15)");
+        return;
+    }
+    let owner = OwnerCgroup::create(&cg, &format!("test-batch-{}", std::process::id())).unwrap();
+    let child = sleeper();
+    let pid = child.0.id();
+    owner.add(pid).unwrap();
+    let procfs = Procfs::new("/proc");
+    let cpu = owner.dir(Controller::Cpu);
+    let (weight_file, _) = cg.weight_file(CpuWeight::Lowest);
+    // The owner's own weight, which leaving the class would reset to the default.
+    cg.write_control(cpu, weight_file, "300").unwrap();
+
+    let cpus = online(&cg);
+    let n = u32::try_from(cpus.len()).unwrap();
+    let facts = facts(cpus);
+    let kernel = Kernel {
+        cgroups: Some(cg.clone()),
+        resctrl: None,
+    };
+    let plan = Plan {
+        services: [("kv".to_string(), alloc(1))].into(),
+        best_effort: alloc(n.saturating_sub(1)),
+    };
+    let writes = layout::layout(&plan, &facts, &[lc("kv"), batch()], &BTreeSet::new()).unwrap();
+    let be = placement::place(
+        &cg,
+        &procfs,
+        &[pid].into(),
+        BEST_EFFORT_GROUP,
+        Placement::InPlace,
+        &Controller::ALL,
+    );
+    let (t, conflicts) = placement::group_targets([(BEST_EFFORT_GROUP, &be)]);
+    assert!(conflicts.is_empty(), "{conflicts:?}");
+    let mut record = Record::default();
+    let mut gpu = GpuActuator::new(&[], None);
+    apply::apply(&kernel, &mut record, writes.clone(), &t, &mut gpu, None).unwrap();
+    assert_eq!(cg.read_control(cpu, "cpu.idle").unwrap(), "1");
+    assert!(
+        cg.write_control(cpu, weight_file, "300").is_err(),
+        "the kernel refuses a weight for a group in the idle class"
+    );
+    // Applied again: nothing differs, so nothing fails on the refused weight.
+    apply::apply(&kernel, &mut record, writes, &t, &mut gpu, None).unwrap();
+
+    apply::restore(&kernel, &mut record, &mut gpu, &procfs);
+    assert_eq!(cg.read_control(cpu, "cpu.idle").unwrap(), "0");
+    assert_eq!(
+        cg.read_control(cpu, weight_file).unwrap(),
+        "300",
+        "the owner's weight, not the kernel's default"
+    );
+    assert!(record.changes.is_empty(), "{:?}", record.changes);
+    drop(child);
+}
+
+#[test]
 fn growing_a_service_between_two_others_never_makes_two_share_a_cpu_on_the_real_tree() {
     let _tree = TREE
         .lock()

@@ -635,7 +635,9 @@ fn write_cgroups(
 /// a group in the idle class and resets it when the group leaves, so: into the class, the
 /// weight is noted (for the restore and the undo, which both run newest first: the class
 /// goes, then the weight comes back) and not written; out of it, the class goes before the
-/// weight is written. A target without `cpu.idle` (a kernel before 5.15) gets the weight.
+/// weight is written. A target without `cpu.idle` (a kernel before 5.15) gets the weight;
+/// one its owner put in the class while cohabit does not manage the class (`idle` unset:
+/// under `[kubernetes]`) is left as it is, since no weight can be written there.
 fn write_class(
     cg: &Cgroups,
     record: &mut Record,
@@ -643,9 +645,9 @@ fn write_class(
     t: &Target,
     v: &layout::CgroupValues,
 ) -> Result<(), HostError> {
-    let idle_now = v
-        .idle
-        .and_then(|_| cg.read_control(&t.dir, IDLE_FILE).ok())
+    let idle_now = (v.weight.is_some() || v.idle.is_some())
+        .then(|| cg.read_control(&t.dir, IDLE_FILE).ok())
+        .flatten()
         .map(|text| text.trim() == "1");
     let weight = v.weight.map(|w| cg.weight_file(w));
     match (v.idle, idle_now) {
@@ -655,7 +657,7 @@ fn write_class(
             }
             write_file(cg, record, journal, t, IDLE_FILE, "1")
         }
-        (Some(true), Some(true)) => Ok(()),
+        (Some(true) | None, Some(true)) => Ok(()),
         (_, now) => {
             if now == Some(true) {
                 write_file(cg, record, journal, t, IDLE_FILE, "0")?;
@@ -1388,6 +1390,26 @@ mod tests {
             read(&h, BATCH, "cpu.weight"),
             "300",
             "not the kernel's reset 100"
+        );
+    }
+
+    #[test]
+    fn a_group_its_owner_put_in_the_idle_class_is_left_there_when_cohabit_does_not_manage_it() {
+        let mut h = host();
+        // Under [kubernetes] cohabit does not manage the class; the batch pod is in it.
+        h.facts.idle_class = false;
+        std::fs::write(h.cg.dir(BATCH).join("cpu.idle"), "1").unwrap();
+        std::fs::write(h.cg.dir(BATCH).join("cpu.weight"), "1").unwrap();
+        let t = targets(&h, &[50], Placement::InPlace);
+        let mut record = Record::default();
+        let w = writes(&h, &plan(2, 6, 6));
+        assert_eq!(w.cgroup(BEST_EFFORT_GROUP).unwrap().idle, None);
+        apply(&h.kernel, &mut record, w, &t, &mut h.gpu, None).unwrap();
+        assert_eq!(read(&h, BATCH, "cpu.idle"), "1", "the owner's class stays");
+        assert_eq!(
+            read(&h, KV, "cpu.weight"),
+            "10000",
+            "the others are written"
         );
     }
 

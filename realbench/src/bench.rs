@@ -135,6 +135,10 @@ pub struct Options {
     /// Also run the services alone and each batch job alone (without them the batch
     /// job's relative throughput is unknown).
     pub baselines: bool,
+    /// Rounds of the co-located runs: every batch job under every policy once per round,
+    /// interleaved, so that a host whose noise drifts over minutes weighs on every policy
+    /// alike; the table then adds each policy's sums over the rounds.
+    pub rounds: u32,
 }
 
 impl Options {
@@ -170,6 +174,7 @@ impl Options {
                 epochs: 60,
             },
             baselines: true,
+            rounds: 1,
         }
     }
 
@@ -218,6 +223,9 @@ impl Options {
         }
         if self.policies.is_empty() {
             return bad("at least one policy".into());
+        }
+        if !(1..=100).contains(&self.rounds) {
+            return bad(format!("from 1 to 100 rounds, not {}", self.rounds));
         }
         if self.policies.contains(&Policy::MlHost) && !(2..=3600).contains(&self.explore_s) {
             return bad(format!(
@@ -330,6 +338,8 @@ struct Ctx<'a> {
     stress_ng: PathBuf,
     programs: Vec<(Kind, PathBuf)>,
     cpus: Vec<u32>,
+    /// The round of the co-located runs under way, when there are several.
+    round: Option<u32>,
     log: &'a mut dyn Write,
 }
 
@@ -393,6 +403,7 @@ pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
         stress_ng,
         programs,
         cpus: policies::online_cpus(),
+        round: None,
         log,
     };
     let runs = all_runs(&mut ctx, &mut lab);
@@ -463,21 +474,26 @@ fn all_runs(
     } else {
         None
     };
-    for (&scenario, baseline) in ctx.opts.scenarios.iter().zip(&baselines) {
-        for &policy in &ctx.opts.policies {
-            if policy == Policy::MlHost && ctx.host_model.is_none() {
-                continue;
+    let rounds = ctx.opts.rounds.max(1);
+    for round in 1..=rounds {
+        ctx.round = (rounds > 1).then_some(round);
+        for (&scenario, baseline) in ctx.opts.scenarios.iter().zip(&baselines) {
+            for &policy in &ctx.opts.policies {
+                if policy == Policy::MlHost && ctx.host_model.is_none() {
+                    continue;
+                }
+                runs.push(one_run(
+                    ctx,
+                    lab,
+                    RunKind::Colocated,
+                    Some(scenario),
+                    policy,
+                    baseline,
+                )?);
             }
-            runs.push(one_run(
-                ctx,
-                lab,
-                RunKind::Colocated,
-                Some(scenario),
-                policy,
-                baseline,
-            )?);
         }
     }
+    ctx.round = None;
     Ok((runs, host_model))
 }
 
@@ -682,7 +698,10 @@ fn one_run(
     baseline: &[Throughput],
 ) -> Result<RunResult, Error> {
     crate::interrupt::check()?;
-    let name = label(kind, scenario, policy);
+    let name = match ctx.round {
+        Some(r) => format!("{}-r{r}", label(kind, scenario, policy)),
+        None => label(kind, scenario, policy),
+    };
     let dir = ctx.opts.out.join(&name);
     std::fs::create_dir_all(&dir).map_err(crate::io_err("creating", &dir))?;
     progress(ctx, &format!("run {name}"));
@@ -741,6 +760,7 @@ fn one_run(
         services,
         batch,
         cohabit,
+        round: ctx.round,
     };
     let line = one_line(&result);
     progress(ctx, &line);
@@ -947,6 +967,11 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("explore run"));
+        let mut o = Options::quick("/tmp/x".into());
+        o.rounds = 0;
+        assert!(o.validate().unwrap_err().to_string().contains("rounds"));
+        o.rounds = 3;
+        assert!(o.validate().is_ok());
     }
 
     #[test]

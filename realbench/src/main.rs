@@ -70,6 +70,9 @@ struct Cli {
     /// Skip the runs of the services alone and of each batch job alone.
     #[arg(long)]
     no_baselines: bool,
+    /// Rounds of the co-located runs, interleaved (the table adds each policy's sums).
+    #[arg(long)]
+    rounds: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,6 +108,7 @@ fn options(cli: Cli) -> Options {
     o.cohabit_train = cli.cohabit_train;
     o.train.epochs = cli.train_epochs.unwrap_or(o.train.epochs).max(1);
     o.baselines = !cli.no_baselines;
+    o.rounds = cli.rounds.unwrap_or(o.rounds);
     o
 }
 

@@ -176,6 +176,8 @@ pub struct RunResult {
     pub batch: Vec<BatchResult>,
     /// The daemon, if it ran.
     pub cohabit: Option<CohabitResult>,
+    /// The round, when the co-located runs were repeated (`--rounds`).
+    pub round: Option<u32>,
 }
 
 impl RunResult {
@@ -269,10 +271,11 @@ impl Report {
         );
         for r in &self.runs {
             let scenario = r.scenario.as_deref().unwrap_or("-");
-            let policy = match r.kind {
-                RunKind::ServicesAlone => "services-alone",
-                RunKind::BatchAlone => "batch-alone",
-                RunKind::Colocated | RunKind::Explore => r.policy.as_str(),
+            let policy = match (r.kind, r.round) {
+                (RunKind::ServicesAlone, _) => "services-alone".to_string(),
+                (RunKind::BatchAlone, _) => "batch-alone".to_string(),
+                (RunKind::Colocated | RunKind::Explore, None) => r.policy.clone(),
+                (RunKind::Colocated | RunKind::Explore, Some(n)) => format!("{} r{n}", r.policy),
             };
             let thr = match r.kind {
                 RunKind::BatchAlone => r
@@ -313,10 +316,74 @@ impl Report {
             t,
             "met: 1-second windows whose client-side p99 is within the target; window p99 and all p99 in ms;\nbatch thr: stress-ng bogo-ops/s relative to the batch job alone."
         );
+        t.push_str(&self.over_rounds());
         for note in self.noise_notes() {
             let _ = writeln!(t, "{note}");
         }
         t.push_str(&self.side_by_side());
+        t
+    }
+
+    /// Each batch job, policy and service summed over the rounds, when there were several:
+    /// windows met of all windows, the median of the runs' median window p99, and the
+    /// batch jobs' mean relative throughput.
+    pub fn over_rounds(&self) -> String {
+        let mut t = String::new();
+        let repeated: Vec<&RunResult> = self
+            .runs
+            .iter()
+            .filter(|r| r.kind == RunKind::Colocated && r.round.is_some())
+            .collect();
+        if repeated.is_empty() {
+            return t;
+        }
+        let rounds = repeated.iter().filter_map(|r| r.round).max().unwrap_or(1);
+        let _ = writeln!(t, "\nover {rounds} rounds:");
+        let _ = writeln!(
+            t,
+            "{:<8} {:<14} {:<10} {:>13} {:>16} {:>9}",
+            "batch", "policy", "service", "met", "median p99 (ms)", "batch thr"
+        );
+        let mut keys: Vec<(String, String, String)> = Vec::new();
+        for r in &repeated {
+            for s in &r.services {
+                let k = (
+                    r.scenario.clone().unwrap_or_default(),
+                    r.policy.clone(),
+                    s.service.clone(),
+                );
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        }
+        for (scenario, policy, service) in keys {
+            let runs: Vec<&&RunResult> = repeated
+                .iter()
+                .filter(|r| r.scenario.as_deref() == Some(&scenario) && r.policy == policy)
+                .collect();
+            let of: Vec<&ServiceResult> = runs
+                .iter()
+                .flat_map(|r| &r.services)
+                .filter(|s| s.service == service)
+                .collect();
+            let met: usize = of.iter().map(|s| s.summary.met).sum();
+            let windows: usize = of.iter().map(|s| s.summary.windows).sum();
+            let mut p50s: Vec<f64> = of.iter().map(|s| s.summary.window_p99.p50_ms).collect();
+            p50s.sort_by(f64::total_cmp);
+            let batch: Vec<f64> = runs.iter().filter_map(|r| r.batch_relative()).collect();
+            let thr = if batch.is_empty() {
+                "-".to_string()
+            } else {
+                f2(batch.iter().sum::<f64>() / batch.len() as f64)
+            };
+            let _ = writeln!(
+                t,
+                "{scenario:<8} {policy:<14} {service:<10} {:>13} {:>16} {thr:>9}",
+                format!("{met}/{windows}"),
+                f2(quantile(&p50s, 0.5)),
+            );
+        }
         t
     }
 
@@ -483,56 +550,71 @@ mod tests {
         );
     }
 
+    fn machine() -> Machine {
+        Machine {
+            cpu_model: "x".into(),
+            cpus: 2,
+            memory_gib: 1.0,
+            kernel: "6.18".into(),
+            cgroup: "v1".into(),
+            tools: vec![],
+            wake_late_us: (80, 1200),
+        }
+    }
+
+    /// A run of memcached (1 ms target) whose windows had these p99s, µs.
+    fn run_of(kind: RunKind, policy: &str, round: Option<u32>, p99_us: &[u64]) -> RunResult {
+        let windows: Vec<WindowStat> = p99_us
+            .iter()
+            .map(|&us| WindowStat {
+                requests: 100,
+                failed: 0,
+                p50_us: us / 2,
+                p99_us: us,
+                max_us: us,
+            })
+            .collect();
+        let total = windows[0];
+        RunResult {
+            kind,
+            scenario: (kind == RunKind::Colocated).then(|| "cpu".to_string()),
+            policy: policy.into(),
+            dir: "/tmp/x".into(),
+            services: vec![ServiceResult {
+                service: "memcached".into(),
+                p99_target_ms: 1.0,
+                rate_rps: 100.0,
+                warmup_windows: 0,
+                summary: summarize(&windows, 0, 1.0, &total),
+                windows,
+            }],
+            batch: vec![],
+            cohabit: None,
+            round,
+        }
+    }
+
+    fn report_of(runs: Vec<RunResult>) -> Report {
+        Report {
+            machine: machine(),
+            settings: serde_json::Value::Null,
+            runs,
+            host_model: None,
+        }
+    }
+
     #[test]
     fn a_service_that_misses_alone_is_called_out_as_the_hosts_noise() {
-        let alone = |met_ms: &[u64]| {
-            let windows: Vec<WindowStat> = met_ms
-                .iter()
-                .map(|&us| WindowStat {
-                    requests: 100,
-                    failed: 0,
-                    p50_us: us / 2,
-                    p99_us: us,
-                    max_us: us,
-                })
-                .collect();
-            let total = windows[0];
-            RunResult {
-                kind: RunKind::ServicesAlone,
-                scenario: None,
-                policy: "-".into(),
-                dir: "/tmp/x".into(),
-                services: vec![ServiceResult {
-                    service: "memcached".into(),
-                    p99_target_ms: 1.0,
-                    rate_rps: 100.0,
-                    warmup_windows: 0,
-                    summary: summarize(&windows, 0, 1.0, &total),
-                    windows,
-                }],
-                batch: vec![],
-                cohabit: None,
-            }
-        };
-        let report = |run| Report {
-            machine: Machine {
-                cpu_model: "x".into(),
-                cpus: 2,
-                memory_gib: 1.0,
-                kernel: "6.18".into(),
-                cgroup: "v1".into(),
-                tools: vec![],
-                wake_late_us: (80, 1200),
-            },
-            settings: serde_json::Value::Null,
-            runs: vec![run],
-            host_model: None,
-        };
+        let alone = |p99: &[u64]| run_of(RunKind::ServicesAlone, "-", None, p99);
         // 9 of 10 windows met: a quiet enough host.
-        let quiet = report(alone(&[500, 500, 500, 500, 500, 500, 500, 500, 500, 3000]));
+        let quiet = report_of(vec![alone(&[
+            500, 500, 500, 500, 500, 500, 500, 500, 500, 3000,
+        ])]);
         assert!(quiet.noise_notes().is_empty());
         // 8 of 10: said, with the share.
-        let noisy = report(alone(&[500, 500, 500, 500, 500, 500, 500, 500, 3000, 3000]));
+        let noisy = report_of(vec![alone(&[
+            500, 500, 500, 500, 500, 500, 500, 500, 3000, 3000,
+        ])]);
         let notes = noisy.noise_notes();
         assert_eq!(notes.len(), 1);
         assert!(
@@ -540,6 +622,47 @@ mod tests {
             "{notes:?}"
         );
         assert!(noisy.table().contains(&notes[0]));
+    }
+
+    #[test]
+    fn repeated_rounds_are_summed_per_policy() {
+        let with_batch = |mut r: RunResult, rel: f64| {
+            r.batch = vec![BatchResult {
+                throughput: Throughput {
+                    stressor: "cpu".into(),
+                    bogo_ops: 1.0,
+                    ops_per_s: rel,
+                },
+                alone_ops_per_s: Some(1.0),
+                relative: Some(rel),
+            }];
+            r
+        };
+        let col = |policy, round, p99: &[u64]| run_of(RunKind::Colocated, policy, Some(round), p99);
+        let r = report_of(vec![
+            with_batch(col("ml", 1, &[500, 500, 500, 3000]), 0.5),
+            with_batch(col("none", 1, &[500, 3000, 3000, 3000]), 0.9),
+            with_batch(col("ml", 2, &[500, 3000, 3000, 3000]), 0.7),
+            with_batch(col("none", 2, &[500, 500, 3000, 3000]), 0.9),
+        ]);
+        let t = r.over_rounds();
+        assert!(t.contains("over 2 rounds:"), "{t}");
+        let line = |p: &str| {
+            t.lines()
+                .find(|l| l.split_whitespace().nth(1) == Some(p))
+                .unwrap_or_else(|| panic!("no {p} line in {t}"))
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        // ml: 3 + 1 of 8 windows met, batch (0.5 + 0.7) / 2.
+        let ml = line("ml");
+        assert_eq!((ml[3].as_str(), ml[5].as_str()), ("4/8", "0.60"), "{t}");
+        assert_eq!(line("none")[3], "3/8", "{t}");
+        // The per-run rows name their round; one round alone adds no summary.
+        assert!(r.table().contains("ml r2"), "{}", r.table());
+        let once = report_of(vec![run_of(RunKind::Colocated, "ml", None, &[500])]);
+        assert!(once.over_rounds().is_empty());
     }
 
     #[test]

@@ -520,15 +520,7 @@ mod tests {
     #[test]
     fn the_header_names_best_effort_cpus_only_when_set() {
         let report = |settings| Report {
-            machine: Machine {
-                cpu_model: "x".into(),
-                cpus: 2,
-                memory_gib: 1.0,
-                kernel: "6.18".into(),
-                cgroup: "v1".into(),
-                tools: vec![],
-                wake_late_us: (80, 1200),
-            },
+            machine: machine(),
             settings,
             runs: vec![],
             host_model: None,

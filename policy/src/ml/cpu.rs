@@ -254,6 +254,7 @@ impl MlPolicy {
         {
             points.extend(search::pool_point(&points));
         }
+        points = st.measured_floor(points, v.sample.requests_per_s);
         let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);
         let cur_cost = cost(current.0, current.1);
         let cheaper = points.iter().any(|&(c, w)| cost(c, w) < cur_cost);

@@ -15,7 +15,16 @@
 //! platform's MBA steps ([`round_mba`]: multiples of `mba_gran_pct`, at least
 //! `mba_min_pct`).
 //!
-//! Properties: without a bandwidth reading for the pool (no RDT monitoring) or without CPU
+//! A raise that hurt is remembered ([`MbaCliff`]): when the pool's limit went up and a CPU
+//! service was measured past its margin under the new limit, that limit is the pool's
+//! cliff, and no step up reaches it again while the services it hurt carry at least
+//! [`CLIFF_LOAD`] of their loads then and the pool streams at least that fraction of its
+//! bandwidth per MBA point then. Without it the pool climbs back to the same limit as soon
+//! as the pressure is gone, and the service misses its target again: a sawtooth (on the E5
+//! `mba-stream`, memcached missed in 5 of the first 80 intervals that way).
+//!
+//! Properties: without a bandwidth reading for the pool (no RDT monitoring, or a reading
+//! missing more than [`MAX_STALE_TICKS`] ticks in a row) or without CPU
 //! best-effort jobs the pool is not throttled (a throttled one is released): nothing is
 //! guessed. A level other than the one in force is taken only when the model vouches for
 //! at least as many services there (fallbacks count against it), so a model unsure of
@@ -27,6 +36,58 @@ use cohabit_core::{HostCapacity, Observation, MBA_MAX_PCT};
 /// whose bandwidth falls by a fraction `f` loses about `f` of a bandwidth-bound job's
 /// throughput.
 const LOSS_WEIGHT: f64 = 1.0;
+
+/// Ticks in a row a missing reading of the pool's bandwidth is replaced by the last one.
+pub(super) const MAX_STALE_TICKS: u32 = 2;
+
+/// Load (of each service hurt, and of the pool's bandwidth per MBA point) at or above this
+/// fraction of the cliff's makes the cliff bind.
+const CLIFF_LOAD: f64 = 0.9;
+
+/// A pool MBA limit under which some CPU service was measured past its margin right after
+/// the pool was raised to it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct MbaCliff {
+    /// The limit that hurt.
+    pub(super) level: u8,
+    /// Each service measured past its margin there, with its requests per second (`None`:
+    /// not measured, the cliff binds whatever its load).
+    pub(super) hurt: Vec<(String, Option<f64>)>,
+    /// The pool's bandwidth per MBA point then (bytes/s).
+    pub(super) bw_per_pct: Option<f64>,
+}
+
+impl MbaCliff {
+    /// The cliff found this tick, if any: the pool's limit in force `now` was raised from
+    /// `before` (last tick's) and `over_margin` lists the CPU services measured past their
+    /// margin with their loads.
+    pub(super) fn found(
+        before: u8,
+        pool: &PoolBw,
+        over_margin: Vec<(String, Option<f64>)>,
+    ) -> Option<Self> {
+        (pool.mba_now > before && !over_margin.is_empty()).then(|| Self {
+            level: pool.mba_now,
+            hurt: over_margin,
+            bw_per_pct: pool.bw_now.map(|bw| bw / f64::from(pool.mba_now.max(1))),
+        })
+    }
+
+    /// Whether the cliff binds: every service it hurt that is still measured carries at
+    /// least [`CLIFF_LOAD`] of its load then (or either load is unknown), and so does the
+    /// pool's bandwidth per MBA point. `load` gives a service's requests per second now.
+    pub(super) fn binds(&self, pool: &PoolBw, load: impl Fn(&str) -> Option<f64>) -> bool {
+        let heavy = |now: Option<f64>, then: Option<f64>| match (now, then) {
+            (Some(n), Some(t)) => n >= CLIFF_LOAD * t,
+            _ => true,
+        };
+        let pool_now = pool.bw_now.map(|bw| bw / f64::from(pool.mba_now.max(1)));
+        self.hurt
+            .iter()
+            .any(|(name, then)| heavy(load(name), *then))
+            && heavy(pool_now, self.bw_per_pct)
+    }
+}
 
 /// `pct` rounded down to the host's MBA steps (multiples of `mba_gran_pct`), at least
 /// `mba_min_pct` and at most 100.
@@ -104,7 +165,13 @@ pub(super) fn throttle_cost(pool: &PoolBw, level: u8) -> f64 {
 
 /// The pool levels planned this tick, the one in force first (see the module docs).
 /// `pressure`: some service is over its margin or last tick's needs did not fit.
-pub(super) fn pool_levels(host: &HostCapacity, pool: &PoolBw, pressure: bool) -> Vec<u8> {
+/// `ceiling`: a binding cliff's limit; no step up reaches it.
+pub(super) fn pool_levels(
+    host: &HostCapacity,
+    pool: &PoolBw,
+    pressure: bool,
+    ceiling: Option<u8>,
+) -> Vec<u8> {
     let now = pool.mba_now;
     if pool.bw_now.is_none() {
         // Nothing measured: never guess; a throttled pool is released.
@@ -115,10 +182,14 @@ pub(super) fn pool_levels(host: &HostCapacity, pool: &PoolBw, pressure: bool) ->
         out.push(round_mba(host, f64::from(now) * 0.6));
         out.push(round_mba(host, f64::from(host.mba_min_pct)));
     } else if now < MBA_MAX_PCT {
-        out.push(round_mba(
-            host,
-            f64::from(now) + 2.0 * f64::from(host.mba_gran_pct.max(1)),
-        ));
+        let gran = f64::from(host.mba_gran_pct.max(1));
+        let mut up = round_mba(host, f64::from(now) + 2.0 * gran);
+        if let Some(c) = ceiling.filter(|c| up >= *c) {
+            up = round_mba(host, f64::from(c) - gran);
+        }
+        if up > now {
+            out.push(up);
+        }
     }
     let mut seen = Vec::with_capacity(out.len());
     for l in out {
@@ -166,25 +237,56 @@ mod tests {
     #[test]
     fn a_pool_without_a_bandwidth_reading_is_never_throttled() {
         // Throttled to 50 with no reading: released to 100, even under pressure.
-        assert_eq!(pool_levels(&host(), &pool(50, None), true), vec![100]);
+        assert_eq!(pool_levels(&host(), &pool(50, None), true, None), vec![100]);
         assert_eq!(throttle_cost(&pool(50, None), 10), 0.0);
     }
 
     #[test]
     fn under_pressure_a_step_down_and_the_minimum_are_tried_beside_the_level_in_force() {
         assert_eq!(
-            pool_levels(&host(), &pool(100, Some(3e10)), true),
+            pool_levels(&host(), &pool(100, Some(3e10)), true, None),
             vec![100, 60, 10]
         );
         // Without pressure an unthrottled pool stays; a throttled one may step up 2 steps.
         assert_eq!(
-            pool_levels(&host(), &pool(100, Some(3e10)), false),
+            pool_levels(&host(), &pool(100, Some(3e10)), false, None),
             vec![100]
         );
         assert_eq!(
-            pool_levels(&host(), &pool(60, Some(3e10)), false),
+            pool_levels(&host(), &pool(60, Some(3e10)), false, None),
             vec![60, 80]
         );
+    }
+
+    #[test]
+    fn a_step_up_stops_below_a_binding_cliff() {
+        // At 30 the step up is 50; a cliff at 50 caps it at 40, one at 40 at 30: none.
+        let p = pool(30, Some(1e10));
+        assert_eq!(pool_levels(&host(), &p, false, Some(50)), vec![30, 40]);
+        assert_eq!(pool_levels(&host(), &p, false, Some(40)), vec![30]);
+        assert_eq!(pool_levels(&host(), &p, false, Some(90)), vec![30, 50]);
+        // Under pressure the steps down are unchanged.
+        assert_eq!(pool_levels(&host(), &p, true, Some(40)), vec![30, 10]);
+    }
+
+    #[test]
+    fn a_raise_followed_by_a_service_past_its_margin_is_a_cliff_that_binds_under_load() {
+        let raised = pool(50, Some(1e10));
+        let hurt = vec![("memcached".to_string(), Some(1000.0))];
+        // Not raised (30 → 50 is; 50 → 50 is not), or nobody hurt: no cliff.
+        assert_eq!(MbaCliff::found(50, &raised, hurt.clone()), None);
+        assert_eq!(MbaCliff::found(30, &raised, vec![]), None);
+        let c = MbaCliff::found(30, &raised, hurt).expect("a cliff");
+        assert_eq!(c.level, 50);
+        // 2e8 bytes/s per point then.
+        assert!((c.bw_per_pct.unwrap() - 2e8).abs() < 1.0);
+        // At 95 % of memcached's load it binds; at 85 % not; unmeasured it does.
+        assert!(c.binds(&raised, |_| Some(950.0)));
+        assert!(!c.binds(&raised, |_| Some(850.0)));
+        assert!(c.binds(&raised, |_| None));
+        // A pool streaming less per point (a job that stopped streaming): it does not.
+        let calm = pool(50, Some(5e9));
+        assert!(!c.binds(&calm, |_| Some(1000.0)));
     }
 
     #[test]

@@ -26,7 +26,11 @@
 //!    trust region (up to twice the cores in force, as in the training data): a core grid
 //!    for every way count in one batch, then one batch closing the gap below each way
 //!    count's first admissible grid point. This gives each service a frontier. If nothing
-//!    is admissible, the bare target among the candidates already scored.
+//!    is admissible, the bare target among the candidates already scored. The service's
+//!    measured cliffs then lift the frontier: an allocation that was measured not enough
+//!    (a give-back past the margin, or anything over the target short of saturation) rules
+//!    out every allocation under it while the load is at least 0.9 of its own, whatever
+//!    the model predicts ([`state::ServiceState::measured_floor`]).
 //! 5. **Pack** jointly: a dynamic programme over services picks one frontier point each so
 //!    that cores and ways fit (the pool keeps one way when CPU jobs run) at least cost
 //!    (share of cores plus `way_cost` times share of ways, plus a little per changed
@@ -62,7 +66,9 @@
 //!    service's neighbour bandwidth as the pool would have it (services sharing the pool's
 //!    group are searched at that MBA through `mba_cand`); the level with the fewest services
 //!    short, then the least cost (packing plus the throughput the throttle takes from the
-//!    pool) wins. No bandwidth reading for the pool: no throttle.
+//!    pool) wins. No bandwidth reading for the pool: no throttle (a reading missing for a
+//!    tick or two is replaced by the last). A step up that put a service past its margin
+//!    is the pool's MBA cliff: no step up reaches it again while the load holds.
 //! 8. **Explore** ([`state::ServiceState::explore`], off by default: `explore_step` 0): a
 //!    service held under
 //!    `explore_below` of its target for `shrink_after` intervals loses `explore_step` of
@@ -182,6 +188,10 @@ pub struct MlPolicy {
     /// The CPU services running on the pool's ways in a group of their own this tick
     /// ([`on_pool_ways`]).
     on_pool: BTreeSet<String>,
+    /// The pool MBA limit that last hurt a service right after a raise ([`mba::MbaCliff`]).
+    mba_cliff: Option<mba::MbaCliff>,
+    /// Ticks in a row the pool's bandwidth stood in for a missing reading.
+    pool_bw_stale: u32,
 }
 
 /// The services within the CLOSID budget whose range in `plan` is the pool's (a
@@ -250,6 +260,8 @@ impl MlPolicy {
             last_degraded: false,
             references: BTreeMap::new(),
             on_pool: BTreeSet::new(),
+            mba_cliff: None,
+            pool_bw_stale: 0,
         }
     }
 
@@ -263,16 +275,41 @@ impl MlPolicy {
         n
     }
 
-    /// Pressure on the pool's bandwidth: a CPU service measured over its margin, or last
-    /// tick's needs did not fit.
-    fn pressure(&self, obs: &Observation) -> bool {
+    /// The CPU services measured over their margin, with their requests per second.
+    fn over_margin(&self, obs: &Observation) -> Vec<(String, Option<f64>)> {
         let limit = self.cfg.margin.ln();
-        self.last_degraded
-            || obs
-                .latency_critical()
-                .filter(|o| o.spec.gpu.is_none())
-                .filter_map(|o| log_qos_ratio(&o.sample, o.spec.p99_target_ms()?))
-                .any(|q| q > limit)
+        obs.latency_critical()
+            .filter(|o| o.spec.gpu.is_none())
+            .filter(|o| {
+                o.spec
+                    .p99_target_ms()
+                    .and_then(|t| log_qos_ratio(&o.sample, t))
+                    .is_some_and(|q| q > limit)
+            })
+            .map(|o| (o.spec.name.clone(), o.sample.requests_per_s))
+            .collect()
+    }
+
+    /// The pool's MBA cliff as this tick leaves it: one found now replaces the one
+    /// remembered; the limit returned is the ceiling on steps up while the cliff binds.
+    fn mba_ceiling(
+        &mut self,
+        obs: &Observation,
+        before: u8,
+        over: Vec<(String, Option<f64>)>,
+    ) -> Option<u8> {
+        if let Some(c) = mba::MbaCliff::found(before, &self.pool, over) {
+            self.mba_cliff = Some(c);
+        }
+        let load = |name: &str| {
+            obs.latency_critical()
+                .find(|o| o.spec.name == name)
+                .and_then(|o| o.sample.requests_per_s)
+        };
+        self.mba_cliff
+            .as_ref()
+            .filter(|c| c.binds(&self.pool, load))
+            .map(|c| c.level)
     }
 
     /// Steps 2–6 with the pool at MBA `level`.
@@ -325,9 +362,32 @@ impl MlPolicy {
     /// service is short of its needs at every level, the pool gets the least bandwidth
     /// tried (latency-critical services before best effort).
     fn plan_pool_levels(&mut self, obs: &Observation, now_ms: u64) -> LevelPlan {
+        let before = self.pool;
         self.pool = PoolBw::observed(obs, &self.ctx.host);
+        // A reading missing for a tick or two (a counter read that failed) is not a host
+        // without RDT monitoring: the last one stands in, so a throttled pool is not
+        // released on a gap (on the E5 `mba-stream` that cost memcached an interval at
+        // 3.9 times its target).
+        match (self.pool.bw_now, before.bw_now) {
+            (None, Some(bw)) if self.pool_bw_stale < mba::MAX_STALE_TICKS => {
+                self.pool.bw_now = Some(mba::pool_bw_at(
+                    bw,
+                    before.mba_now,
+                    self.pool.mba_now,
+                    self.pool.peak,
+                ));
+                self.pool_bw_stale += 1;
+            }
+            _ => self.pool_bw_stale = 0,
+        }
+        let before = before.mba_now;
+        let over = self.over_margin(obs);
+        // Pressure on the pool's bandwidth: a CPU service over its margin, or last tick's
+        // needs did not fit.
+        let pressure = self.last_degraded || !over.is_empty();
+        let ceiling = self.mba_ceiling(obs, before, over);
         let levels = if self.ctx.has_cpu_best_effort() {
-            mba::pool_levels(&self.ctx.host, &self.pool, self.pressure(obs))
+            mba::pool_levels(&self.ctx.host, &self.pool, pressure, ceiling)
         } else {
             vec![MBA_MAX_PCT]
         };
@@ -404,6 +464,12 @@ impl MlPolicy {
                 continue;
             };
             st.correct(&last, measured, &self.cfg);
+            st.note_outcome(
+                &last,
+                measured,
+                o.sample.requests_per_s,
+                self.cfg.margin.ln(),
+            );
         }
     }
 
@@ -570,6 +636,9 @@ impl MlPolicy {
                 sigma,
                 model_sigma,
                 moved: cand != current,
+                shrank: cand.cores <= current.cores
+                    && cand.llc_ways.count <= current.llc_ways.count
+                    && (cand.cores, cand.llc_ways.count) != (current.cores, current.llc_ways.count),
             });
         }
         Some(Prediction {
@@ -822,6 +891,34 @@ pub(super) mod tests {
         current.best_effort.mba_pct = 50;
         let d = ml.decide(&observe(&c, &current, &sample(Some(1.2))), 1_000);
         assert_eq!(d.plan.best_effort.mba_pct, 100);
+    }
+
+    #[test]
+    fn a_throttled_pool_rides_out_a_missing_bandwidth_reading_for_two_ticks() {
+        // Throttled on a reading (as above), then the pool's reading goes missing: the last
+        // one stands in for two ticks; a third without one releases the pool.
+        let c = ctx(1, 16);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(bandwidth_model()), MlConfig::default());
+        let initial = ml.initial().plan;
+        let measured = Sample {
+            mem_bw_bytes_per_s: Some(3e10),
+            ..sample(Some(1.2))
+        };
+        let mut obs = observe(&c, &initial, &measured);
+        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
+        let mut plan = ml.decide(&obs, 1_000).plan;
+        assert!(plan.best_effort.mba_pct < 100);
+        for tick in 2..=4u64 {
+            let mut obs = observe(&c, &plan, &sample(Some(1.2)));
+            obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
+            plan = ml.decide(&obs, tick * 1_000).plan;
+            let level = plan.best_effort.mba_pct;
+            if tick < 4 {
+                assert!(level < 100, "tick {tick}: {level}");
+            } else {
+                assert_eq!(level, 100, "tick {tick}");
+            }
+        }
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub(super) struct LastPrediction {
     pub(super) model_sigma: f64,
     /// Whether the allocation differed from the one in force when predicted.
     pub(super) moved: bool,
+    /// Whether it gave back (no more cores nor ways than the one in force, fewer of one).
+    pub(super) shrank: bool,
 }
 
 /// One interval's reading of a service: measured ln(p99/target) and requests per second.
@@ -74,6 +76,10 @@ pub(super) struct ServiceState {
     pub(super) probe: Option<Probe>,
     /// The allocation an exploring cut found past the margin: the service's cliff.
     pub(super) cliff: Option<Cliff>,
+    /// Allocations measured not enough (a give-back past the margin, or any allocation
+    /// over the target): no candidate at or under one goes while it binds
+    /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`].
+    pub(super) measured_cliffs: Vec<Cliff>,
     /// Requests per second at which the pool's ways were measured not enough for the
     /// service: it is not put on them again while its load is at least [`CLIFF_LOAD`] of
     /// this (0 when the load was not measured: never again).
@@ -88,13 +94,17 @@ pub(super) struct Probe {
     pub(super) to: (u32, u32),
 }
 
-/// Where an exploring cut went past the margin: (cores, ways) at `rps` requests per second.
+/// Where a cut (exploring, or a give-back) went past the margin: (cores, ways) at `rps`
+/// requests per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Cliff {
     pub(super) cores: u32,
     pub(super) ways: u32,
     pub(super) rps: f64,
 }
+
+/// Measured cliffs remembered per service.
+const MAX_MEASURED_CLIFFS: usize = 4;
 
 /// What the exploration rule is given at one tick.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -156,6 +166,7 @@ impl Default for ServiceState {
             calm_ticks: 0,
             probe: None,
             cliff: None,
+            measured_cliffs: Vec::new(),
             pool_ways_cliff: None,
         }
     }
@@ -262,6 +273,72 @@ impl ServiceState {
         } else if measured <= 0.0 {
             self.misses = 0;
         }
+    }
+
+    /// What `last`'s allocation measured (`measured` at `rps` requests per second) says of
+    /// the service's cliff. Latency only grows as cores or ways shrink (or load rises), so an
+    /// allocation that was not enough rules out every allocation under it at that load or
+    /// more: it is remembered as a cliff (replacing those it covers, the oldest dropped past
+    /// [`MAX_MEASURED_CLIFFS`]) when it was a give-back measured past the margin `limit`,
+    /// or any allocation measured over the target but short of saturation (past it, a
+    /// reading may be a counter glitch, and the model's levels take over anyway).
+    pub(super) fn note_outcome(
+        &mut self,
+        last: &LastPrediction,
+        measured: f64,
+        rps: Option<f64>,
+        limit: f64,
+    ) {
+        let gave_back_too_much = last.shrank && measured > limit;
+        let over_target = measured > 0.0 && measured <= SATURATED.ln();
+        if !gave_back_too_much && !over_target {
+            return;
+        }
+        let c = Cliff {
+            cores: last.alloc.cores,
+            ways: last.alloc.llc_ways.count,
+            rps: rps.unwrap_or(0.0),
+        };
+        self.measured_cliffs
+            .retain(|o| !(o.cores <= c.cores && o.ways <= c.ways));
+        self.measured_cliffs.push(c);
+        if self.measured_cliffs.len() > MAX_MEASURED_CLIFFS {
+            self.measured_cliffs.remove(0);
+        }
+    }
+
+    /// The frontier `points` (cores, ways) with every point at or under a binding measured
+    /// cliff lifted to one core more than the cliff's. A cliff binds while the load is at
+    /// least [`CLIFF_LOAD`] of its own (an unknown load binds): where the model predicted
+    /// an allocation enough and the host measured it not, the measurement wins. (Cores are
+    /// lifted, not ways: a frontier point's way count is what it was searched for.)
+    pub(super) fn measured_floor(
+        &self,
+        points: Vec<(u32, u32)>,
+        rps: Option<f64>,
+    ) -> Vec<(u32, u32)> {
+        let binding: Vec<&Cliff> = self
+            .measured_cliffs
+            .iter()
+            .filter(|c| rps.is_none_or(|r| r >= CLIFF_LOAD * c.rps))
+            .collect();
+        if binding.is_empty() {
+            return points;
+        }
+        let mut out: Vec<(u32, u32)> = Vec::with_capacity(points.len());
+        for (c, w) in points {
+            let floor = binding
+                .iter()
+                .filter(|k| w <= k.ways)
+                .map(|k| k.cores + 1)
+                .max()
+                .unwrap_or(0);
+            let p = (c.max(floor), w);
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        out
     }
 
     /// The fallback trigger on misses: `misses_to_fallback` misses in a row put the service
@@ -549,7 +626,53 @@ mod tests {
             sigma,
             model_sigma: 0.2,
             moved,
+            shrank: false,
         }
+    }
+
+    #[test]
+    fn an_allocation_measured_not_enough_is_a_floor_while_the_load_stays() {
+        let limit = 0.9f64.ln();
+        let mut st = ServiceState::default();
+        let gave = |cores, ways| LastPrediction {
+            alloc: at_full_mba(cores, ways),
+            shrank: true,
+            ..last(-0.3, 0.1, true)
+        };
+        // Within the margin; between the margin and the target without a give-back; past
+        // saturation without one (a glitch, maybe): nothing learnt.
+        st.note_outcome(&gave(8, 4), 0.85f64.ln(), Some(1000.0), limit);
+        st.note_outcome(&last(-0.3, 0.1, true), 0.95f64.ln(), Some(1000.0), limit);
+        st.note_outcome(&last(-0.3, 0.1, true), 2.5f64.ln(), Some(1000.0), limit);
+        assert!(st.measured_cliffs.is_empty());
+        assert_eq!(
+            st.measured_floor(vec![(6, 4), (4, 8)], Some(1000.0)),
+            vec![(6, 4), (4, 8)]
+        );
+        // 8 cores / 4 ways measured 1.05 of the target after a give-back.
+        st.note_outcome(&gave(8, 4), 1.05f64.ln(), Some(1000.0), limit);
+        // Points with at most 4 ways need 9 cores; 8 ways are untouched.
+        assert_eq!(
+            st.measured_floor(vec![(6, 2), (7, 4), (4, 8)], Some(1000.0)),
+            vec![(9, 2), (9, 4), (4, 8)]
+        );
+        // Under 90 % of the load it does not bind; an unknown load does.
+        assert_eq!(st.measured_floor(vec![(7, 4)], Some(850.0)), vec![(7, 4)]);
+        assert_eq!(st.measured_floor(vec![(7, 4)], None), vec![(9, 4)]);
+        // A cliff above replaces the one it covers; at most four are kept.
+        st.note_outcome(&gave(10, 6), 1.1f64.ln(), Some(1000.0), limit);
+        assert_eq!(st.measured_cliffs.len(), 1);
+        for w in 7..12 {
+            st.note_outcome(&gave(16 - w, w), 1.1f64.ln(), Some(1000.0), limit);
+        }
+        assert_eq!(st.measured_cliffs.len(), 4);
+        assert_eq!(st.measured_cliffs[0].ways, 8);
+        // Over the target without a give-back counts; so does a give-back into saturation.
+        let mut st = ServiceState::default();
+        st.note_outcome(&last(-0.3, 0.1, true), 1.2f64.ln(), Some(1000.0), limit);
+        assert_eq!(st.measured_cliffs.len(), 1);
+        st.note_outcome(&gave(2, 1), 5.0f64.ln(), Some(1000.0), limit);
+        assert_eq!(st.measured_cliffs.len(), 2);
     }
 
     #[test]

@@ -186,6 +186,17 @@ impl MlPolicy {
             prev,
             reading,
         } = st.begin_tick(v.measured, v.sample.requests_per_s);
+        // Every reading of the allocation in force counts toward a safe measurement (on
+        // the pool's ways, or sharing them, the ways are not the service's own: none).
+        let in_force = (v.current.cores, v.current.llc_ways.count);
+        let measured = v.measured.filter(|_| !v.on_pool && !v.shares_pool);
+        st.note_safe(
+            in_force,
+            measured,
+            v.sample.requests_per_s,
+            v.neighbours.mem_bw_bytes_per_s,
+            cfg.margin.ln(),
+        );
         if let (Some(now), Some(prev)) = (reading, prev) {
             if unconfirmed_saturation(now, prev, v.sample.cpu_busy_cores, v.current.cores) {
                 let why = format!(
@@ -253,6 +264,18 @@ impl MlPolicy {
             && !found.relaxed
         {
             points.extend(search::pool_point(&points));
+        }
+        // What this service was measured safe at, at this load or more and beside no busier
+        // neighbours, is admissible whatever the model's spread says.
+        if !v.on_pool && !v.shares_pool {
+            for p in st.certified(
+                v.sample.requests_per_s,
+                v.cand_neighbours.mem_bw_bytes_per_s,
+            ) {
+                if !points.contains(&p) {
+                    points.push(p);
+                }
+            }
         }
         points = st.measured_floor(points, v.sample.requests_per_s);
         let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);

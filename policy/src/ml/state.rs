@@ -80,6 +80,12 @@ pub(super) struct ServiceState {
     /// over the target): no candidate at or under one goes while it binds
     /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`].
     pub(super) measured_cliffs: Vec<Cliff>,
+    /// Allocations measured within the margin for two intervals in a row, with the load
+    /// and the neighbours' bandwidth then ([`ServiceState::certified`]). The newest
+    /// [`MAX_MEASURED_SAFE`].
+    pub(super) measured_safe: Vec<Safe>,
+    /// (cores, ways) in force last tick and the reading then, for [`ServiceState::note_safe`].
+    pub(super) last_in_force: Option<((u32, u32), f64)>,
     /// Requests per second at which the pool's ways were measured not enough for the
     /// service: it is not put on them again while its load is at least [`CLIFF_LOAD`] of
     /// this (0 when the load was not measured: never again).
@@ -102,6 +108,22 @@ pub(super) struct Cliff {
     pub(super) ways: u32,
     pub(super) rps: f64,
 }
+
+/// An allocation measured within the margin: (cores, ways) at `rps` requests per second
+/// with the neighbours' bandwidth `neighbour_bw` (bytes/s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Safe {
+    pub(super) cores: u32,
+    pub(super) ways: u32,
+    pub(super) rps: f64,
+    pub(super) neighbour_bw: f64,
+}
+
+/// Allocations measured safe remembered per service.
+const MAX_MEASURED_SAFE: usize = 8;
+
+/// A safe measurement vouches for neighbours streaming up to this much more.
+const SAFE_NEIGHBOUR_SLACK: f64 = 1.05;
 
 /// Measured cliffs remembered per service.
 const MAX_MEASURED_CLIFFS: usize = 4;
@@ -167,6 +189,8 @@ impl Default for ServiceState {
             probe: None,
             cliff: None,
             measured_cliffs: Vec::new(),
+            measured_safe: Vec::new(),
+            last_in_force: None,
             pool_ways_cliff: None,
         }
     }
@@ -305,6 +329,60 @@ impl ServiceState {
         if self.measured_cliffs.len() > MAX_MEASURED_CLIFFS {
             self.measured_cliffs.remove(0);
         }
+    }
+
+    /// Notes this tick's reading `measured` of the allocation in force `current` (cores,
+    /// ways) at `rps` requests per second beside `neighbour_bw`: the second reading in a row
+    /// of one allocation within the margin `limit` makes it a safe measurement (replacing
+    /// those it vouches for, the oldest dropped past [`MAX_MEASURED_SAFE`]).
+    pub(super) fn note_safe(
+        &mut self,
+        current: (u32, u32),
+        measured: Option<f64>,
+        rps: Option<f64>,
+        neighbour_bw: f64,
+        limit: f64,
+    ) {
+        let before = self.last_in_force.take();
+        let Some(q) = measured else { return };
+        self.last_in_force = Some((current, q));
+        let (Some(rps), Some((was, q0))) = (rps, before) else {
+            return;
+        };
+        if was != current || q > limit || q0 > limit {
+            return;
+        }
+        let new = Safe {
+            cores: current.0,
+            ways: current.1,
+            rps,
+            neighbour_bw,
+        };
+        // An older one at no fewer resources, no more load and no busier neighbours says
+        // less than this one.
+        self.measured_safe.retain(|o| {
+            !(o.cores >= new.cores
+                && o.ways >= new.ways
+                && o.rps <= new.rps
+                && o.neighbour_bw <= new.neighbour_bw)
+        });
+        self.measured_safe.push(new);
+        if self.measured_safe.len() > MAX_MEASURED_SAFE {
+            self.measured_safe.remove(0);
+        }
+    }
+
+    /// The allocations (cores, ways) measured safe at `rps` or more requests per second
+    /// beside neighbours streaming no less than `neighbour_bw` (within
+    /// [`SAFE_NEIGHBOUR_SLACK`]): latency only falls as the load does, so they are safe now
+    /// whatever the model's spread says. No load reading, none.
+    pub(super) fn certified(&self, rps: Option<f64>, neighbour_bw: f64) -> Vec<(u32, u32)> {
+        let Some(rps) = rps else { return Vec::new() };
+        self.measured_safe
+            .iter()
+            .filter(|s| rps <= s.rps && neighbour_bw <= s.neighbour_bw * SAFE_NEIGHBOUR_SLACK)
+            .map(|s| (s.cores, s.ways))
+            .collect()
     }
 
     /// The frontier `points` (cores, ways) with every point at or under a binding measured
@@ -628,6 +706,44 @@ mod tests {
             moved,
             shrank: false,
         }
+    }
+
+    #[test]
+    fn two_readings_in_a_row_within_the_margin_vouch_for_an_allocation_at_that_load() {
+        let limit = 0.9f64.ln();
+        let ok = 0.8f64.ln();
+        let mut st = ServiceState::default();
+        // One reading is not enough; nor is a second of another allocation.
+        st.note_safe((8, 4), Some(ok), Some(1000.0), 1e9, limit);
+        st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        assert!(st.measured_safe.is_empty());
+        // Nor two where one was past the margin.
+        st.note_safe((9, 4), Some(0.95f64.ln()), Some(1000.0), 1e9, limit);
+        assert!(st.measured_safe.is_empty());
+        st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        assert_eq!(st.certified(Some(1000.0), 1e9), vec![(9, 4)]);
+        // At more load, beside busier neighbours, or with no load reading: not vouched for.
+        assert!(st.certified(Some(1100.0), 1e9).is_empty());
+        assert!(st.certified(Some(900.0), 2e9).is_empty());
+        assert!(st.certified(None, 1e9).is_empty());
+        // At less load and 5 % more neighbour traffic it is.
+        assert_eq!(st.certified(Some(900.0), 1.04e9), vec![(9, 4)]);
+        // A reading missing in between restarts the pair.
+        let mut st = ServiceState::default();
+        st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        st.note_safe((9, 4), None, Some(1000.0), 1e9, limit);
+        st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        assert!(st.measured_safe.is_empty());
+        // A smaller allocation safe at more load makes the larger one redundant.
+        let mut st = ServiceState::default();
+        for _ in 0..2 {
+            st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        }
+        for _ in 0..2 {
+            st.note_safe((7, 4), Some(ok), Some(1200.0), 1e9, limit);
+        }
+        assert_eq!(st.certified(Some(1000.0), 1e9), vec![(7, 4)]);
     }
 
     #[test]

@@ -32,6 +32,8 @@
 
 use cohabit_core::{HostCapacity, Observation, MBA_MAX_PCT};
 
+use super::state::CLIFF_LOAD;
+
 /// Cost weight of the pool's lost throughput, relative to its share of the cores: a pool
 /// whose bandwidth falls by a fraction `f` loses about `f` of a bandwidth-bound job's
 /// throughput.
@@ -39,10 +41,6 @@ const LOSS_WEIGHT: f64 = 1.0;
 
 /// Ticks in a row a missing reading of the pool's bandwidth is replaced by the last one.
 pub(super) const MAX_STALE_TICKS: u32 = 2;
-
-/// Load (of each service hurt, and of the pool's bandwidth per MBA point) at or above this
-/// fraction of the cliff's makes the cliff bind.
-const CLIFF_LOAD: f64 = 0.9;
 
 /// A pool MBA limit under which some CPU service was measured past its margin right after
 /// the pool was raised to it.

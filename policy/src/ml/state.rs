@@ -162,7 +162,7 @@ pub(super) enum ExploreStep {
 }
 
 /// Load at or above this fraction of a cliff's makes the cliff bind.
-const CLIFF_LOAD: f64 = 0.9;
+pub(super) const CLIFF_LOAD: f64 = 0.9;
 
 /// A cut never leaves the service's busy cores more than this fraction of its cores:
 /// queueing delay explodes toward saturation, so a cliff lies there whatever the service.

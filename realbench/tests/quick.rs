@@ -147,7 +147,18 @@ fn leftovers() -> Vec<String> {
             .is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
         let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
         let comm = comm.trim();
-        let ours = comm.starts_with("rb-") || comm.starts_with("stress-ng") || comm == "cohabit";
+        // A `cohabit` process is the benchmark's only when it is a daemon (`cohabit run`):
+        // another `cohabit` on the host (a simulation someone runs beside the tests) is not.
+        let daemon = || {
+            std::fs::read(e.path().join("cmdline"))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .nth(1)
+                .is_some_and(|a| a == b"run")
+        };
+        let ours = comm.starts_with("rb-")
+            || comm.starts_with("stress-ng")
+            || (comm == "cohabit" && daemon());
         if ours && !zombie {
             out.push(format!("{comm} ({pid})"));
         }

@@ -179,6 +179,7 @@ impl MlPolicy {
     fn plan_cpu_model(&mut self, obs: &Observation, name: &str, now_ms: u64) -> ServicePlan {
         let cfg = self.cfg;
         let v = self.view_cpu(obs, name);
+        let costs = self.costs();
         let st = self.state.entry(name.to_string()).or_default();
         let Tick {
             new_service,
@@ -196,6 +197,13 @@ impl MlPolicy {
             v.sample.requests_per_s,
             v.neighbours.mem_bw_bytes_per_s,
             cfg.margin.ln(),
+        );
+        // The last allocation measured safe, for the fallback: at this load and beside no
+        // busier neighbours it is surer than a feedback step from what is in force.
+        let known_good = known_good(
+            &st.certified(v.sample.requests_per_s, v.neighbours.mem_bw_bytes_per_s),
+            in_force,
+            |c, w| costs.of(c, w, v.shares_pool),
         );
         if let (Some(now), Some(prev)) = (reading, prev) {
             if unconfirmed_saturation(now, prev, v.sample.cpu_busy_cores, v.current.cores) {
@@ -215,7 +223,7 @@ impl MlPolicy {
             );
         }
         if let Some(why) = st.on_fallback(now_ms, &cfg) {
-            return fallback(obs, name, &why, true, v.shares_pool);
+            return fallback(obs, name, &why, true, v.shares_pool, known_good);
         }
         let predictor = Predictor {
             model: &self.model,
@@ -231,7 +239,7 @@ impl MlPolicy {
         let probe = predictor.features(&v.current);
         if let Some((feature, z)) = out_of_range(&self.model.meta, &probe, cfg.z_limit) {
             let why = format!("input {feature} outside the training range (z = {z:.1})");
-            return fallback(obs, name, &why, false, v.shares_pool);
+            return fallback(obs, name, &why, false, v.shares_pool, known_good);
         }
         let held = v.measured.is_some_and(|q| q <= cfg.margin.ln());
         // A sharer's ways are the pool's: sizes up to the range it measured under.
@@ -242,7 +250,7 @@ impl MlPolicy {
         };
         let found = match self.search(&predictor, held, &ways, v.cand_mba) {
             Ok(found) => found,
-            Err(why) => return fallback(obs, name, &why, true, v.shares_pool),
+            Err(why) => return fallback(obs, name, &why, true, v.shares_pool, known_good),
         };
         let (cur_mean, cur_sigma) = found
             .current
@@ -254,7 +262,6 @@ impl MlPolicy {
             })
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
-        let costs = self.costs();
         // The allocation in force as the packer counts it.
         let current = self.counted(name, &v.current);
         let st = self.state.entry(name.to_string()).or_default();
@@ -293,6 +300,7 @@ impl MlPolicy {
             name: name.to_string(),
             need: Need::Frontier { points },
             keep: h.keep.then_some(current),
+            stay: (safe && !h.keep && !new_service).then_some(current),
             reason: Reason::new(DecisionPath::Model, text),
             gpu_pct: None,
             predictable: true,
@@ -414,23 +422,58 @@ fn hold(name: &str, current: (u32, u32), text: String) -> ServicePlan {
     ServicePlan::fixed(name, current.0, current.1, reason, false)
 }
 
-/// The fallback for a service the model cannot be trusted with, `why` saying why: a
-/// feedback step from what is in force (cores alone for a service sharing the pool's ways).
+/// The fallback for a service the model cannot be trusted with, `why` saying why: back to
+/// `known_good` (see [`known_good`]) when the service is over its target and there is one,
+/// else a feedback step from what is in force (cores alone for a service sharing the
+/// pool's ways).
 fn fallback(
     obs: &Observation,
     name: &str,
     why: &str,
     predictable: bool,
     shares_pool: bool,
+    known_good: Option<(u32, u32)>,
 ) -> ServicePlan {
     let cur = obs
         .current
         .services
         .get(name)
         .map_or((1, 1), |a| (a.cores, a.llc_ways.count));
-    let (cores, ways, what) = fallback_step(cur, slack(obs, name), !shares_pool);
+    let slack = slack(obs, name);
+    if let (Some((cores, ways)), Some(v)) = (known_good, slack) {
+        if v < 0.0 {
+            let what = format!(
+                "back to {cores} cores / {ways} ways, measured safe at this load (slack {v:.2})"
+            );
+            let reason = Reason::new(DecisionPath::Fallback, format!("{why}; {what}"));
+            return ServicePlan::fixed(name, cores, ways, reason, predictable);
+        }
+    }
+    let (cores, ways, what) = fallback_step(cur, slack, !shares_pool);
     let reason = Reason::new(DecisionPath::Fallback, format!("{why}; {what}"));
     ServicePlan::fixed(name, cores, ways, reason, predictable)
+}
+
+/// The cheapest of the allocations `certified` (measured safe at this load, see
+/// [`super::state::ServiceState::certified`]) that the allocation in force, `in_force`,
+/// does not cover: one it covers in cores and ways was enough then and is not now, so the
+/// host changed and it proves nothing. `cost` prices (cores, ways).
+///
+/// Why: a service cut below what it needs (its ways taken by a neighbour's give-back, say)
+/// and measured far over its target is outside what the model knows, and the fallback's
+/// step (more cores, one more way) may never reach the ways it lost while the cores it adds
+/// leave no room for the neighbour to give them back; the measured-safe allocation says in
+/// one step what the service needs.
+fn known_good(
+    certified: &[(u32, u32)],
+    in_force: (u32, u32),
+    cost: impl Fn(u32, u32) -> f64,
+) -> Option<(u32, u32)> {
+    certified
+        .iter()
+        .copied()
+        .filter(|&(c, w)| !(in_force.0 >= c && in_force.1 >= w))
+        .min_by(|a, b| cost(a.0, a.1).total_cmp(&cost(b.0, b.1)))
 }
 
 /// The fallback's feedback step from `cur` (cores, ways) given the measured slack:
@@ -510,6 +553,20 @@ mod tests {
         // Nothing scored at or under the cut: no cut.
         assert!(!predicted_within(&scored, (5, 4), limit));
         assert!(!predicted_within(&[], (7, 5), limit));
+    }
+
+    #[test]
+    fn the_fallback_goes_back_to_the_cheapest_measured_safe_allocation_not_in_force() {
+        let cost = |c: u32, w: u32| f64::from(c) / 36.0 + 0.1 * f64::from(w) / 20.0;
+        let certified = [(21, 6), (14, 13)];
+        // On one way with 24 cores neither is covered: the cheaper, (14, 13).
+        assert_eq!(known_good(&certified, (24, 1), cost), Some((14, 13)));
+        // (22, 7) covers (21, 6): that one was enough then and is not now, so it proves
+        // nothing; (14, 13) is still evidence.
+        assert_eq!(known_good(&[(21, 6)], (22, 7), cost), None);
+        assert_eq!(known_good(&certified, (22, 7), cost), Some((14, 13)));
+        // Nothing measured safe: the feedback step.
+        assert_eq!(known_good(&[], (24, 1), cost), None);
     }
 
     #[test]

@@ -145,6 +145,9 @@ struct ServicePlan {
     /// The allocation in force, when the hysteresis keeps it (safe and not yet due to
     /// shrink).
     keep: Option<(u32, u32)>,
+    /// The allocation in force, when the service is due to give back (safe, its hysteresis
+    /// run out): it may stay there rather than move a neighbour whose allocation is kept.
+    stay: Option<(u32, u32)>,
     reason: Reason,
     gpu_pct: Option<u8>,
     /// The model's inputs were in range: its prediction for the final allocation is
@@ -159,6 +162,7 @@ impl ServicePlan {
             name: name.to_string(),
             need: Need::Fixed { cores, ways },
             keep: None,
+            stay: None,
             reason,
             gpu_pct: None,
             predictable,
@@ -527,6 +531,7 @@ impl MlPolicy {
                         .map_or((1, 1), |a| self.counted(&p.name, a)),
                     need: p.need.clone(),
                     keep: p.keep,
+                    stay: p.stay,
                     shares_pool_ways: self.ctx.shares_pool_group(&p.name),
                     violating: slack.is_some_and(|s| s < 0.0),
                     slack,

@@ -11,7 +11,9 @@
 //! Cost of a point: its share of the cores plus `way_cost` times its share of the ways
 //! ([`Costs`]), plus [`CHANGE_COST`] per resource that differs from what is in force, so
 //! near-ties keep what is in force. A first pass offers a service whose allocation is kept
-//! by the hysteresis only that allocation; if nothing fits, a second offers every point.
+//! by the hysteresis only that allocation, and a service due to give back its need or what
+//! it has (so that a give-back never moves a kept neighbour); if nothing fits, a second
+//! offers every point.
 //! Services that share the pool's ways (beyond the CLOSIDs; last in configuration order, so
 //! the isolated services' ways are settled when the programme reaches them) use none of the
 //! latency-critical ways and pay only for their cores; their point `(cores, ways)` means
@@ -66,6 +68,12 @@ pub(super) struct Demand {
     /// The allocation in force, when the hysteresis keeps it (safe and not yet due to
     /// shrink).
     pub(super) keep: Option<(u32, u32)>,
+    /// The allocation in force, when the service gives back (safe, due to shrink): offered
+    /// beside its need while kept allocations are, so that a give-back never moves a
+    /// neighbour off an allocation its hysteresis keeps (to a point only the model vouches
+    /// for: on the E5 `mba-stream` memcached was moved to one way for moses to give back two
+    /// cores, and saturated).
+    pub(super) stay: Option<(u32, u32)>,
     /// Shares the pool's ways instead of a range of its own (beyond the CLOSIDs).
     pub(super) shares_pool_ways: bool,
     /// Measured over its target in the last interval.
@@ -81,15 +89,22 @@ impl Demand {
     }
 
     /// The (cores, ways) points the service may get: the kept allocation alone when
-    /// `allow_keep` and there is one, else its need.
+    /// `allow_keep` and there is one, else its need (with the allocation it may stay at,
+    /// when `allow_keep`).
     fn options(&self, allow_keep: bool) -> Vec<(u32, u32)> {
         if let (true, Some(k)) = (allow_keep, self.keep) {
             return vec![k];
         }
-        match &self.need {
+        let mut out = match &self.need {
             Need::Fixed { cores, ways } => vec![(*cores, *ways)],
             Need::Frontier { points } => points.clone(),
+        };
+        if let (true, Some(s)) = (allow_keep, self.stay) {
+            if !out.contains(&s) {
+                out.push(s);
+            }
         }
+        out
     }
 }
 
@@ -407,29 +422,51 @@ fn grow_toward(
 
 /// A service over its target that still lacks the ways it wants (`cheapest`) takes them
 /// from the service with the most measured slack whose options include one with fewer ways
-/// (and the cores it then needs are free): one step's worth per interval.
+/// (and the cores it then needs are free): one step's worth per interval. The cores the
+/// borrower holds beyond its need count as free for a donor that gives it every way it
+/// lacks (it then holds exactly its need): otherwise a service whose fallback grew its
+/// cores while its ways were gone could block the only donor for good (a deadlock seen on
+/// the E5 `mba-stream`: memcached on one way and every core, moses unable to give ways
+/// back for want of a core).
 fn lend_ways(demands: &[Demand], cheapest: &[(u32, u32)], out: &mut [(u32, u32)], free_c: u32) {
     let mut free_c = free_c;
     for i in 0..demands.len() {
         if !demands[i].violating || demands[i].shares_pool_ways || out[i].1 >= cheapest[i].1 {
             continue;
         }
+        let lack = cheapest[i].1 - out[i].1;
+        let spare = out[i].0.saturating_sub(cheapest[i].0);
         let donor = (0..demands.len())
             .filter(|&j| j != i && !demands[j].violating && !demands[j].shares_pool_ways)
             .filter_map(|j| {
-                let fewer = demands[j]
+                let (fewer, whole) = demands[j]
                     .options(false)
                     .into_iter()
-                    .filter(|&(c, w)| w < out[j].1 && c <= out[j].0 + free_c)
-                    .max_by_key(|&(_, w)| w)?;
-                Some((j, fewer, demands[j].slack.unwrap_or(0.0)))
+                    .filter_map(|(c, w)| {
+                        if w >= out[j].1 {
+                            None
+                        } else if c <= out[j].0 + free_c {
+                            Some(((c, w), false))
+                        } else if w + lack <= out[j].1 && c <= out[j].0 + free_c + spare {
+                            Some(((c, w), true))
+                        } else {
+                            None
+                        }
+                    })
+                    .max_by_key(|&((_, w), whole)| (!whole, w))?;
+                Some((j, fewer, whole, demands[j].slack.unwrap_or(0.0)))
             })
-            .max_by(|a, b| a.2.total_cmp(&b.2));
-        if let Some((j, (c, w), _)) = donor {
-            free_c = (free_c + out[j].0).saturating_sub(c);
+            .max_by(|a, b| a.3.total_cmp(&b.3));
+        if let Some((j, (c, w), whole, _)) = donor {
             let freed = out[j].1 - w;
+            if whole {
+                free_c = (free_c + spare + out[j].0).saturating_sub(c);
+                out[i] = cheapest[i];
+            } else {
+                free_c = (free_c + out[j].0).saturating_sub(c);
+                out[i].1 += freed.min(lack);
+            }
             out[j] = (c, w);
-            out[i].1 += freed.min(cheapest[i].1 - out[i].1);
         }
     }
 }
@@ -459,6 +496,7 @@ mod tests {
                 points: points.to_vec(),
             },
             keep: None,
+            stay: None,
             shares_pool_ways: false,
             violating: false,
             slack: Some(0.2),
@@ -535,6 +573,34 @@ mod tests {
             ..frontier((10, 6), &[(4, 2)])
         };
         assert_eq!(pack(ROOM, &COSTS, &[d]).alloc, vec![(10, 6)]);
+    }
+
+    #[test]
+    fn a_give_back_never_moves_a_kept_neighbour() {
+        // a is kept at (21, 6); b, due to give back, wants (12, 18) (two cores fewer, five
+        // ways more): only by moving a onto one way. b stays at what it has instead.
+        let demands = [
+            Demand {
+                keep: Some((21, 6)),
+                ..frontier((21, 6), &[(21, 1), (21, 6)])
+            },
+            Demand {
+                stay: Some((14, 13)),
+                ..frontier((14, 13), &[(12, 18)])
+            },
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(!p.degraded);
+        assert_eq!(p.alloc, vec![(21, 6), (14, 13)]);
+        // Without the stay, the kept neighbour is moved: the rule is what keeps it.
+        let moved = [
+            demands[0].clone(),
+            Demand {
+                stay: None,
+                ..demands[1].clone()
+            },
+        ];
+        assert_eq!(pack(ROOM, &COSTS, &moved).alloc, vec![(21, 1), (12, 18)]);
     }
 
     #[test]
@@ -790,6 +856,30 @@ mod tests {
         let p = pack(room, &COSTS, &demands);
         assert!(p.degraded);
         assert_eq!(p.alloc, vec![(7, 9), (6, 5), (9, 4)]);
+    }
+
+    #[test]
+    fn a_borrower_holding_surplus_cores_trades_them_for_the_ways_it_lacks() {
+        // a, over its target on one way, grew to 24 cores under the fallback and needs
+        // (21, 6); b (12, 19), within its target, could give ways back only with three more
+        // cores, and none is free: a's three surplus cores pay for them. a gets its need, b
+        // its point with fewer ways (the 20 ways in force are still 20: nothing fits the 19
+        // the room has, so the packing degrades and lends).
+        let demands = [
+            violating(fixed((24, 1), 21, 6)),
+            Demand {
+                slack: Some(0.3),
+                keep: Some((12, 19)),
+                ..frontier((12, 19), &[(12, 19), (15, 14)])
+            },
+        ];
+        let p = pack(ROOM, &COSTS, &demands);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(21, 6), (15, 14)]);
+        // Without the surplus (a needs its 24 cores) nothing can be lent: a keeps what it
+        // has rather than anyone going without.
+        let tight = [violating(fixed((24, 1), 24, 6)), demands[1].clone()];
+        assert_eq!(pack(ROOM, &COSTS, &tight).alloc, vec![(24, 1), (12, 19)]);
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! ([`Costs`]), plus [`CHANGE_COST`] per resource that differs from what is in force, so
 //! near-ties keep what is in force. A first pass offers a service whose allocation is kept
 //! by the hysteresis only that allocation, and a service due to give back its need or what
-//! it has (so that a give-back never moves a kept neighbour); if nothing fits, a second
+//! it has (so that a give-back never moves a kept neighbour); if nothing fits, or when some
+//! service is measured over its target (it outranks the neighbours' hysteresis: at
+//! start-up on the E5 `parties-mix`, moses sat over its target for four intervals on the
+//! ways nginx's kept allocation left it, nginx at a sixth of its target), a second pass
 //! offers every point.
 //! Services that share the pool's ways (beyond the CLOSIDs; last in configuration order, so
 //! the isolated services' ways are settled when the programme reaches them) use none of the
@@ -167,7 +170,13 @@ type Partial = (f64, u32, Vec<(u32, u32)>);
 
 /// Steps 5–6: joint packing of `demands` into `room`, or the degrade rule.
 pub(super) fn pack(room: Room, costs: &Costs, demands: &[Demand]) -> Packing {
+    // A service over its target outranks its neighbours' hysteresis: the keep pass is for
+    // stability while everyone meets their targets, not a reason to leave one short.
+    let urgent = demands.iter().any(|d| d.violating);
     for allow_keep in [true, false] {
+        if allow_keep && urgent {
+            continue;
+        }
         if let Some(alloc) = cheapest_fit(room, costs, demands, allow_keep) {
             return Packing {
                 alloc,
@@ -573,6 +582,27 @@ mod tests {
             ..frontier((10, 6), &[(4, 2)])
         };
         assert_eq!(pack(ROOM, &COSTS, &[d]).alloc, vec![(10, 6)]);
+    }
+
+    #[test]
+    fn a_service_over_its_target_outranks_a_neighbours_hysteresis() {
+        // a is kept at (6, 8) though (5, 4) would do; b, over its target on (6, 6), could
+        // get (10, 8) beside a's kept allocation, or (6, 12) with a moved to (5, 4), which
+        // is cheaper: the kept allocation yields to the service in trouble.
+        let a = Demand {
+            keep: Some((6, 8)),
+            ..frontier((6, 8), &[(5, 4)])
+        };
+        let b = violating(frontier((6, 6), &[(10, 8), (6, 12)]));
+        let p = pack(ROOM, &COSTS, &[a.clone(), b.clone()]);
+        assert!(!p.degraded);
+        assert_eq!(p.alloc, vec![(5, 4), (6, 12)]);
+        // With b within its target, a is kept.
+        let calm = Demand {
+            violating: false,
+            ..b
+        };
+        assert_eq!(pack(ROOM, &COSTS, &[a, calm]).alloc, vec![(6, 8), (10, 8)]);
     }
 
     #[test]

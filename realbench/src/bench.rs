@@ -247,7 +247,8 @@ fn write_model(dir: &Path) -> Result<PathBuf, Error> {
         .map_err(|e| Error::Host(format!("the built-in model written out ({e})")))
 }
 
-/// Processes that would be mistaken for the benchmark's, or a daemon already running.
+/// Processes that would be mistaken for the benchmark's, or a daemon already running. Other
+/// `cohabit` commands (a simulation, a report) touch no cgroup and are left out.
 fn foreign_processes(services: &[ServiceSetup]) -> Vec<String> {
     let mine = std::process::id();
     sys::all_pids()
@@ -255,7 +256,7 @@ fn foreign_processes(services: &[ServiceSetup]) -> Vec<String> {
         .filter(|p| *p != mine)
         .filter_map(|p| sys::comm(p).map(|c| (p, c)))
         .filter(|(p, c)| {
-            (c == "cohabit"
+            ((c == "cohabit" && sys::first_arg(*p).as_deref() == Some("run"))
                 || c.starts_with("stress-ng")
                 || services.iter().any(|s| s.kind.comm() == c))
                 && sys::alive(*p)

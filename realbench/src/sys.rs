@@ -67,6 +67,13 @@ pub fn comm(pid: u32) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
+/// The first argument `pid` was started with (`run` for `cohabit run`), if any.
+pub fn first_arg(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let arg = raw.split(|b| *b == 0).nth(1)?;
+    (!arg.is_empty()).then(|| String::from_utf8_lossy(arg).into_owned())
+}
+
 /// User + system CPU seconds a process has used so far.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -118,6 +125,25 @@ mod tests {
         assert!(all_pids().contains(&me));
         assert!(pgid(me).is_some());
         assert!(!alive(u32::MAX));
+    }
+
+    #[test]
+    fn first_arg_reads_what_a_process_was_started_with() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        // Until its exec is done, the child carries the test's command line, then none.
+        let t = std::time::Instant::now();
+        let mut got = first_arg(child.id());
+        while got.as_deref() != Some("30") && t.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            got = first_arg(child.id());
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(got.as_deref(), Some("30"));
+        assert_eq!(first_arg(u32::MAX), None);
     }
 
     #[test]

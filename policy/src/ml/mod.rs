@@ -644,6 +644,7 @@ impl MlPolicy {
                 shrank: cand.cores <= current.cores
                     && cand.llc_ways.count <= current.llc_ways.count
                     && (cand.cores, cand.llc_ways.count) != (current.cores, current.llc_ways.count),
+                anchored: basis.anchor.is_some(),
             });
         }
         Some(Prediction {
@@ -665,6 +666,7 @@ impl Policy for MlPolicy {
         self.model = model;
         for st in self.state.values_mut() {
             st.bias = 0.0;
+            st.bias_samples = 0;
             st.z2 = 1.0;
             st.last = None;
         }

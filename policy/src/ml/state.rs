@@ -33,6 +33,11 @@ pub(super) struct LastPrediction {
     pub(super) moved: bool,
     /// Whether it gave back (no more cores nor ways than the one in force, fewer of one).
     pub(super) shrank: bool,
+    /// Whether it was anchored on a reading (see [`super::predict::Predictor::predict_many`]):
+    /// only an anchored prediction's error is the model's error on a *change*, which the
+    /// bias and the spread factor learn; a level predicted past saturation is off by
+    /// whatever the queue did.
+    pub(super) anchored: bool,
 }
 
 /// One interval's reading of a service: measured ln(p99/target) and requests per second.
@@ -55,6 +60,8 @@ pub(super) struct ServiceState {
     pub(super) prev_reading: Option<Reading>,
     /// Exponentially weighted error of the anchored predictions.
     pub(super) bias: f64,
+    /// Errors the bias has averaged so far (see [`ServiceState::correct`]).
+    pub(super) bias_samples: u32,
     /// Exponentially weighted squared standardised error of predictions for a *changed*
     /// allocation: the model's spread is scaled by its square root for this service
     /// (online recalibration; starts at 1).
@@ -176,6 +183,7 @@ impl Default for ServiceState {
             scored: Vec::new(),
             scored_mba: cohabit_core::MBA_MAX_PCT,
             bias: 0.0,
+            bias_samples: 0,
             z2: 1.0,
             noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
             misses: 0,
@@ -282,15 +290,31 @@ impl ServiceState {
         let tol = cfg.miss_tolerance;
         let err = measured - last.base;
         let surprise = measured - last.corrected;
-        self.bias = ((1.0 - alpha) * self.bias + alpha * err).clamp(-2.0, 2.0);
-        // An unchanged allocation measures the noise; a changed one the model's spread.
-        if !last.moved {
-            self.noise2 = ((1.0 - alpha) * self.noise2 + alpha * surprise * surprise)
-                .clamp(NOISE_FLOOR * NOISE_FLOOR, 1.0);
-        } else if last.model_sigma > 0.01 {
-            let excess = (surprise * surprise - self.noise2).max(0.0);
-            let z2 = excess / (last.model_sigma * last.model_sigma);
-            self.z2 = ((1.0 - alpha) * self.z2 + alpha * z2).clamp(0.0, 100.0);
+        // Only an anchored prediction's error teaches the bias, the noise and the spread
+        // factor (see `LastPrediction::anchored`): before this rule the first error at
+        // start-up, a level predicted for a saturated service, set moses's bias to -0.7 and
+        // left it under-provisioned for three or four intervals.
+        if last.anchored {
+            // The bias starts with no evidence, not with evidence of none: until it has
+            // seen 1/alpha errors it is their plain mean (the n-th weighs 1/n). A saturated
+            // reading is not a sample of the error (its size is the clipping's): it weighs
+            // alpha and does not count.
+            let w = if measured < SATURATED.ln() {
+                self.bias_samples = self.bias_samples.saturating_add(1);
+                alpha.max(1.0 / f64::from(self.bias_samples))
+            } else {
+                alpha
+            };
+            self.bias = ((1.0 - w) * self.bias + w * err).clamp(-2.0, 2.0);
+            // An unchanged allocation measures the noise; a changed one the model's spread.
+            if !last.moved {
+                self.noise2 = ((1.0 - alpha) * self.noise2 + alpha * surprise * surprise)
+                    .clamp(NOISE_FLOOR * NOISE_FLOOR, 1.0);
+            } else if last.model_sigma > 0.01 {
+                let excess = (surprise * surprise - self.noise2).max(0.0);
+                let z2 = excess / (last.model_sigma * last.model_sigma);
+                self.z2 = ((1.0 - alpha) * self.z2 + alpha * z2).clamp(0.0, 100.0);
+            }
         }
         if measured > 0.0 && surprise > tol.max(2.0 * last.sigma) {
             self.misses += 1;
@@ -705,6 +729,7 @@ mod tests {
             model_sigma: 0.2,
             moved,
             shrank: false,
+            anchored: true,
         }
     }
 
@@ -873,15 +898,49 @@ mod tests {
     }
 
     #[test]
-    fn the_bias_follows_the_error_with_the_correction_weight() {
+    fn the_bias_is_the_mean_error_until_it_has_seen_enough_then_follows_the_weight() {
         let cfg = MlConfig::default();
         let mut st = ServiceState::default();
-        // bias = 0.7 * 0 + 0.3 * (0.1 - -0.4) = 0.15.
+        // The first error is taken whole: 0.1 - -0.4 = 0.5.
         st.correct(&last(-0.4, 0.5, true), 0.1, &cfg);
-        assert!((st.bias - 0.15).abs() < 1e-12);
-        // An unchanged allocation updates the noise: 0.7 * 0.0025 + 0.3 * 0.25 = 0.07675.
-        st.correct(&last(-0.4, 0.5, false), 0.1, &cfg);
-        assert!((st.noise2 - 0.076_75).abs() < 1e-12, "{}", st.noise2);
+        assert!((st.bias - 0.5).abs() < 1e-12, "{}", st.bias);
+        // The second weighs a half: (0.5 + 0.1) / 2 = 0.3. An unchanged allocation updates
+        // the noise with the correction weight, from its surprise 0.1:
+        // 0.7 * 0.0025 + 0.3 * 0.01 = 0.00475.
+        st.correct(&last(0.0, 0.5, false), 0.1, &cfg);
+        assert!((st.bias - 0.3).abs() < 1e-12, "{}", st.bias);
+        assert!((st.noise2 - 0.004_75).abs() < 1e-12, "{}", st.noise2);
+        // The third a third (1/3 > 0.3): 0.3 + (0.0 - 0.3) / 3 = 0.2; the fourth and on
+        // weigh 0.3: 0.7 * 0.2 + 0.3 * 1.0 = 0.44.
+        st.correct(&last(0.1, 0.5, true), 0.1, &cfg);
+        assert!((st.bias - 0.2).abs() < 1e-12, "{}", st.bias);
+        st.correct(&last(-0.9, 0.5, true), 0.1, &cfg);
+        assert!((st.bias - 0.44).abs() < 1e-12, "{}", st.bias);
+    }
+
+    #[test]
+    fn only_an_anchored_predictions_error_teaches_the_bias_noise_and_spread() {
+        let cfg = MlConfig::default();
+        let mut st = ServiceState::default();
+        // A level predicted past saturation (p99/target 11.7), measured 1.1: a miss, but
+        // not the model's error on a change.
+        let level = LastPrediction {
+            anchored: false,
+            ..last(11.7f64.ln(), 0.5, true)
+        };
+        st.correct(&level, 1.1f64.ln(), &cfg);
+        assert_eq!((st.bias, st.bias_samples, st.z2), (0.0, 0, 1.0));
+        let still = LastPrediction {
+            moved: false,
+            ..level
+        };
+        st.correct(&still, 1.1f64.ln(), &cfg);
+        let fresh = ServiceState::default();
+        assert_eq!((st.bias, st.noise2), (0.0, fresh.noise2));
+        // A saturated reading weighs the correction weight and is not counted.
+        st.correct(&last(0.0, 0.5, true), 3.0, &cfg);
+        assert!((st.bias - 0.9).abs() < 1e-12, "{}", st.bias);
+        assert_eq!(st.bias_samples, 0);
     }
 
     #[test]

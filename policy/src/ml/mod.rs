@@ -5,11 +5,13 @@
 //! ever trusting a model further than its record on this host.
 //!
 //! Approach, each tick, per latency-critical CPU service:
-//! 1. **Correct.** If the last prediction was for the allocation now in force, its error
-//!    against the measured ln(p99/target) updates a per-service bias (exponentially
-//!    weighted); errors for an unchanged allocation estimate the measurement noise, errors
-//!    after a change recalibrate the model's spread for this service. A measured violation
-//!    more than the tolerance above the prediction is a miss.
+//! 1. **Correct.** If the last prediction was for the allocation now in force and was
+//!    anchored (step 2; a level predicted past saturation teaches nothing), its error
+//!    against the measured ln(p99/target) updates a per-service bias (the plain mean of
+//!    the first errors, then exponentially weighted); errors for an unchanged allocation
+//!    estimate the measurement noise, errors after a change recalibrate the model's spread
+//!    for this service. A measured violation more than the tolerance above the prediction
+//!    is a miss.
 //! 2. **Predict, anchored.** A candidate is predicted as the measured value of the
 //!    allocation in force plus the ensemble's predicted *change* to the candidate (and the
 //!    bias); its spread is the members' disagreement on that change, calibrated
@@ -18,8 +20,10 @@
 //! 3. **Choose a path.** *Fallback* (grow-only feedback steps) when an input is more than
 //!    `z_limit` training standard deviations from the training mean, when no candidate is
 //!    admissible and certain (spread ≤ `unsure_sigma`), or for `fallback_hold_ms` after
-//!    `misses_to_fallback` misses in a row. A sudden saturated reading with unchanged load
-//!    and idle cores waits a tick for confirmation (counter glitches).
+//!    `misses_to_fallback` misses in a row; a service over its target with an allocation
+//!    measured safe at this load that the one in force does not cover goes back to it
+//!    instead of stepping. A sudden saturated reading with unchanged load and idle cores
+//!    waits a tick for confirmation (counter glitches).
 //! 4. **Search.** For each way count on a grid, the fewest cores whose pessimistic
 //!    prediction `mean + k_sigma * sigma` (`k_sigma_give_back` for a service within its
 //!    margin, which could only give back) is at most ln(`margin`), among core counts in a
@@ -35,8 +39,10 @@
 //!    that cores and ways fit (the pool keeps one way when CPU jobs run) at least cost
 //!    (share of cores plus `way_cost` times share of ways, plus a little per changed
 //!    resource). A service measured under `margin` of its target keeps its allocation until
-//!    a cheaper admissible one has existed for `shrink_after` intervals; a service that needs
-//!    more never loses ways in the same step. Way ranges are contiguous and disjoint, from
+//!    a cheaper admissible one has existed for `shrink_after` intervals (one due to give back
+//!    may stay, so that its give-back never moves a kept neighbour, and a service measured
+//!    over its target releases every kept allocation); a service that needs more never
+//!    loses ways in the same step. Way ranges are contiguous and disjoint, from
 //!    way 0 in configuration order. A cache-insensitive service (its frontier needs no more
 //!    cores with one way than with any other count) is also offered the point `(cores, 0)`:
 //!    the pool's ways, shared, in a group of its own at full bandwidth; it costs only its

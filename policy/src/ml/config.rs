@@ -40,7 +40,8 @@ pub struct MlConfig {
     /// exploration off, the default: with 0.15 (and cuts only where the model's mean stays
     /// within the margin) it gained best-effort throughput on three E5 scenarios but cost
     /// QoS on `few-closids`, `mba-stream` and the Gold `load-spike`, and actuations
-    /// everywhere (README, Limits), so it stays opt-in until it is surer.
+    /// everywhere (README, Limits), so it stays opt-in until it is surer; since the
+    /// packer's fixes of a later round it gains only on the E5 `few-closids` and `demo`.
     pub explore_step: f64,
     /// A cache-insensitive service (its frontier needs no more cores with one way than with
     /// any other count) may run on the best-effort pool's ways instead of a range of its

@@ -149,13 +149,7 @@ fn leftovers() -> Vec<String> {
         let comm = comm.trim();
         // A `cohabit` process is the benchmark's only when it is a daemon (`cohabit run`):
         // another `cohabit` on the host (a simulation someone runs beside the tests) is not.
-        let daemon = || {
-            std::fs::read(e.path().join("cmdline"))
-                .unwrap_or_default()
-                .split(|b| *b == 0)
-                .nth(1)
-                .is_some_and(|a| a == b"run")
-        };
+        let daemon = || cohabit_realbench::sys::first_arg(pid).as_deref() == Some("run");
         let ours = comm.starts_with("rb-")
             || comm.starts_with("stress-ng")
             || (comm == "cohabit" && daemon());

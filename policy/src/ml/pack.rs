@@ -172,11 +172,12 @@ type Partial = (f64, u32, Vec<(u32, u32)>);
 pub(super) fn pack(room: Room, costs: &Costs, demands: &[Demand]) -> Packing {
     // A service over its target outranks its neighbours' hysteresis: the keep pass is for
     // stability while everyone meets their targets, not a reason to leave one short.
-    let urgent = demands.iter().any(|d| d.violating);
-    for allow_keep in [true, false] {
-        if allow_keep && urgent {
-            continue;
-        }
+    let passes: &[bool] = if demands.iter().any(|d| d.violating) {
+        &[false]
+    } else {
+        &[true, false]
+    };
+    for &allow_keep in passes {
         if let Some(alloc) = cheapest_fit(room, costs, demands, allow_keep) {
             return Packing {
                 alloc,

@@ -58,15 +58,20 @@
 //! 6. **Degrade** (the overload rule, [`pack`]) when the needs cannot all fit: the
 //!    best-effort pool yields first (the services may take every way, the pool sharing the
 //!    top one, and its memory bandwidth goes to the least level tried); nobody of the same
-//!    or a higher `priority` is cut to make room. Each service keeps what it has (or its
+//!    or a higher `priority` is cut to make room, unless it misses its target whatever it
+//!    gets (the triage). Each service keeps what it has (or its
 //!    need, when that is smaller in every resource); then services that want more are
 //!    served higher priority first, then smallest growth first (the most services meeting
 //!    their targets), then in configuration order: each takes its cheapest point within
 //!    reach of what is free, or what it lacks from services of lower priority, or grows
-//!    toward it as far as what is free allows; a service over its target still short of
-//!    ways takes one step's worth from the service with the most measured slack whose
-//!    frontier has a point with fewer ways. The rule depends only on the needs and what is
-//!    in force, so it does not oscillate while the loads hold.
+//!    toward it as far as what is free allows. Triage, for the fewest violations: a service
+//!    over its target for `shrink_after` intervals in a row and still short takes what it
+//!    lacks from services of no higher priority in the same state (they miss either way),
+//!    and a service that gave takes nothing back in a triage for `fallback_hold_ms`. Last, a
+//!    service over its target still short of ways takes one step's worth from the service
+//!    with the most measured slack whose frontier has a point with fewer ways. The rule
+//!    depends only on the needs, what is in force and who gave recently, so it does not
+//!    oscillate while the loads hold.
 //! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the
 //!    one in force; under pressure a step down and the minimum; without it a step up), each
 //!    service's neighbour bandwidth as the pool would have it (services sharing the pool's
@@ -326,7 +331,7 @@ impl MlPolicy {
     fn plan_level(&mut self, obs: &Observation, now_ms: u64, level: u8) -> LevelPlan {
         self.pool_level = level;
         let plans = self.plan_services(obs, now_ms);
-        let demands = self.demands(obs, &plans);
+        let demands = self.demands(obs, &plans, now_ms);
         let costs = self.costs();
         let mut packing = pack::pack(self.room(), &costs, &demands);
         let mut unmet = pack::unmet(&demands, &packing.alloc);
@@ -518,7 +523,7 @@ impl MlPolicy {
 
     /// The packer's view of each plan. CLOSID budget: the services beyond it share the pool's
     /// ways ([`HostContext::shares_pool_group`]).
-    fn demands(&self, obs: &Observation, plans: &[ServicePlan]) -> Vec<Demand> {
+    fn demands(&self, obs: &Observation, plans: &[ServicePlan], now_ms: u64) -> Vec<Demand> {
         plans
             .iter()
             .map(|p| {
@@ -540,6 +545,14 @@ impl MlPolicy {
                     stay: p.stay,
                     shares_pool_ways: self.ctx.shares_pool_group(&p.name),
                     violating: slack.is_some_and(|s| s < 0.0),
+                    persistent: self
+                        .state
+                        .get(&p.name)
+                        .is_some_and(|st| st.over_ticks >= self.cfg.shrink_after),
+                    yielded: self
+                        .state
+                        .get(&p.name)
+                        .is_some_and(|st| st.yielded_until_ms.is_some_and(|t| now_ms < t)),
                     slack,
                 }
             })
@@ -716,6 +729,12 @@ impl Policy for MlPolicy {
             .map(|s| (s.name.clone(), OnceCell::new()))
             .collect();
         self.correct(obs);
+        for o in obs.latency_critical() {
+            if let Some(st) = self.state.get_mut(&o.spec.name) {
+                let over = slack(obs, &o.spec.name).is_some_and(|s| s < 0.0);
+                st.over_ticks = if over { st.over_ticks + 1 } else { 0 };
+            }
+        }
         let LevelPlan {
             level,
             plans,
@@ -723,6 +742,11 @@ impl Policy for MlPolicy {
             ..
         } = self.plan_pool_levels(obs, now_ms);
         self.last_degraded = packing.degraded;
+        for &i in &packing.yielded {
+            if let Some(st) = plans.get(i).and_then(|p| self.state.get_mut(&p.name)) {
+                st.yielded_until_ms = Some(now_ms + self.cfg.fallback_hold_ms);
+            }
+        }
         let (plan, mut reasons) = self.lay_out(&plans, &packing);
         let placed = on_pool_ways(&self.ctx, &plan);
         let mut predictions = self.record_predictions(obs, &plans, &as_modelled(&plan, &placed));
@@ -1070,7 +1094,7 @@ pub(super) mod tests {
                 .map(|n| ServicePlan::fixed(n, 4, 6, Reason::new(DecisionPath::Model, "t"), false))
                 .collect();
             let got: Vec<bool> = ml
-                .demands(&obs, &plans)
+                .demands(&obs, &plans, 0)
                 .iter()
                 .map(|d| d.shares_pool_ways)
                 .collect();

@@ -87,6 +87,10 @@ pub(super) struct ServiceState {
     /// over the target): no candidate at or under one goes while it binds
     /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`].
     pub(super) measured_cliffs: Vec<Cliff>,
+    /// Intervals in a row measured over the target.
+    pub(super) over_ticks: u32,
+    /// Until when it may not take in the packer's triage, having given in one.
+    pub(super) yielded_until_ms: Option<u64>,
     /// Allocations measured within the margin for two intervals in a row, with the load
     /// and the neighbours' bandwidth then ([`ServiceState::certified`]). The newest
     /// [`MAX_MEASURED_SAFE`].
@@ -197,6 +201,8 @@ impl Default for ServiceState {
             probe: None,
             cliff: None,
             measured_cliffs: Vec::new(),
+            over_ticks: 0,
+            yielded_until_ms: None,
             measured_safe: Vec::new(),
             last_in_force: None,
             pool_ways_cliff: None,

@@ -360,16 +360,23 @@ impl MlPolicy {
             points = search::bare_target(ways, &scored, cfg.unsure_sigma);
             relaxed = true;
             if points.is_empty() {
-                let most = Allocation {
-                    cores: max_cores,
-                    llc_ways: WayRange::new(0, ways.last().copied().unwrap_or(1)),
-                    mba_pct: mba,
-                    ..*p.current
+                // The most within reach: usually scored already (the core grid reaches the
+                // trust region's edge), else one more pass.
+                let last = ways.last().copied().unwrap_or(1);
+                let best = match scored.iter().find(|(k, _)| *k == (max_cores, last)) {
+                    Some((_, q)) => (q.mean, q.sigma),
+                    None => {
+                        let most = Allocation {
+                            cores: max_cores,
+                            llc_ways: WayRange::new(0, last),
+                            mba_pct: mba,
+                            ..*p.current
+                        };
+                        p.predict_many(&[most])
+                            .first()
+                            .map_or((0.0, 0.0), |q| (q.mean, q.sigma))
+                    }
                 };
-                let best = p
-                    .predict_many(&[most])
-                    .first()
-                    .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
                 return Err(no_candidate(best, cfg.unsure_sigma));
             }
         }

@@ -38,7 +38,7 @@
 //! they want. Overload (docs/DESIGN.md §5): the best-effort pool keeps only 1 % of a GPU its
 //! jobs share with latency-critical services; when those together want more than the rest
 //! and none can grow, a service measured far over its target (more than twice, at its
-//! settled share) yields down to one step to services of the same or higher priority that
+//! settled share, and over it for `shrink_after` intervals in a row) yields down to one step to services of the same or higher priority that
 //! miss theirs by less, so that they can meet them (the fewest violations).
 
 use std::collections::BTreeMap;
@@ -593,6 +593,10 @@ impl MlPolicy {
                         .find(|s| s.name == plans[i].name)
                         .map_or(0, |s| s.priority),
                     tail: self.state.get(&plans[i].name).and_then(|st| st.gpu.log_q),
+                    persistent: self
+                        .state
+                        .get(&plans[i].name)
+                        .is_some_and(|st| st.over_ticks >= self.cfg.shrink_after),
                 })
                 .collect();
             // Every service measured at its share in force, none waiting for a restart.
@@ -663,6 +667,11 @@ pub(super) struct Standing {
     pub(super) priority: i32,
     /// Smoothed measured ln(p99/target) at the share in force, when there is one.
     pub(super) tail: Option<f64>,
+    /// Measured over its target in each of the last `shrink_after` intervals: only such a
+    /// service yields. A single outlier (on `gpu-llm-crowd`, one llm-chat reading of 46
+    /// times its target, the truth 0.93) lifts the smoothed tail past [`HOPELESS`], and a
+    /// yield costs a restart and minutes of a service that was meeting its target.
+    pub(super) persistent: bool,
 }
 
 /// Services whose tail is more than this many times their target at the share in force
@@ -698,7 +707,8 @@ pub(super) fn fit_shares(
     let spread = spread_shares(want, cur, room);
     let stuck = spread.iter().zip(cur).all(|(s, c)| *s < c + GPU_STEP_PCT);
     let n = want.len();
-    let far = |i: usize| standing[i].tail.is_some_and(|q| q > HOPELESS.ln());
+    let far =
+        |i: usize| standing[i].persistent && standing[i].tail.is_some_and(|q| q > HOPELESS.ln());
     let missing = |i: usize| standing[i].tail.is_some_and(|q| q > 0.0);
     // Who can still be helped: over its target by less, wanting more than it has.
     let helped: Vec<usize> = (0..n)
@@ -1042,6 +1052,7 @@ mod tests {
             Standing {
                 priority: 0,
                 tail: None,
+                persistent: false,
             };
             want.len()
         ];
@@ -1052,6 +1063,7 @@ mod tests {
         Standing {
             priority,
             tail: Some(ratio.ln()),
+            persistent: ratio > 1.0,
         }
     }
 
@@ -1113,6 +1125,14 @@ mod tests {
         let st = [standing(0, 1.4), standing(1, 19.0), standing(0, 1.4)];
         let got = fit_shares(&want, &cur, &st, true, 99.0).unwrap();
         assert_eq!(got[1], (Some(33), Fit::Spread));
+        // Nor on a tail lifted by readings not yet persistently over the target (an outlier).
+        let outlier = Standing {
+            persistent: false,
+            ..standing(0, 19.0)
+        };
+        let st = [standing(0, 1.4), outlier, standing(0, 1.4)];
+        let got = fit_shares(&want, &cur, &st, true, 99.0).unwrap();
+        assert_eq!(got[1].1, Fit::Spread);
         // Nor when nobody near its target wants more (nothing to gain from the cut).
         let st = [standing(0, 0.8), standing(0, 19.0), standing(0, 0.9)];
         let got = fit_shares(&[30.0, 100.0, 30.0], &cur, &st, true, 99.0).unwrap();

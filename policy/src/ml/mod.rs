@@ -102,8 +102,9 @@
 //! three samples since the last change. When the services on a GPU want more than 99 %,
 //! those that want less take it and the others grow into what is free in proportion to how
 //! much more they want; the pool keeps 1 %. When none can grow, a service more than twice
-//! over its target yields down to one step to services of the same or higher priority that
-//! miss by less (the fewest violations; [`gpu`] module docs).
+//! over its target (and over it for `shrink_after` intervals in a row: one outlier reading
+//! is not a reason for a restart) yields down to one step to services of the same or higher
+//! priority that miss by less (the fewest violations; [`gpu`] module docs).
 //!
 //! Every service's reason carries the path that decided it ([`DecisionPath::Model`] or
 //! [`DecisionPath::Fallback`]) beside its words, so logs, metrics and plots tell the paths

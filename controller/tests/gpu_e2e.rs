@@ -173,8 +173,22 @@ gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exi
     assert!(!d.join("train.env").exists());
 }
 
-/// Processes of group `pgid` still running (zombies waiting for a reaper do not count).
+/// Processes of group `pgid` still running after up to two seconds (zombies waiting for a
+/// reaper do not count): SIGKILL is delivered asynchronously, and a killed process may show
+/// its run state for a moment after `killpg` returns on a loaded machine.
 fn live_members(pgid: u32) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let left = running(pgid);
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Processes of group `pgid` running now.
+fn running(pgid: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())

@@ -242,9 +242,23 @@ pub(crate) mod tests {
         }
     }
 
-    /// Processes of group `pgid` that are still running (zombies waiting for a reaper do
-    /// not count).
+    /// Processes of group `pgid` still running after up to two seconds (zombies waiting
+    /// for a reaper do not count). SIGKILL is delivered asynchronously: a killed process
+    /// may still show its run state for a moment after `killpg` returns, longer on a loaded
+    /// machine (a CI run beside two builds caught one).
     pub(crate) fn live_members(pgid: u32) -> Vec<u32> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let left = running(pgid);
+            if left.is_empty() || Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Processes of group `pgid` running now.
+    fn running(pgid: u32) -> Vec<u32> {
         std::fs::read_dir("/proc")
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())

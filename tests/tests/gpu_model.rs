@@ -133,9 +133,14 @@ fn on_an_oversubscribed_gpu_ml_serves_the_services_that_can_meet_their_targets_b
     };
     let (ml, oracle) = (met("ml"), met("oracle"));
     // Spreading the GPU thin met no target in any interval (0.00 services per interval);
-    // a service far over its target yields so that others meet theirs.
-    assert!(ml >= 0.9, "ml meets {ml:.2} services per interval");
-    assert!(ml <= oracle + 0.1, "ml {ml:.2}, oracle {oracle:.2}");
+    // a service far over its target yields so that others meet theirs, and only one over
+    // its target for a while: when one outlier reading of llm-chat (46 times its target,
+    // the truth 0.93) could make it yield, `ml` met 1.02 services per interval. The oracle
+    // keeps GPU shares fixed for the run, so it is no bound here (1.38): `ml` moves them.
+    assert!(
+        ml >= 1.3,
+        "ml meets {ml:.2} services per interval (oracle {oracle:.2})"
+    );
     let run = runs.iter().find(|r| r.summary.policy == "ml").unwrap();
     assert!(run
         .records

@@ -593,10 +593,7 @@ impl MlPolicy {
                         .find(|s| s.name == plans[i].name)
                         .map_or(0, |s| s.priority),
                     tail: self.state.get(&plans[i].name).and_then(|st| st.gpu.log_q),
-                    persistent: self
-                        .state
-                        .get(&plans[i].name)
-                        .is_some_and(|st| st.over_ticks >= self.cfg.shrink_after),
+                    persistent: self.persistently_over(&plans[i].name),
                 })
                 .collect();
             // Every service measured at its share in force, none waiting for a restart.

@@ -291,6 +291,14 @@ impl MlPolicy {
         n
     }
 
+    /// Whether `name` was measured over its target in each of the last `shrink_after`
+    /// intervals (who takes part in the overload rules' triage, CPU and GPU).
+    fn persistently_over(&self, name: &str) -> bool {
+        self.state
+            .get(name)
+            .is_some_and(|st| st.over_ticks >= self.cfg.shrink_after)
+    }
+
     /// The CPU services measured over their margin, with their requests per second.
     fn over_margin(&self, obs: &Observation) -> Vec<(String, Option<f64>)> {
         let limit = self.cfg.margin.ln();
@@ -546,10 +554,7 @@ impl MlPolicy {
                     stay: p.stay,
                     shares_pool_ways: self.ctx.shares_pool_group(&p.name),
                     violating: slack.is_some_and(|s| s < 0.0),
-                    persistent: self
-                        .state
-                        .get(&p.name)
-                        .is_some_and(|st| st.over_ticks >= self.cfg.shrink_after),
+                    persistent: self.persistently_over(&p.name),
                     yielded: self
                         .state
                         .get(&p.name)

@@ -16,18 +16,9 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use cohabit_lab::oracle::{OracleConfig, OraclePolicy};
+use cohabit_lab::oracle::OracleConfig;
 use cohabit_lab::simulate::{self, LabPolicy, SimRun};
-use cohabit_sim::scenario::builtin_names;
-use cohabit_sim::{Scenario, TruthModel};
-
-fn oracle(sc: &Arc<Scenario>, cfg: OracleConfig, name: &str) -> Result<SimRun> {
-    let policy = Box::new(OraclePolicy::with_config(
-        TruthModel::new(Arc::clone(sc)),
-        cfg,
-    ));
-    Ok(simulate::run_built(sc, policy, name, None, |_| Ok(()))?)
-}
+use cohabit_sim::Scenario;
 
 /// Each service's mean cores and ways over the run, and the pool's MBA, as one line.
 fn mean_allocation(run: &SimRun) -> String {
@@ -51,12 +42,7 @@ fn mean_allocation(run: &SimRun) -> String {
 }
 
 fn main() -> Result<()> {
-    let asked: Vec<String> = std::env::args().skip(1).collect();
-    let names: Vec<String> = if asked.is_empty() {
-        builtin_names().map(String::from).collect()
-    } else {
-        asked
-    };
+    let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
     println!(
         "{:<13} {:>7} {:>7} {:>7} {:>7}   {:>9} {:>9} {:>9}",
@@ -70,8 +56,8 @@ fn main() -> Result<()> {
         }
         let sc = Arc::new(sc);
         let ml = simulate::run_policy(&sc, LabPolicy::Ml, None, None, |_| Ok(()))?;
-        let full = oracle(&sc, OracleConfig::default(), "oracle")?;
-        let at_margin = oracle(
+        let full = simulate::run_oracle(&sc, OracleConfig::default(), "oracle")?;
+        let at_margin = simulate::run_oracle(
             &sc,
             OracleConfig {
                 target_fraction: 0.9,
@@ -79,7 +65,7 @@ fn main() -> Result<()> {
             },
             "oracle@0.9",
         )?;
-        let no_share = oracle(
+        let no_share = simulate::run_oracle(
             &sc,
             OracleConfig {
                 share_ways: false,

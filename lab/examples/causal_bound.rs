@@ -21,10 +21,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use cohabit_lab::metrics::be_vs_oracle;
-use cohabit_lab::oracle::{OracleConfig, OraclePolicy};
+use cohabit_lab::oracle::OracleConfig;
 use cohabit_lab::simulate::{self, LabPolicy, SimRun};
-use cohabit_sim::scenario::builtin_names;
-use cohabit_sim::{Scenario, TruthModel};
+use cohabit_sim::Scenario;
 
 /// Fractions of each target the oracle without foresight aims at.
 const AIMS: [f64; 6] = [0.97, 0.93, 0.9, 0.85, 0.8, 0.7];
@@ -32,21 +31,8 @@ const AIMS: [f64; 6] = [0.97, 0.93, 0.9, 0.85, 0.8, 0.7];
 /// The second platform every scenario also runs on.
 const GOLD: &str = "xeon-gold-6338";
 
-fn oracle(sc: &Arc<Scenario>, cfg: OracleConfig) -> Result<SimRun> {
-    let policy = Box::new(OraclePolicy::with_config(
-        TruthModel::new(Arc::clone(sc)),
-        cfg,
-    ));
-    Ok(simulate::run_built(sc, policy, "oracle", None, |_| Ok(()))?)
-}
-
 fn main() -> Result<()> {
-    let asked: Vec<String> = std::env::args().skip(1).collect();
-    let names: Vec<String> = if asked.is_empty() {
-        builtin_names().map(String::from).collect()
-    } else {
-        asked
-    };
+    let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
     println!(
         "QoS / best effort against the oracle; `causal` is the most best effort an aim without \
@@ -68,7 +54,7 @@ fn main() -> Result<()> {
             platforms.push(Arc::new(own.on_platform(GOLD)?));
         }
         for sc in platforms {
-            let full = oracle(&sc, OracleConfig::default())?;
+            let full = simulate::run_oracle(&sc, OracleConfig::default(), "oracle")?;
             let vs = |r: &SimRun| be_vs_oracle(r.summary.be_throughput, full.summary.be_throughput);
             let cell = |r: &SimRun| {
                 format!(
@@ -81,13 +67,14 @@ fn main() -> Result<()> {
             print!("{:<13} {:<15} {:>13} ", name, sc.host.preset, cell(&ml));
             let mut causal: Option<f64> = None;
             for aim in AIMS {
-                let run = oracle(
+                let run = simulate::run_oracle(
                     &sc,
                     OracleConfig {
                         target_fraction: aim,
                         foresight: false,
                         ..OracleConfig::default()
                     },
+                    "oracle without foresight",
                 )?;
                 print!("{:>13} ", cell(&run));
                 if run.summary.qos_met_fraction >= 0.99 {

@@ -13,7 +13,7 @@ use cohabit_policy::control::{self, LoopError};
 use cohabit_policy::{BuildError, HostContext, MlConfig, MlPolicy, Policy, PolicyKind};
 
 use crate::metrics::{self, RunSummary};
-use crate::oracle::OraclePolicy;
+use crate::oracle::{OracleConfig, OraclePolicy};
 
 /// The policies the lab can run: every [`PolicyKind`], and the oracle, which needs the
 /// simulator's ground truth.
@@ -168,6 +168,31 @@ pub struct SimRun {
     pub records: Vec<DecisionRecord>,
     /// Its metrics (without the oracle ratio).
     pub summary: RunSummary,
+}
+
+/// Runs the oracle searching as `cfg` says on `scenario`, named `name` in the summary (the
+/// lab's examples compare its variants).
+pub fn run_oracle(
+    scenario: &Arc<Scenario>,
+    cfg: OracleConfig,
+    name: &str,
+) -> Result<SimRun, RunError> {
+    let policy = Box::new(OraclePolicy::with_config(
+        TruthModel::new(Arc::clone(scenario)),
+        cfg,
+    ));
+    run_built(scenario, policy, name, None, |_| Ok(()))
+}
+
+/// The scenarios named on a command line, or every built-in (uncrowded) one when none is.
+pub fn names_or_builtin(asked: Vec<String>) -> Vec<String> {
+    if asked.is_empty() {
+        cohabit_sim::scenario::builtin_names()
+            .map(String::from)
+            .collect()
+    } else {
+        asked
+    }
 }
 
 /// Runs `kind` on `scenario`; `seed` overrides the scenario's; `model` replaces the

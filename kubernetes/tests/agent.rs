@@ -394,7 +394,8 @@ fn warn_posts_once_per_pod_and_reason() {
     std::thread::sleep(Duration::from_millis(200));
     let posts = api.event_posts();
     assert_eq!(posts.len(), 2);
-    let reasons: Vec<String> = posts
+    // Each Event is posted on its own, so they may reach the API server in either order.
+    let mut reasons: Vec<String> = posts
         .iter()
         .map(|p| {
             serde_json::from_str::<Value>(&p.body).unwrap()["reason"]
@@ -403,6 +404,7 @@ fn warn_posts_once_per_pod_and_reason() {
                 .to_string()
         })
         .collect();
+    reasons.sort();
     assert_eq!(reasons, ["CgroupNotFound", "ExclusiveCpus"]);
     assert!(posts
         .iter()

@@ -832,13 +832,13 @@ impl OraclePolicy {
     }
 
     fn plan_for(&mut self, start_ms: u64, reference: &Plan) -> Decision {
-        let tick_s = self.tick_ms() as f64 / 1000.0;
-        let mid_s = start_ms as f64 / 1000.0 + tick_s / 2.0;
-        let mid_s = if self.cfg.foresight || mid_s < tick_s {
-            mid_s
+        // Without foresight, the interval just measured (before the first, its own).
+        let planned_ms = if self.cfg.foresight {
+            start_ms
         } else {
-            mid_s - tick_s
+            start_ms.saturating_sub(self.tick_ms())
         };
+        let mid_s = (planned_ms as f64 + self.tick_ms() as f64 / 2.0) / 1000.0;
         let loads = self.truth.loads_at(mid_s);
         if let Some(last) = &self.last {
             // Loads within 2 % of those the plan was found for, and it still reaches the same

@@ -1,0 +1,140 @@
+//! How much of `ml`'s best-effort gap to the oracle is measurement noise and how much is
+//! the model's spread (issue 14, item 4).
+//!
+//! `ml` sizes each service so that its pessimistic prediction (mean plus `k_sigma` spreads)
+//! stays under the margin. The spread has two parts: the measurement noise of the reading
+//! each prediction is anchored on, and the model's calibrated spread on a change
+//! (`change_sigma_scale` times the ensemble's disagreement). This runs `ml` on each
+//! built-in CPU scenario (or those named as arguments), on the E5 and the Gold platform,
+//! over three seeds, in five worlds: as built; with the model's calibrated spread halved;
+//! with the measured p99's own noise off (`p99_sigma` 0: the p99 of a window resting on
+//! few requests stays a little noisy); with the counters quiet (no counter noise, no
+//! glitches, no missing readings); and with both quiet. It prints, per world, the runs
+//! with QoS met in at least 99 % of intervals, the mean QoS and the mean best-effort
+//! throughput against the oracle (same seed; the oracle plans on the truth, so the noise
+//! does not touch it).
+//!
+//! `cargo run --release -p cohabit-lab --example noise_gap [SCENARIO…]` (simulated; about
+//! a minute and a half for the five CPU scenarios on a 2-CPU machine).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use cohabit_lab::simulate::{self, LabPolicy};
+use cohabit_models::Model;
+use cohabit_sim::Scenario;
+
+/// The second platform every scenario also runs on.
+const GOLD: &str = "xeon-gold-6338";
+
+/// Seeds each world is run with.
+const SEEDS: [u64; 3] = [0, 101, 202];
+
+/// What a world quiets: the p99's own noise.
+const P99: u8 = 1;
+/// What a world quiets: counter noise, glitches and missing readings.
+const COUNTERS: u8 = 2;
+
+/// The worlds: (name, what is quiet, factor on the model's calibrated spread).
+const WORLDS: [(&str, u8, f32); 5] = [
+    ("as built", 0, 1.0),
+    ("spread/2", 0, 0.5),
+    ("p99 quiet", P99, 1.0),
+    ("counters quiet", COUNTERS, 1.0),
+    ("no noise", P99 | COUNTERS, 1.0),
+];
+
+/// Per world: (runs with QoS >= 0.99, QoS sum, best effort against the oracle sum).
+type Tally = [(usize, f64, f64); WORLDS.len()];
+
+/// Runs every world and seed on `sc`.
+fn tally(sc: &Scenario) -> Result<Tally> {
+    let model = simulate::builtin_model(sc.host.preset)?;
+    let mut out: Tally = [(0, 0.0, 0.0); WORLDS.len()];
+    for seed in SEEDS {
+        let own = Arc::new(sc.clone());
+        let oracle = simulate::run_policy(&own, LabPolicy::Oracle, Some(seed), None, |_| Ok(()))?;
+        let obe = oracle.summary.be_throughput.max(1e-9);
+        for (k, &(_, quiet, factor)) in WORLDS.iter().enumerate() {
+            let mut world = sc.clone();
+            if quiet & P99 != 0 {
+                world.noise.p99_sigma = 0.0;
+            }
+            if quiet & COUNTERS != 0 {
+                world.noise.counter_sigma = 0.0;
+                world.noise.glitch_prob = 0.0;
+                world.noise.missing_prob = 0.0;
+            }
+            let mut m: Model = model.clone();
+            let scale = m.meta.change_sigma_scale.unwrap_or(1.0);
+            m.meta.change_sigma_scale = Some(scale * factor);
+            let run = simulate::run_policy(
+                &Arc::new(world),
+                LabPolicy::Ml,
+                Some(seed),
+                Some(&Arc::new(m)),
+                |_| Ok(()),
+            )?;
+            let q = run.summary.qos_met_fraction;
+            out[k].0 += usize::from(q >= 0.99);
+            out[k].1 += q;
+            out[k].2 += run.summary.be_throughput / obe;
+        }
+    }
+    Ok(out)
+}
+
+fn main() -> Result<()> {
+    let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
+    println!("SIMULATION: every figure below comes from cohabit's simulated host.");
+    println!(
+        "per world: runs with QoS >= 0.99 of {}, mean QoS, mean best effort / oracle",
+        SEEDS.len()
+    );
+    print!("{:<13} {:<15}", "scenario", "platform");
+    for (name, _, _) in WORLDS {
+        print!(" {name:>20}");
+    }
+    println!();
+    let mut jobs = Vec::new();
+    for name in &names {
+        let own = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
+        if own.services.iter().any(|s| s.spec.gpu.is_some()) {
+            continue;
+        }
+        if own.host.preset != GOLD {
+            jobs.push(own.on_platform(GOLD)?);
+        }
+        jobs.push(own);
+    }
+    let n = jobs.len() as f64;
+    let results: Vec<Result<Tally>> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .chunks(jobs.len().div_ceil(2).max(1))
+            .map(|chunk| s.spawn(move || chunk.iter().map(tally).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a worker panicked"))
+            .collect()
+    });
+    let mut total: Tally = [(0, 0.0, 0.0); WORLDS.len()];
+    for (sc, t) in jobs.iter().zip(results) {
+        let t = t?;
+        print!("{:<13} {:<15}", sc.name, sc.host.preset);
+        for (k, (ok, q, be)) in t.iter().enumerate() {
+            let runs = SEEDS.len() as f64;
+            print!(" {:>20}", format!("{ok} {:.3} {:.3}", q / runs, be / runs));
+            total[k].0 += ok;
+            total[k].1 += q / runs;
+            total[k].2 += be / runs;
+        }
+        println!();
+    }
+    print!("{:<29}", "all");
+    for (ok, q, be) in total {
+        print!(" {:>20}", format!("{ok} {:.3} {:.3}", q / n, be / n));
+    }
+    println!();
+    Ok(())
+}

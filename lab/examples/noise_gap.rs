@@ -50,12 +50,11 @@ type Tally = [(usize, f64, f64); WORLDS.len()];
 /// Runs every world and seed on `sc`.
 fn tally(sc: &Scenario) -> Result<Tally> {
     let model = simulate::builtin_model(sc.host.preset)?;
-    let mut out: Tally = [(0, 0.0, 0.0); WORLDS.len()];
-    for seed in SEEDS {
-        let own = Arc::new(sc.clone());
-        let oracle = simulate::run_policy(&own, LabPolicy::Oracle, Some(seed), None, |_| Ok(()))?;
-        let obe = oracle.summary.be_throughput.max(1e-9);
-        for (k, &(_, quiet, factor)) in WORLDS.iter().enumerate() {
+    let scale = model.meta.change_sigma_scale.unwrap_or(1.0);
+    // Each world's scenario and model, built once for every seed.
+    let worlds: Vec<(Arc<Scenario>, Arc<Model>)> = WORLDS
+        .iter()
+        .map(|&(_, quiet, factor)| {
             let mut world = sc.clone();
             if quiet & P99 != 0 {
                 world.noise.p99_sigma = 0.0;
@@ -65,16 +64,18 @@ fn tally(sc: &Scenario) -> Result<Tally> {
                 world.noise.glitch_prob = 0.0;
                 world.noise.missing_prob = 0.0;
             }
-            let mut m: Model = model.clone();
-            let scale = m.meta.change_sigma_scale.unwrap_or(1.0);
+            let mut m = model.clone();
             m.meta.change_sigma_scale = Some(scale * factor);
-            let run = simulate::run_policy(
-                &Arc::new(world),
-                LabPolicy::Ml,
-                Some(seed),
-                Some(&Arc::new(m)),
-                |_| Ok(()),
-            )?;
+            (Arc::new(world), Arc::new(m))
+        })
+        .collect();
+    let own = Arc::new(sc.clone());
+    let mut out: Tally = [(0, 0.0, 0.0); WORLDS.len()];
+    for seed in SEEDS {
+        let oracle = simulate::run_policy(&own, LabPolicy::Oracle, Some(seed), None, |_| Ok(()))?;
+        let obe = oracle.summary.be_throughput.max(1e-9);
+        for (k, (world, m)) in worlds.iter().enumerate() {
+            let run = simulate::run_policy(world, LabPolicy::Ml, Some(seed), Some(m), |_| Ok(()))?;
             let q = run.summary.qos_met_fraction;
             out[k].0 += usize::from(q >= 0.99);
             out[k].1 += q;

@@ -151,6 +151,9 @@ pub enum Command {
         /// Seed of the measurement noise (default: each scenario's).
         #[arg(long)]
         seed: Option<u64>,
+        /// Only these scenarios (comma-separated built-in or crowded names; default: all).
+        #[arg(long, value_delimiter = ',')]
+        scenarios: Option<Vec<String>>,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
@@ -243,8 +246,11 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
         Command::Bench {
             platform,
             seed,
+            scenarios,
             format,
-        } => cohabit_lab::bench::bench_cmd(&platform, seed, format.into(), out),
+        } => {
+            cohabit_lab::bench::bench_cmd(&platform, seed, scenarios.as_deref(), format.into(), out)
+        }
         Command::Plot {
             run_dir,
             out: dir,

@@ -71,10 +71,30 @@ pub struct Check {
     pub met: bool,
 }
 
-/// Runs the benchmark: each scenario on its own platform, then on `second`.
-pub fn run(second: &str, seed: Option<u64>) -> Result<Vec<PlatformRuns>> {
-    let scenarios: Vec<Scenario> = builtin_names()
-        .chain(crowded_names())
+/// The built-in and crowded scenarios, or those of them named in `only` (in the built-in
+/// order); a name that is not one of them is an error naming those that are.
+pub fn scenario_names(only: Option<&[String]>) -> Result<Vec<&'static str>> {
+    let all: Vec<&'static str> = builtin_names().chain(crowded_names()).collect();
+    let Some(only) = only else {
+        return Ok(all);
+    };
+    if let Some(unknown) = only.iter().find(|n| !all.contains(&n.as_str())) {
+        anyhow::bail!(
+            "unknown scenario {unknown:?} for bench: the built-in ones are {}",
+            all.join(", ")
+        );
+    }
+    Ok(all
+        .into_iter()
+        .filter(|n| only.iter().any(|o| o == n))
+        .collect())
+}
+
+/// Runs the benchmark: each scenario (all the built-in and crowded ones, or those named in
+/// `only`) on its own platform, then on `second`.
+pub fn run(second: &str, seed: Option<u64>, only: Option<&[String]>) -> Result<Vec<PlatformRuns>> {
+    let scenarios: Vec<Scenario> = scenario_names(only)?
+        .into_iter()
         .map(Scenario::load)
         .collect::<Result<_, _>>()?;
     let mut own: Vec<PlatformRuns> = Vec::new();
@@ -270,10 +290,11 @@ pub fn checks(platforms: &[PlatformRuns]) -> Vec<Check> {
 pub fn bench_cmd(
     second: &str,
     seed: Option<u64>,
+    only: Option<&[String]>,
     format: Format,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let platforms = run(second, seed)?;
+    let platforms = run(second, seed, only)?;
     let checks = checks(&platforms);
     if format == Format::Json {
         let v = serde_json::json!({ "simulated": true, "platforms": platforms, "checks": checks });
@@ -329,6 +350,21 @@ pub fn bench_cmd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bench_takes_every_scenario_or_the_named_ones_in_built_in_order() {
+        let all = scenario_names(None).unwrap();
+        assert!(
+            all.contains(&"demo") && all.contains(&"crowded-e5"),
+            "{all:?}"
+        );
+        assert_eq!(all.len(), builtin_names().count() + crowded_names().count());
+        let some = ["crowded-e5".to_string(), "demo".to_string()];
+        assert_eq!(scenario_names(Some(&some)).unwrap(), ["demo", "crowded-e5"]);
+        let bad = ["demo".to_string(), "demo2".to_string()];
+        let e = scenario_names(Some(&bad)).unwrap_err().to_string();
+        assert!(e.contains("\"demo2\"") && e.contains("load-spike"), "{e}");
+    }
 
     /// A short scenario: two services beside a streaming job on the E5, 20 ticks.
     fn short() -> Arc<Scenario> {

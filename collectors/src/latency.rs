@@ -7,7 +7,11 @@
 //!   buckets the difference; buckets present in only one scrape are ignored.
 //! - [`PushListener`]: a loopback UDP or Unix datagram socket on which a service sends
 //!   latencies, one per line, in microseconds. A thread records them in an HDR histogram;
-//!   each tick takes the p99 and the count and starts afresh.
+//!   each tick takes the p99, the count and the histogram, and starts afresh.
+//!
+//! Both hand out each interval's requests as a histogram too ([`PromInterval`],
+//! [`PushWindow::hist`]), which a [`crate::window::MergedWindow`] merges over several
+//! intervals.
 //!
 //! What a scrape or a sender can do to the daemon is bounded:
 //!
@@ -301,12 +305,21 @@ fn difference<'a>(
     Some(out)
 }
 
+/// The requests counted between scrapes `prev` and `cur`, as cumulative buckets: the
+/// difference bound by bound (bounds present in only one scrape are left out), or `cur`
+/// whole when there is no `prev` or a counter went down (a reset: the service started
+/// counting afresh, so its current counts are the requests since).
+pub fn interval_between(prev: Option<&Buckets>, cur: &Buckets) -> Buckets {
+    Buckets(
+        prev.and_then(|p| difference(&p.0, &cur.0))
+            .unwrap_or_else(|| cur.0.clone()),
+    )
+}
+
 /// The `q` quantile of the requests counted between `prev` and `cur`, in the histogram's
 /// unit, and how many requests that was. `None` when no request arrived.
 pub fn quantile_between(prev: Option<&Buckets>, cur: &Buckets, q: f64) -> Option<(f64, f64)> {
-    let delta = prev
-        .and_then(|p| difference(&p.0, &cur.0))
-        .unwrap_or_else(|| cur.0.clone());
+    let delta = interval_between(prev, cur).0;
     let total = delta.last().map_or(0.0, |(_, c)| *c);
     if total <= 0.0 {
         return None;
@@ -330,6 +343,15 @@ pub fn quantile_between(prev: Option<&Buckets>, cur: &Buckets, q: f64) -> Option
         lower = (bound, count);
     }
     Some((lower.0, total))
+}
+
+/// The requests one scrape of a Prometheus histogram counted since the previous scrape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromInterval {
+    /// Their cumulative buckets, in the histogram's unit ([`interval_between`]).
+    pub buckets: Buckets,
+    /// How many requests there were (the last bucket's count; 0 when none).
+    pub count: f64,
 }
 
 /// A Prometheus histogram scraped over HTTP.
@@ -367,10 +389,32 @@ impl PromHistogram {
         }
     }
 
+    /// Milliseconds per unit of the histogram's bounds (what a window over its intervals
+    /// multiplies by).
+    pub fn ms_per_unit(&self) -> f64 {
+        self.to_ms
+    }
+
     /// Scrapes once, finishing by `deadline` at the latest (the tick's budget shared by
     /// every scrape), and returns the p99 (ms) and the requests since the previous scrape.
     /// The first scrape only sets the baseline (`Ok(None)`).
     pub fn poll(&mut self, deadline: Instant) -> Result<Option<(f64, f64)>, LatencyError> {
+        let text = self.fetch(deadline)?;
+        self.ingest(&text)
+    }
+
+    /// Like [`Self::poll`], but returns the requests since the previous scrape as buckets
+    /// ([`Self::ingest_interval`]), to be merged with other intervals'.
+    pub fn poll_interval(
+        &mut self,
+        deadline: Instant,
+    ) -> Result<Option<PromInterval>, LatencyError> {
+        let text = self.fetch(deadline)?;
+        self.ingest_interval(&text)
+    }
+
+    /// The exposition text at the URL, fetched by `deadline`.
+    fn fetch(&self, deadline: Instant) -> Result<String, LatencyError> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(self.scrape_error("no time left in this tick's collection budget".into()));
@@ -388,14 +432,22 @@ impl PromHistogram {
                 resp.status_text()
             )));
         }
-        let text = resp
-            .into_string()
-            .map_err(|e| self.scrape_error(e.to_string()))?;
-        self.ingest(&text)
+        resp.into_string()
+            .map_err(|e| self.scrape_error(e.to_string()))
     }
 
     /// Like [`Self::poll`] with exposition text already fetched.
     pub fn ingest(&mut self, text: &str) -> Result<Option<(f64, f64)>, LatencyError> {
+        Ok(self.ingest_interval(text)?.and_then(|i| {
+            quantile_between(None, &i.buckets, 0.99).map(|(p99, n)| (p99 * self.to_ms, n))
+        }))
+    }
+
+    /// Reads one scrape's text and returns the requests since the previous scrape (see
+    /// [`interval_between`]; after a counter reset, those since the reset), with no
+    /// request as a count of 0. The first scrape only sets the baseline (`Ok(None)`). An
+    /// interval whose own p99 is not a positive latency is an error.
+    pub fn ingest_interval(&mut self, text: &str) -> Result<Option<PromInterval>, LatencyError> {
         let invalid = |detail: String| LatencyError::Invalid {
             metric: self.metric.clone(),
             url: self.url.clone(),
@@ -413,17 +465,21 @@ impl PromHistogram {
         };
         self.bad_lines = parsed.bad_lines;
         let cur = parsed.buckets;
-        let out = self
-            .last
-            .as_ref()
-            .and_then(|prev| quantile_between(Some(prev), &cur, 0.99))
-            .map(|(p99, n)| (p99 * self.to_ms, n));
+        let out = self.last.as_ref().map(|prev| {
+            let buckets = interval_between(Some(prev), &cur);
+            let count = buckets.0.last().map_or(0.0, |(_, c)| *c);
+            PromInterval { buckets, count }
+        });
         self.last = Some(cur);
-        match out {
-            Some((p99, _)) if p99.is_nan() || p99 <= 0.0 => Err(invalid(format!(
+        let p99 = out
+            .as_ref()
+            .and_then(|i| quantile_between(None, &i.buckets, 0.99))
+            .map(|(p99, _)| p99 * self.to_ms);
+        match p99 {
+            Some(p99) if p99.is_nan() || p99 <= 0.0 => Err(invalid(format!(
                 "the p99 came out as {p99} ms; a latency must be positive"
             ))),
-            out => Ok(out),
+            _ => Ok(out),
         }
     }
 
@@ -510,12 +566,15 @@ impl std::ops::AddAssign for PushRejections {
 }
 
 /// One tick of pushed latencies.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PushWindow {
     /// p99 in milliseconds, if any sample arrived.
     pub p99_ms: Option<f64>,
     /// Samples received.
     pub count: u64,
+    /// The samples themselves, in µs, sized to the slowest ([`crate::window::compact`]):
+    /// what a [`crate::window::HdrWindow`] merges with other ticks'.
+    pub hist: Histogram<u64>,
     /// What was refused, by reason.
     pub rejected: PushRejections,
 }
@@ -899,6 +958,7 @@ impl PushListener {
         let w = PushWindow {
             p99_ms,
             count,
+            hist: crate::window::compact(&s.hist),
             rejected: s.rejected,
         };
         s.hist.reset();
@@ -1146,6 +1206,35 @@ http_request_duration_seconds_count{handler="a"} 100
         assert!(err.contains("127.0.0.1:1"), "{err}");
         let err = h.poll(Instant::now()).unwrap_err().to_string();
         assert!(err.contains("no time left"), "{err}");
+    }
+
+    #[test]
+    fn a_prometheus_source_hands_out_each_intervals_buckets() {
+        let mut h = PromHistogram::new("http://x/m", METRIC, 1.0, Duration::from_secs(1));
+        assert_eq!(h.ms_per_unit(), 1000.0);
+        assert_eq!(h.ingest_interval(SCRAPE).unwrap(), None, "the baseline");
+        let i = h.ingest_interval(&later_scrape()).unwrap().unwrap();
+        assert_eq!(i.count, 100.0);
+        assert_eq!(
+            i.buckets.0,
+            vec![
+                (0.001, 50.0),
+                (0.01, 100.0),
+                (0.1, 100.0),
+                (f64::INFINITY, 100.0)
+            ]
+        );
+        // Nothing new: an interval of no request, which `ingest` reports as no p99.
+        let same = h.ingest_interval(&later_scrape()).unwrap().unwrap();
+        assert_eq!(same.count, 0.0);
+        assert_eq!(h.ingest(&later_scrape()).unwrap(), None);
+        // A counter reset: the interval is what was counted since.
+        let reset = h.ingest_interval(SCRAPE).unwrap().unwrap();
+        assert_eq!(
+            reset.buckets,
+            parse_buckets(SCRAPE, METRIC).unwrap().buckets
+        );
+        assert_eq!(reset.count, 100.0);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`mountinfo`]: the one mountinfo parser (cgroup and resctrl mounts);
 //! - [`latency`]: per-service latency from a Prometheus histogram or a push socket;
 //! - [`probe`]: per-service latency measured by cohabit itself (memcached, redis, HTTP);
+//! - [`window`]: the p99 of the last few intervals' requests, their histograms merged;
 //! - [`mps`]: NVIDIA MPS through `nvidia-cuda-mps-control`;
 //! - [`nvml`]: GPU telemetry through NVML, loaded at run time;
 //! - [`users`]: user and group names to uids and gids.
@@ -34,6 +35,7 @@ pub mod procfs;
 pub mod resctrl;
 pub mod sysfs;
 pub mod users;
+pub mod window;
 
 /// Where the host's kernel interfaces live.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -6,8 +6,9 @@
 //!
 //! Approach: one dedicated thread per service sends small requests on a fixed schedule
 //! (`rate_hz`) over one keep-alive TCP connection and records each latency in an HDR
-//! histogram; each tick the daemon drains the window ([`Probe::take`]) into a p99 and a
-//! request rate, as it does for pushed latencies ([`crate::latency::PushListener`]).
+//! histogram; each tick the daemon drains the window ([`Probe::take`]) into a p99, a
+//! request rate and the histogram itself (to merge over ticks, [`crate::window`]), as it
+//! does for pushed latencies ([`crate::latency::PushListener`]).
 //!
 //! Algorithm: request `k` is due at `start + k / rate_hz`. Its latency is measured from that
 //! due time, not from when it was actually sent, so a slow response that delays the next
@@ -540,6 +541,10 @@ pub struct ProbeWindow {
     pub last_error: Option<String>,
     /// CPU time the probe thread used in the window, in seconds.
     pub cpu_s: f64,
+    /// The requests' latencies in µs (violations at the time-out), sized to the slowest
+    /// ([`crate::window::compact`]): what a [`crate::window::HdrWindow`] merges with other
+    /// ticks'.
+    pub hist: Histogram<u64>,
 }
 
 #[derive(Debug)]
@@ -666,6 +671,7 @@ impl Probe {
             errors: w.errors,
             last_error: w.last_error.take(),
             cpu_s: 0.0,
+            hist: crate::window::compact(&w.hist),
         };
         w.hist.reset();
         w.timeouts = 0;

@@ -36,6 +36,11 @@ pub struct Sample {
     /// Requests served per second.
     #[serde(default)]
     pub requests_per_s: Option<f64>,
+    /// Control intervals `p99_ms` rests on: the collector's latency window merges the
+    /// requests of the intervals since the service's allocation or load last changed
+    /// (`None`: this interval's alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_intervals: Option<u32>,
 }
 
 /// What the controller knows of one service at a tick.

@@ -193,6 +193,8 @@ pub struct SimulatedHost {
     plan: Plan,
     gpu: Vec<GpuClient>,
     last_truth: Option<GroundTruth>,
+    /// Each service's latency window ([`Noise::latency_window`]).
+    windows: Vec<LatencyWindow>,
 }
 
 impl SimulatedHost {
@@ -222,6 +224,7 @@ impl SimulatedHost {
             plan: plan.clone(),
             gpu,
             last_truth: None,
+            windows: Vec::new(),
         })
     }
 
@@ -285,24 +288,50 @@ impl Collector for SimulatedHost {
                 }
             }
         }
-        let services = sc
+        let cap = sc.noise.latency_window as usize;
+        self.windows
+            .resize_with(sc.services.len(), LatencyWindow::default);
+        let interval_s = tick_ms / 1000.0;
+        let mut services = Vec::with_capacity(sc.services.len());
+        for (i, ((s, o), t)) in sc
             .services
             .iter()
             .zip(&eval.outcomes)
             .zip(&tenants)
-            .zip(&self.gpu)
-            .map(|(((s, o), t), g)| ServiceObservation {
+            .enumerate()
+        {
+            let g = &self.gpu[i];
+            let restarting = downtime.get(i).is_some_and(|d| *d > 0.0);
+            let window = if cap > 1 && o.p99_ms.is_some() {
+                let own = self
+                    .plan
+                    .services
+                    .get(&s.spec.name)
+                    .copied()
+                    .unwrap_or(self.plan.best_effort);
+                let pool = &self.plan.best_effort;
+                let w = &mut self.windows[i];
+                w.restart_if_changed(
+                    (own, pool.llc_ways, pool.mba_pct, effective[i], restarting),
+                    o.served_rps * interval_s,
+                );
+                Some((w, cap))
+            } else {
+                None
+            };
+            services.push(ServiceObservation {
                 spec: s.spec.clone(),
-                sample: sc.telemetry.strip(measure(
+                sample: sc.telemetry.strip(measure_windowed(
                     &mut self.rng,
                     o,
                     t.load_rps,
                     &sc.noise,
-                    tick_ms / 1000.0,
+                    interval_s,
+                    window,
                 )),
                 gpu_mps_effective_pct: g.effective,
-            })
-            .collect();
+            });
+        }
         self.tick += 1;
         Ok(Observation {
             t_ms: self.tick * sc.tick_ms,
@@ -401,6 +430,107 @@ fn admit(sc: &Scenario, plan: &Plan) -> Result<(), SimError> {
     Ok(())
 }
 
+/// Most control intervals one measured p99 may span ([`Noise::latency_window`]).
+pub const MAX_LATENCY_WINDOW: u32 = 60;
+
+/// Relative change of a service's requests in an interval, against the mean of the
+/// intervals in its latency window, that restarts the window.
+pub const WINDOW_LOAD_CHANGE: f64 = 0.1;
+
+/// One interval in a service's latency window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct WindowInterval {
+    /// True p99 of the interval's requests (ms).
+    p99_ms: f64,
+    /// Requests served.
+    requests: f64,
+    /// Spread of the interval's own p99 measurement (ln units).
+    sigma: f64,
+    /// Its standard normal draw.
+    z: f64,
+}
+
+/// The requests one measured p99 rests on ([`Noise::latency_window`]): the intervals since
+/// what the service runs under (`key`) or its load last changed, up to the window. A real
+/// host does the same with the difference of two cumulative histograms, or by merging
+/// pushed ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LatencyWindow {
+    key: Option<WindowKey>,
+    intervals: std::collections::VecDeque<WindowInterval>,
+}
+
+/// What a service's latency depends on that the controller changes: its own allocation,
+/// the pool's ways and bandwidth, its GPU share in effect during the interval and whether
+/// its GPU client was restarting in it (an interval with downtime is a window of its own:
+/// merged with the next it made a recovered LLM service read 17 times its target).
+type WindowKey = (
+    cohabit_core::Allocation,
+    cohabit_core::WayRange,
+    u8,
+    Option<u8>,
+    bool,
+);
+
+impl LatencyWindow {
+    /// Starts over when `key` differs from the window's, or when `requests` differs from
+    /// the window's mean by more than [`WINDOW_LOAD_CHANGE`].
+    fn restart_if_changed(&mut self, key: WindowKey, requests: f64) {
+        let n = self.intervals.len() as f64;
+        let mean = self.intervals.iter().map(|i| i.requests).sum::<f64>() / n.max(1.0);
+        let load_moved = n > 0.0 && (requests - mean).abs() > WINDOW_LOAD_CHANGE * mean.max(1.0);
+        if self.key != Some(key) || load_moved {
+            self.intervals.clear();
+            self.key = Some(key);
+        }
+    }
+
+    /// The intervals the window holds.
+    pub fn len(&self) -> usize {
+        self.intervals.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.intervals.is_empty()
+    }
+}
+
+/// The p99 of the requests of several intervals together, each interval's latency tail
+/// taken as exponential past its p99 with the scale an exponential distribution of that
+/// p99 has (p99 / ln 100): the x at which the request-weighted share of requests slower
+/// than x is 1 %. One interval gives its own p99; a slow interval among fast ones pulls
+/// the merged p99 toward its own, by how many of the requests it holds.
+fn merged_p99(intervals: &[(f64, f64)]) -> f64 {
+    let total: f64 = intervals.iter().map(|(_, n)| n.max(1e-9)).sum();
+    let over = |x: f64| -> f64 {
+        intervals
+            .iter()
+            .map(|&(p, n)| {
+                let scale = p.max(1e-9) / 100f64.ln();
+                n.max(1e-9) / total * (-(x - p) / scale).exp().min(100.0)
+            })
+            .sum::<f64>()
+    };
+    let (mut lo, mut hi) = intervals
+        .iter()
+        .fold((f64::INFINITY, 0.0_f64), |(lo, hi), &(p, _)| {
+            (lo.min(p), hi.max(p))
+        });
+    if !(lo.is_finite() && hi > lo) {
+        return hi;
+    }
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        if over(mid) > 1.0 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
 /// A counter reading with measurement dirt. Every call draws the same number of random
 /// numbers whatever the values, so runs of different policies on one seed see the same
 /// noise. Public so training data sees exactly the dirt the controller sees.
@@ -411,7 +541,20 @@ pub fn measure(
     noise: &Noise,
     interval_s: f64,
 ) -> Sample {
-    let mut read = |value: Option<f64>, sigma: f64, glitch: f64| -> Option<f64> {
+    measure_windowed(rng, o, load_rps, noise, interval_s, None)
+}
+
+/// [`measure`], with the p99 taken over `window`'s intervals and this one when given (the
+/// window is updated; its restarts are the caller's, who knows what changed).
+fn measure_windowed(
+    rng: &mut ChaCha8Rng,
+    o: &Outcome,
+    load_rps: f64,
+    noise: &Noise,
+    interval_s: f64,
+    window: Option<(&mut LatencyWindow, usize)>,
+) -> Sample {
+    let read = |rng: &mut ChaCha8Rng, value: Option<f64>, sigma: f64, glitch: f64| -> Option<f64> {
         let z: f64 = rng.sample(StandardNormal);
         let g: f64 = rng.gen();
         let m: f64 = rng.gen();
@@ -432,17 +575,62 @@ pub fn measure(
     let p99_sigma = noise.p99_sigma + 0.2 / (1.0 + 0.01 * requests).sqrt();
     // Glitch values like those in public counter data: a bandwidth counter reading near
     // 1.8e14 B/s and an IPC above 1000 (OSML's training-set maxima).
+    let ipc = read(rng, cpu(o.ipc), c, 1046.2);
+    let llc_misses_per_s = read(rng, cpu(o.llc_misses_per_s), c, 0.0);
+    let llc_occupancy_bytes = read(rng, cpu(o.llc_bytes), c, 0.0);
+    let mem_bw_bytes_per_s = read(rng, cpu(o.mem_bw_bytes_per_s), c, 1.759_218_6e14);
+    let cpu_busy_cores = read(rng, cpu(o.cpu_busy_cores), c, 0.0);
+    let gpu_util_pct = read(rng, o.gpu_util_pct, c, 0.0).map(|u| u.min(100.0));
+    let mut p99_intervals = None;
+    let p99_ms = match (window, o.p99_ms) {
+        (Some((w, cap)), Some(p99)) => {
+            // This interval's error, drawn as `read` draws it, then the window's: the
+            // request-weighted mean of its intervals' errors, on their merged p99.
+            let z: f64 = rng.sample(StandardNormal);
+            let g: f64 = rng.gen();
+            let m: f64 = rng.gen();
+            w.intervals.push_back(WindowInterval {
+                p99_ms: p99,
+                requests: (o.served_rps * interval_s).max(0.0),
+                sigma: p99_sigma,
+                z,
+            });
+            while w.intervals.len() > cap.max(1) {
+                w.intervals.pop_front();
+            }
+            let total: f64 = w.intervals.iter().map(|i| i.requests.max(1e-9)).sum();
+            let (mut error, mut sigma2) = (0.0, 0.0);
+            for i in &w.intervals {
+                let share = i.requests.max(1e-9) / total;
+                error += share * i.sigma * i.z;
+                sigma2 += (share * i.sigma).powi(2);
+            }
+            let parts: Vec<(f64, f64)> =
+                w.intervals.iter().map(|i| (i.p99_ms, i.requests)).collect();
+            p99_intervals = u32::try_from(parts.len()).ok();
+            if m < noise.missing_prob {
+                None
+            } else if g < noise.glitch_prob {
+                Some(p99 * 50.0)
+            } else {
+                Some(merged_p99(&parts) * (error - sigma2 / 2.0).exp())
+            }
+        }
+        (_, p99) => read(rng, p99, p99_sigma, p99.unwrap_or(0.0) * 50.0),
+    };
     Sample {
-        ipc: read(cpu(o.ipc), c, 1046.2),
-        llc_misses_per_s: read(cpu(o.llc_misses_per_s), c, 0.0),
-        llc_occupancy_bytes: read(cpu(o.llc_bytes), c, 0.0),
-        mem_bw_bytes_per_s: read(cpu(o.mem_bw_bytes_per_s), c, 1.759_218_6e14),
-        cpu_busy_cores: read(cpu(o.cpu_busy_cores), c, 0.0),
+        ipc,
+        llc_misses_per_s,
+        llc_occupancy_bytes,
+        mem_bw_bytes_per_s,
+        cpu_busy_cores,
         // The simulator does not model memory footprints.
         memory_bytes: None,
-        gpu_util_pct: read(o.gpu_util_pct, c, 0.0).map(|u| u.min(100.0)),
-        p99_ms: read(o.p99_ms, p99_sigma, o.p99_ms.unwrap_or(0.0) * 50.0),
+        gpu_util_pct,
+        p99_ms,
+        p99_intervals: p99_ms.and(p99_intervals),
         requests_per_s: read(
+            rng,
             o.p99_ms.map(|_| o.served_rps),
             1.0 / (1.0 + requests).sqrt(),
             0.0,
@@ -530,6 +718,126 @@ mod tests {
         assert!(missing > 0, "some readings go missing");
         // A best-effort job has no latency.
         assert!(obs.iter().all(|o| o.services[2].sample.p99_ms.is_none()));
+    }
+
+    #[test]
+    fn merged_p99_weighs_each_interval_by_its_requests() {
+        assert!((merged_p99(&[(4.0, 100.0)]) - 4.0).abs() < 1e-9);
+        assert!((merged_p99(&[(4.0, 100.0), (4.0, 300.0)]) - 4.0).abs() < 1e-6);
+        // A slow interval among fast ones pulls the merged p99 toward its own, the more
+        // the more requests it holds.
+        let few = merged_p99(&[(2.0, 900.0), (8.0, 100.0)]);
+        let many = merged_p99(&[(2.0, 500.0), (8.0, 500.0)]);
+        assert!(2.0 < few && few < many && many < 8.0, "{few} {many}");
+        // Half the requests 4x slower: a whole exponential tail's worth above the fast p99.
+        assert!(many > 6.0, "{many}");
+    }
+
+    /// Two services at constant load beside a streaming job, `window` intervals per p99.
+    fn steady(window: u32) -> Arc<Scenario> {
+        let text = format!(
+            r#"
+name = "steady"
+description = "constant load"
+duration_s = 400
+tick_ms = 1000
+seed = 5
+[host]
+preset = "xeon-e5-2697v4"
+[noise]
+latency_window = {window}
+[[service]]
+name = "memcached"
+model = "memcached"
+load = {{ kind = "constant", fraction = 0.5 }}
+[[service]]
+name = "xapian"
+model = "xapian"
+load = {{ kind = "constant", fraction = 0.4 }}
+[[best_effort]]
+name = "stream"
+model = "stream"
+"#
+        );
+        Arc::new(Scenario::from_toml(&text, "steady", std::path::Path::new(".")).unwrap())
+    }
+
+    /// ln(measured p99 / true p99) of service `i` over `ticks` intervals of `plan`.
+    fn p99_errors(host: &mut SimulatedHost, i: usize, ticks: usize) -> Vec<f64> {
+        (0..ticks)
+            .filter_map(|_| {
+                let o = host.collect().unwrap();
+                let truth = host.last_truth().unwrap().p99_ms[&o.services[i].spec.name];
+                let m = o.services[i].sample.p99_ms?;
+                // Glitches are 50 times the truth.
+                (m < 10.0 * truth).then(|| (m / truth).ln())
+            })
+            .collect()
+    }
+
+    fn mean_sd(v: &[f64]) -> (f64, f64) {
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+        (mean, var.sqrt())
+    }
+
+    #[test]
+    fn a_latency_window_quiets_the_p99_of_a_steady_allocation_and_restarts_on_a_change() {
+        let one = steady(1);
+        let p = plan(&one, 50);
+        let mut host = SimulatedHost::launch(one, &p, Some(3)).unwrap();
+        let (m1, sd1) = mean_sd(&p99_errors(&mut host, 1, 400));
+        let four = steady(4);
+        let mut host = SimulatedHost::launch(Arc::clone(&four), &p, Some(3)).unwrap();
+        let errors = p99_errors(&mut host, 1, 400);
+        // The first three readings rest on fewer intervals.
+        let (m4, sd4) = mean_sd(&errors[3..]);
+        assert!(m1.abs() < 0.03 && m4.abs() < 0.03, "{m1} {m4}");
+        // Four intervals: half the spread of one (the sampling part and the rest alike).
+        assert!(sd4 < 0.6 * sd1 && sd4 > 0.4 * sd1, "{sd1} {sd4}");
+        assert_eq!(host.windows[1].len(), 4);
+        // A change of the service's allocation restarts its window, and only its own.
+        let mut moved = p.clone();
+        moved.services.get_mut("xapian").unwrap().cores -= 1;
+        moved.best_effort.cores += 1;
+        host.apply(&moved, &[]).unwrap();
+        host.collect().unwrap();
+        assert_eq!((host.windows[0].len(), host.windows[1].len()), (4, 1));
+        // A change of the pool's bandwidth restarts every window.
+        moved.best_effort.mba_pct = 50;
+        host.apply(&moved, &[]).unwrap();
+        host.collect().unwrap();
+        assert_eq!((host.windows[0].len(), host.windows[1].len()), (1, 1));
+    }
+
+    #[test]
+    fn a_latency_window_restarts_when_the_load_moves() {
+        let mut w = LatencyWindow::default();
+        let key = (
+            Allocation {
+                cores: 2,
+                llc_ways: WayRange::new(0, 2),
+                mba_pct: 100,
+                gpu_mps_pct: None,
+            },
+            WayRange::new(2, 2),
+            100,
+            None,
+            false,
+        );
+        for requests in [1000.0, 1050.0, 960.0] {
+            w.restart_if_changed(key, requests);
+            w.intervals.push_back(WindowInterval {
+                p99_ms: 1.0,
+                requests,
+                sigma: 0.1,
+                z: 0.0,
+            });
+        }
+        assert_eq!(w.len(), 3);
+        w.restart_if_changed(key, 1200.0);
+        assert!(w.is_empty());
     }
 
     #[test]

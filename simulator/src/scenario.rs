@@ -130,6 +130,13 @@ pub struct Noise {
     /// Probability that a reading is missing.
     #[serde(default = "default_missing")]
     pub missing_prob: f64,
+    /// Control intervals one measured p99 may span: the p99 is that of every request since
+    /// the service's allocation, the pool's ways or bandwidth, or its load (more than
+    /// [`crate::host::WINDOW_LOAD_CHANGE`]) last changed, up to this many intervals
+    /// (1: each interval's own requests). The default, 3, is the daemon's: its collectors
+    /// merge the histograms of the intervals the same way.
+    #[serde(default = "default_latency_window")]
+    pub latency_window: u32,
 }
 
 fn default_counter_sigma() -> f64 {
@@ -144,6 +151,9 @@ fn default_glitch() -> f64 {
 fn default_missing() -> f64 {
     0.005
 }
+fn default_latency_window() -> u32 {
+    3
+}
 
 impl Default for Noise {
     fn default() -> Self {
@@ -152,6 +162,7 @@ impl Default for Noise {
             p99_sigma: default_p99_sigma(),
             glitch_prob: default_glitch(),
             missing_prob: default_missing(),
+            latency_window: default_latency_window(),
         }
     }
 }
@@ -421,6 +432,13 @@ impl Scenario {
             }
         }
         let n = &file.noise;
+        if !(1..=crate::host::MAX_LATENCY_WINDOW).contains(&n.latency_window) {
+            return Err(scenario_err(format!(
+                "noise.latency_window must be between 1 and {} intervals, got {}",
+                crate::host::MAX_LATENCY_WINDOW,
+                n.latency_window
+            )));
+        }
         for (what, v, max) in [
             ("noise.counter_sigma", n.counter_sigma, 2.0),
             ("noise.p99_sigma", n.p99_sigma, 2.0),

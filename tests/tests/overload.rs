@@ -90,17 +90,30 @@ fn on_crowded_cpu_hosts_ml_meets_most_of_the_targets_the_oracle_meets() {
     // The triage of the degrade rule (policy/src/ml/pack.rs): a service that misses whatever
     // it gets gives way to one that then meets its target. Before it, `ml` met 3.2 services
     // per interval on the crowded E5 against the oracle's 7.0 (it held cores and ways for
-    // moses, which nothing within the host's reach serves).
+    // moses, which nothing within the host's reach serves). On a crowded host one run is
+    // chaotic (which service yields first decides the rest: 4.9 to 5.7 on the E5 over
+    // seeds), so `ml` is judged on the mean over four noise seeds; the oracle plans on the
+    // truth, which the seed does not touch.
+    const SEEDS: [Option<u64>; 4] = [None, Some(0), Some(101), Some(202)];
     for name in crowded_names().filter(|n| n.starts_with("crowded")) {
         let sc = Arc::new(Scenario::load(name).unwrap());
-        let runs = simulate::compare(&sc, &[LabPolicy::Ml, LabPolicy::Oracle], None, None).unwrap();
-        let ml = services_met(&runs[0].summary);
-        let oracle = services_met(&runs[1].summary);
-        assert_eq!(runs[0].summary.policy, "ml");
+        let oracle = simulate::run_policy(&sc, LabPolicy::Oracle, None, None, |_| Ok(())).unwrap();
+        let oracle = services_met(&oracle.summary);
+        let per_seed: Vec<f64> = SEEDS
+            .iter()
+            .map(|&seed| {
+                let run = simulate::run_policy(&sc, LabPolicy::Ml, seed, None, |_| Ok(())).unwrap();
+                assert_eq!(run.summary.policy, "ml");
+                services_met(&run.summary)
+            })
+            .collect();
+        let ml = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
         assert!(
             ml >= 0.75 * oracle,
-            "{name}: ml meets {ml:.2} services per interval, the oracle {oracle:.2}"
+            "{name}: ml meets {ml:.2} services per interval ({per_seed:.2?}), the oracle {oracle:.2}"
         );
-        assert!(oracle + 0.1 >= ml, "{name}: ml {ml:.2} oracle {oracle:.2}");
+        for m in &per_seed {
+            assert!(oracle + 0.1 >= *m, "{name}: ml {m:.2} oracle {oracle:.2}");
+        }
     }
 }

@@ -14,6 +14,8 @@
 //! metrics_addr = "127.0.0.1:9464"    # Prometheus metrics; "" disables
 //! metrics_public = false             # must be true for a non-loopback metrics_addr
 //! fail_safe_after_ticks = 20         # consecutive failed ticks before the fair share is applied
+//! latency_window = 3                 # a p99 merges the requests of up to this many intervals
+//!                                    # (1-60), since the allocation or the load last changed
 //! model_check_every_ticks = 10       # ml: reload the model when its file changes (0: never)
 //! explore = { margin = 0.3 }         # safe exploration around the policy's plans (or --explore);
 //!                                    # also max_cores, max_ways, max_mba_steps, min_cores,
@@ -70,6 +72,7 @@ use cohabit_collectors::cgroup::CpuList;
 use cohabit_collectors::latency::{PushAddr, DEFAULT_MODE};
 use cohabit_collectors::probe::{ProbeSettings, ProbeUrl};
 use cohabit_collectors::users::{GroupRef, UserRef};
+use cohabit_collectors::window::MAX_WINDOW;
 use cohabit_collectors::HostPaths;
 use serde::Deserialize;
 
@@ -109,6 +112,8 @@ struct File {
     metrics_public: bool,
     #[serde(default = "default_fail_safe")]
     fail_safe_after_ticks: i64,
+    #[serde(default = "default_latency_window")]
+    latency_window: i64,
     #[serde(default = "default_model_check")]
     model_check_every_ticks: i64,
     explore: Option<ExploreFile>,
@@ -136,6 +141,9 @@ fn default_timeout() -> i64 {
 }
 fn default_fail_safe() -> i64 {
     20
+}
+fn default_latency_window() -> i64 {
+    3
 }
 fn default_log_max_bytes() -> i64 {
     100_000_000
@@ -463,6 +471,10 @@ pub struct ServiceConfig {
 pub struct DaemonConfig {
     /// Control interval.
     pub interval_ms: u64,
+    /// Control intervals whose requests one p99 rests on, at most: each service's latency
+    /// histograms are merged over the intervals since what it runs under or its load last
+    /// changed, up to this many (1 to [`MAX_WINDOW`]; 1: each interval's alone).
+    pub latency_window: u32,
     /// Policy.
     pub policy: PolicyKind,
     /// The model `ml` uses.
@@ -541,6 +553,12 @@ impl DaemonConfig {
             return Err(err(format!(
                 "interval_ms must be between 10 and 3600000, got {}",
                 f.interval_ms
+            )));
+        }
+        if !(1..=i64::from(MAX_WINDOW)).contains(&f.latency_window) {
+            return Err(err(format!(
+                "latency_window must be between 1 and {MAX_WINDOW} control intervals, got {}",
+                f.latency_window
             )));
         }
         if !(1..=600_000).contains(&f.collect_timeout_ms) {
@@ -728,6 +746,7 @@ impl DaemonConfig {
             .map_err(err)?;
         Ok(Self {
             interval_ms: f.interval_ms.unsigned_abs(),
+            latency_window: u32::try_from(f.latency_window).unwrap_or(MAX_WINDOW),
             policy,
             model: f.model,
             gpu_model: f.gpu_model,
@@ -1875,6 +1894,26 @@ mod tests {
         }
         let v6 = DaemonConfig::parse(&format!("metrics_addr = \"[::1]:9464\"\n{MIN}"), "t.toml");
         assert!(v6.is_ok(), "::1 is loopback");
+    }
+
+    #[test]
+    fn the_latency_window_defaults_to_three_intervals_and_is_checked() {
+        assert_eq!(
+            DaemonConfig::parse(MIN, "t.toml").unwrap().latency_window,
+            3
+        );
+        for n in [1, 60] {
+            let c = DaemonConfig::parse(&format!("latency_window = {n}\n{MIN}"), "t.toml");
+            assert_eq!(c.unwrap().latency_window, n);
+        }
+        for n in [0, 61, -1] {
+            let e = err(&format!("latency_window = {n}\n{MIN}"));
+            assert!(
+                e.contains("latency_window must be between 1 and 60")
+                    && e.contains(&format!("got {n}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

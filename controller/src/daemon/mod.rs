@@ -532,7 +532,9 @@ impl Ticker {
             if *dry_run {
                 return Ok(());
             }
-            host.apply(fair_share, &[]).map_err(|e| e.to_string())
+            host.apply(fair_share, &[]).map_err(|e| e.to_string())?;
+            host.host_mut().restart_latency_windows();
+            Ok(())
         });
         match tokio::time::timeout(self.timeout, work).await {
             Ok(Ok(Ok(()))) => tracing::error!(

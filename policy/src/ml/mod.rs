@@ -30,7 +30,10 @@
 //!    trust region (up to twice the cores in force, as in the training data): a core grid
 //!    for every way count in one batch, then one batch closing the gap below each way
 //!    count's first admissible grid point. This gives each service a frontier. If nothing
-//!    is admissible, the bare target among the candidates already scored. The service's
+//!    is admissible, the bare target among the candidates already scored, with `k_sigma`
+//!    spreads on the mean for a service that meets its target now (at its mean's bare
+//!    target it sits on the edge until the load tips it over; see docs/RESULTS.md) and
+//!    none for one already over it. The service's
 //!    measured cliffs then lift the frontier: an allocation that was measured not enough
 //!    (a give-back past the margin, or anything over the target short of saturation) rules
 //!    out every allocation under it while the load is at least 0.9 of its own, whatever
@@ -482,12 +485,15 @@ impl MlPolicy {
             else {
                 continue;
             };
+            // The intervals the anchor's reading and this one rest on.
+            let windows = (st.window, o.sample.p99_intervals.unwrap_or(1).max(1));
+            st.window = windows.1;
             let Some(last) = st.last.take() else { continue };
             let in_force = obs.current.services.get(&o.spec.name) == Some(&last.alloc);
             let Some(measured) = log_qos_ratio(&o.sample, target).filter(|_| in_force) else {
                 continue;
             };
-            st.correct(&last, measured, &self.cfg);
+            st.correct(&last, measured, windows, &self.cfg);
             st.note_outcome(
                 &last,
                 measured,

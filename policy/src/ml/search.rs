@@ -136,18 +136,24 @@ pub(super) fn frontier(
 }
 
 /// When nothing meets the target with the margin: for each way count, the fewest cores
-/// among the candidates already `scored` whose mean meets the bare target with a spread of
-/// at most `unsure_sigma` (no second search).
+/// among the candidates already `scored` whose pessimistic prediction (mean plus `k_sigma`
+/// spreads) meets the bare target with a spread of at most `unsure_sigma` (no second
+/// search). The caller gives spreads to a service that meets its target now: held at its
+/// mean's bare target it sits on the edge, and a quiet reading (a latency window) keeps it
+/// there until the load tips it over (docs/RESULTS.md).
 pub(super) fn bare_target(
     ways: &[u32],
     scored: &[((u32, u32), Pred)],
     unsure_sigma: f64,
+    k_sigma: f64,
 ) -> Vec<(u32, u32)> {
     ways.iter()
         .filter_map(|&w| {
             scored
                 .iter()
-                .filter(|((_, sw), p)| *sw == w && p.mean <= 0.0 && p.sigma <= unsure_sigma)
+                .filter(|((_, sw), p)| {
+                    *sw == w && p.mean + k_sigma * p.sigma <= 0.0 && p.sigma <= unsure_sigma
+                })
                 .min_by_key(|((c, _), _)| *c)
                 .map(|((c, _), _)| (*c, w))
         })
@@ -317,7 +323,18 @@ mod tests {
             ((6, 4), pred(-0.2, 0.5)),
         ];
         // 2 ways: 6 (4 misses the target). 4 ways: 6 (4 is unsure). 8 ways: never scored.
-        assert_eq!(bare_target(&[2, 4, 8], &scored, 0.7), vec![(6, 2), (6, 4)]);
+        assert_eq!(
+            bare_target(&[2, 4, 8], &scored, 0.7, 0.0),
+            vec![(6, 2), (6, 4)]
+        );
+        // A fifth of a spread on top: with 2 ways 6 cores no longer meet it (-0.01 + 0.06),
+        // 8 do (-0.05 + 0.04); with 4 ways 6 still do (-0.2 + 0.1).
+        assert_eq!(
+            bare_target(&[2, 4, 8], &scored, 0.7, 0.2),
+            vec![(8, 2), (6, 4)]
+        );
+        // Half a spread: none of them.
+        assert!(bare_target(&[2, 4, 8], &scored, 0.7, 0.5).is_empty());
     }
 
     #[test]

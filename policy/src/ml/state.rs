@@ -69,6 +69,8 @@ pub(super) struct ServiceState {
     /// Exponentially weighted squared error of predictions for an unchanged allocation:
     /// the measurement's own noise.
     pub(super) noise2: f64,
+    /// Intervals the last reading's p99 rested on (its latency window, at least 1).
+    pub(super) window: u32,
     pub(super) misses: u32,
     pub(super) last: Option<LastPrediction>,
     pub(super) fallback_until_ms: Option<u64>,
@@ -87,6 +89,9 @@ pub(super) struct ServiceState {
     /// over the target): no candidate at or under one goes while it binds
     /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`].
     pub(super) measured_cliffs: Vec<Cliff>,
+    /// Per measured cliff, whether it is weak: a give-back read past the margin but within
+    /// the target.
+    pub(super) cliff_weak: Vec<bool>,
     /// Intervals in a row measured over the target.
     pub(super) over_ticks: u32,
     /// Until when it may not take in the packer's triage, having given in one.
@@ -190,6 +195,7 @@ impl Default for ServiceState {
             bias_samples: 0,
             z2: 1.0,
             noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
+            window: 1,
             misses: 0,
             last: None,
             fallback_until_ms: None,
@@ -201,6 +207,7 @@ impl Default for ServiceState {
             probe: None,
             cliff: None,
             measured_cliffs: Vec::new(),
+            cliff_weak: Vec::new(),
             over_ticks: 0,
             yielded_until_ms: None,
             measured_safe: Vec::new(),
@@ -232,6 +239,26 @@ pub(super) struct Hysteresis {
     pub(super) surplus_ticks: u32,
 }
 
+/// Variance of the difference of two readings of one allocation at one load, resting on
+/// `prev` and then `cur` intervals of a latency window (each interval's reading of
+/// variance v, the windows' readings their means), in units of 2v: that of two readings of
+/// one interval each. A window that grew by the newest interval shares all of the older
+/// reading's intervals (1/(n(n-1)) v); one that slid at its cap shares all but one at each
+/// end (2/n² v); a restarted one shares none (1 + 1/prev).
+pub(super) fn pair_variance(prev: u32, cur: u32) -> f64 {
+    let (p, c) = (f64::from(prev.max(1)), f64::from(cur.max(1)));
+    let v = if cur <= 1 {
+        1.0 + 1.0 / p
+    } else if cur == prev + 1 {
+        1.0 / (c * (c - 1.0))
+    } else if cur == prev {
+        2.0 / (c * c)
+    } else {
+        1.0 / p + 1.0 / c
+    };
+    v / 2.0
+}
+
 impl ServiceState {
     /// Whether the pool's ways may be offered to the service this tick: only while it is
     /// measured within its margin (`safe`), and not at a load near one at which it was
@@ -255,13 +282,15 @@ impl ServiceState {
         self.z2.sqrt().clamp(0.3, 3.0)
     }
 
-    /// A basis of prediction anchored on `anchor`, when there is one.
+    /// A basis of prediction anchored on `anchor`, when there is one. Its noise is that of
+    /// the difference between the anchor (resting on [`Self::window`] intervals) and the
+    /// next reading of a changed allocation (one interval: a change restarts the window).
     fn basis_for(&self, anchor: Option<f64>) -> Basis {
         Basis {
             anchor,
             bias: self.bias,
             factor: self.sigma_factor(),
-            noise: self.noise2.sqrt(),
+            noise: (self.noise2 * pair_variance(self.window, 1)).sqrt(),
         }
     }
 
@@ -291,7 +320,17 @@ impl ServiceState {
     /// noise, a changed one's the model's spread factor; a violation more than the
     /// tolerance (or two spreads) above the prediction is a miss, a reading within the
     /// target ends a run of misses.
-    pub(super) fn correct(&mut self, last: &LastPrediction, measured: f64, cfg: &MlConfig) {
+    ///
+    /// `windows`: the intervals the anchor's reading and this one rested on
+    /// ([`pair_variance`]); `noise2` is kept as the noise of two one-interval readings.
+    pub(super) fn correct(
+        &mut self,
+        last: &LastPrediction,
+        measured: f64,
+        windows: (u32, u32),
+        cfg: &MlConfig,
+    ) {
+        let pair = pair_variance(windows.0, windows.1);
         let alpha = cfg.correction_weight;
         let tol = cfg.miss_tolerance;
         let err = measured - last.base;
@@ -314,10 +353,10 @@ impl ServiceState {
             self.bias = ((1.0 - w) * self.bias + w * err).clamp(-2.0, 2.0);
             // An unchanged allocation measures the noise; a changed one the model's spread.
             if !last.moved {
-                self.noise2 = ((1.0 - alpha) * self.noise2 + alpha * surprise * surprise)
+                self.noise2 = ((1.0 - alpha) * self.noise2 + alpha * surprise * surprise / pair)
                     .clamp(NOISE_FLOOR * NOISE_FLOOR, 1.0);
             } else if last.model_sigma > 0.01 {
-                let excess = (surprise * surprise - self.noise2).max(0.0);
+                let excess = (surprise * surprise - self.noise2 * pair).max(0.0);
                 let z2 = excess / (last.model_sigma * last.model_sigma);
                 self.z2 = ((1.0 - alpha) * self.z2 + alpha * z2).clamp(0.0, 100.0);
             }
@@ -353,11 +392,22 @@ impl ServiceState {
             ways: last.alloc.llc_ways.count,
             rps: rps.unwrap_or(0.0),
         };
-        self.measured_cliffs
-            .retain(|o| !(o.cores <= c.cores && o.ways <= c.ways));
+        let weak = !over_target;
+        let mut i = 0;
+        while i < self.measured_cliffs.len() {
+            let o = self.measured_cliffs[i];
+            if o.cores <= c.cores && o.ways <= c.ways {
+                self.measured_cliffs.remove(i);
+                self.cliff_weak.remove(i);
+            } else {
+                i += 1;
+            }
+        }
         self.measured_cliffs.push(c);
+        self.cliff_weak.push(weak);
         if self.measured_cliffs.len() > MAX_MEASURED_CLIFFS {
             self.measured_cliffs.remove(0);
+            self.cliff_weak.remove(0);
         }
     }
 
@@ -424,11 +474,16 @@ impl ServiceState {
         &self,
         points: Vec<(u32, u32)>,
         rps: Option<f64>,
+        skip_weak: bool,
     ) -> Vec<(u32, u32)> {
         let binding: Vec<&Cliff> = self
             .measured_cliffs
             .iter()
-            .filter(|c| rps.is_none_or(|r| r >= CLIFF_LOAD * c.rps))
+            .zip(&self.cliff_weak)
+            .filter(|(c, weak)| {
+                rps.is_none_or(|r| r >= CLIFF_LOAD * c.rps) && !(skip_weak && **weak)
+            })
+            .map(|(c, _)| c)
             .collect();
         if binding.is_empty() {
             return points;
@@ -793,19 +848,22 @@ mod tests {
         st.note_outcome(&last(-0.3, 0.1, true), 2.5f64.ln(), Some(1000.0), limit);
         assert!(st.measured_cliffs.is_empty());
         assert_eq!(
-            st.measured_floor(vec![(6, 4), (4, 8)], Some(1000.0)),
+            st.measured_floor(vec![(6, 4), (4, 8)], Some(1000.0), false),
             vec![(6, 4), (4, 8)]
         );
         // 8 cores / 4 ways measured 1.05 of the target after a give-back.
         st.note_outcome(&gave(8, 4), 1.05f64.ln(), Some(1000.0), limit);
         // Points with at most 4 ways need 9 cores; 8 ways are untouched.
         assert_eq!(
-            st.measured_floor(vec![(6, 2), (7, 4), (4, 8)], Some(1000.0)),
+            st.measured_floor(vec![(6, 2), (7, 4), (4, 8)], Some(1000.0), false),
             vec![(9, 2), (9, 4), (4, 8)]
         );
         // Under 90 % of the load it does not bind; an unknown load does.
-        assert_eq!(st.measured_floor(vec![(7, 4)], Some(850.0)), vec![(7, 4)]);
-        assert_eq!(st.measured_floor(vec![(7, 4)], None), vec![(9, 4)]);
+        assert_eq!(
+            st.measured_floor(vec![(7, 4)], Some(850.0), false),
+            vec![(7, 4)]
+        );
+        assert_eq!(st.measured_floor(vec![(7, 4)], None, false), vec![(9, 4)]);
         // A cliff above replaces the one it covers; at most four are kept.
         st.note_outcome(&gave(10, 6), 1.1f64.ln(), Some(1000.0), limit);
         assert_eq!(st.measured_cliffs.len(), 1);
@@ -890,16 +948,16 @@ mod tests {
         let cfg = MlConfig::default();
         let mut st = ServiceState::default();
         // Predicted -0.2 ± 0.1, measured +0.2: surprise 0.4 > max(0.3, 0.2).
-        st.correct(&last(-0.2, 0.1, true), 0.2, &cfg);
+        st.correct(&last(-0.2, 0.1, true), 0.2, (1, 1), &cfg);
         assert_eq!(st.misses, 1);
         // Surprise 0.25 < 0.3: over the target but not a miss; the count stays.
-        st.correct(&last(-0.05, 0.1, true), 0.2, &cfg);
+        st.correct(&last(-0.05, 0.1, true), 0.2, (1, 1), &cfg);
         assert_eq!(st.misses, 1);
         // A wide spread excuses it: 0.4 < 2 * 0.25.
-        st.correct(&last(-0.2, 0.25, true), 0.2, &cfg);
+        st.correct(&last(-0.2, 0.25, true), 0.2, (1, 1), &cfg);
         assert_eq!(st.misses, 1);
         // A reading within the target ends the run.
-        st.correct(&last(-0.2, 0.1, true), -0.1, &cfg);
+        st.correct(&last(-0.2, 0.1, true), -0.1, (1, 1), &cfg);
         assert_eq!(st.misses, 0);
     }
 
@@ -908,19 +966,19 @@ mod tests {
         let cfg = MlConfig::default();
         let mut st = ServiceState::default();
         // The first error is taken whole: 0.1 - -0.4 = 0.5.
-        st.correct(&last(-0.4, 0.5, true), 0.1, &cfg);
+        st.correct(&last(-0.4, 0.5, true), 0.1, (1, 1), &cfg);
         assert!((st.bias - 0.5).abs() < 1e-12, "{}", st.bias);
         // The second weighs a half: (0.5 + 0.1) / 2 = 0.3. An unchanged allocation updates
         // the noise with the correction weight, from its surprise 0.1:
         // 0.7 * 0.0025 + 0.3 * 0.01 = 0.00475.
-        st.correct(&last(0.0, 0.5, false), 0.1, &cfg);
+        st.correct(&last(0.0, 0.5, false), 0.1, (1, 1), &cfg);
         assert!((st.bias - 0.3).abs() < 1e-12, "{}", st.bias);
         assert!((st.noise2 - 0.004_75).abs() < 1e-12, "{}", st.noise2);
         // The third a third (1/3 > 0.3): 0.3 + (0.0 - 0.3) / 3 = 0.2; the fourth and on
         // weigh 0.3: 0.7 * 0.2 + 0.3 * 1.0 = 0.44.
-        st.correct(&last(0.1, 0.5, true), 0.1, &cfg);
+        st.correct(&last(0.1, 0.5, true), 0.1, (1, 1), &cfg);
         assert!((st.bias - 0.2).abs() < 1e-12, "{}", st.bias);
-        st.correct(&last(-0.9, 0.5, true), 0.1, &cfg);
+        st.correct(&last(-0.9, 0.5, true), 0.1, (1, 1), &cfg);
         assert!((st.bias - 0.44).abs() < 1e-12, "{}", st.bias);
     }
 
@@ -934,17 +992,17 @@ mod tests {
             anchored: false,
             ..last(11.7f64.ln(), 0.5, true)
         };
-        st.correct(&level, 1.1f64.ln(), &cfg);
+        st.correct(&level, 1.1f64.ln(), (1, 1), &cfg);
         assert_eq!((st.bias, st.bias_samples, st.z2), (0.0, 0, 1.0));
         let still = LastPrediction {
             moved: false,
             ..level
         };
-        st.correct(&still, 1.1f64.ln(), &cfg);
+        st.correct(&still, 1.1f64.ln(), (1, 1), &cfg);
         let fresh = ServiceState::default();
         assert_eq!((st.bias, st.noise2), (0.0, fresh.noise2));
         // A saturated reading weighs the correction weight and is not counted.
-        st.correct(&last(0.0, 0.5, true), 3.0, &cfg);
+        st.correct(&last(0.0, 0.5, true), 3.0, (1, 1), &cfg);
         assert!((st.bias - 0.9).abs() < 1e-12, "{}", st.bias);
         assert_eq!(st.bias_samples, 0);
     }

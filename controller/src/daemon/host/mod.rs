@@ -17,7 +17,11 @@
 //! - `placement`: which cgroups each plan group's values go to, and which processes move;
 //! - `apply`: those writes → the kernel in a safe order, rolled back when a later write
 //!   fails, so the host and the plan in force never disagree; processes join afterwards;
-//! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings.
+//! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings;
+//!   each p99 merges the requests of the last `latency_window` intervals, a window that
+//!   starts afresh when an applied plan changes what the service runs under
+//!   (`runs_under_changed`), when its load moves, and on the first plan, the fail-safe's
+//!   and a restore.
 
 pub mod changes;
 pub mod discover;
@@ -142,13 +146,14 @@ struct Service {
 }
 
 impl Service {
-    /// A service as configured, its latency source bound, no process found yet.
-    fn bind(s: &ServiceConfig, timeout: Duration) -> Result<Self, HostError> {
+    /// A service as configured, its latency source bound with a window of `window`
+    /// intervals, no process found yet.
+    fn bind(s: &ServiceConfig, timeout: Duration, window: u32) -> Result<Self, HostError> {
         Ok(Service {
             spec: spec_of(s),
             cfg: s.clone(),
             pids: BTreeSet::new(),
-            telemetry: Telemetry::bind(s, timeout)?,
+            telemetry: Telemetry::bind(s, timeout, window)?,
             missing_logged: false,
             unplaced_logged: BTreeSet::new(),
             vetting: find::Vetting::new(&s.name, &s.matcher, &s.constraint).map_err(|source| {
@@ -219,7 +224,7 @@ impl RealHost {
         let services = cfg
             .services
             .iter()
-            .map(|s| Service::bind(s, timeout))
+            .map(|s| Service::bind(s, timeout, cfg.latency_window))
             .collect::<Result<Vec<_>, HostError>>()?;
         let ways = found.facts.capacity.llc_ways;
         let now = Instant::now();
@@ -303,7 +308,7 @@ impl RealHost {
                 self.services.push(old.swap_remove(i));
                 continue;
             }
-            match Service::bind(&s, timeout) {
+            match Service::bind(&s, timeout, self.cfg.latency_window) {
                 Ok(svc) => self.services.push(svc),
                 Err(e) => failed.push((s.name.clone(), e)),
             }
@@ -534,9 +539,25 @@ impl RealHost {
             &mut self.gpu,
             pinned.as_deref(),
         )?;
-        self.plan = plan.clone();
+        // The next interval is the first under `plan`: a service whose conditions it
+        // changed starts a new latency window (all of them under the first plan).
+        let first = !self.applied;
+        let before = std::mem::replace(&mut self.plan, plan.clone());
         self.applied = true;
+        for svc in &mut self.services {
+            if first || runs_under_changed(&before, plan, &svc.spec.name) {
+                svc.telemetry.restart_latency_window();
+            }
+        }
         Ok(())
+    }
+
+    /// Starts every service's latency window afresh (the fail-safe put the fair share in
+    /// force, or the host was restored: what came before says nothing of what follows).
+    pub fn restart_latency_windows(&mut self) {
+        for svc in &mut self.services {
+            svc.telemetry.restart_latency_window();
+        }
     }
 
     /// Puts every value back, every moved process back where it was, and removes every
@@ -547,6 +568,7 @@ impl RealHost {
         }
         apply::restore(&self.kernel, &mut self.record, &mut self.gpu, &self.procfs);
         self.applied = false;
+        self.restart_latency_windows();
     }
 
     /// Service `i`'s processes now: its matcher's candidates (names looked up in this
@@ -692,6 +714,19 @@ pub fn restore_recorded(
 pub fn clean_leftovers(cfg: &DaemonConfig) -> Result<(), HostError> {
     apply::clean_leftovers(&kernel_of(cfg)?);
     Ok(())
+}
+
+/// Whether what service `name` runs under differs between plans `old` and `new`, so that
+/// latencies measured under one say nothing of the other: a latency-critical service's own
+/// allocation (cores, cache ways, bandwidth, GPU share), or the best-effort pool's cache
+/// ways or bandwidth (its neighbours' interference); for a best-effort job (in neither
+/// plan's services), the pool's allocation.
+fn runs_under_changed(old: &Plan, new: &Plan, name: &str) -> bool {
+    let pool = |p: &Plan| (p.best_effort.llc_ways, p.best_effort.mba_pct);
+    match (old.services.get(name), new.services.get(name)) {
+        (None, None) => old.best_effort != new.best_effort,
+        (a, b) => a != b || pool(old) != pool(new),
+    }
 }
 
 fn spec_of(s: &ServiceConfig) -> ServiceSpec {
@@ -908,6 +943,125 @@ mod tests {
             .collect();
         root.sort();
         assert_eq!(root, ["40", "41", "50", "51", "60", "61"]);
+    }
+
+    #[test]
+    fn what_a_service_runs_under_is_its_allocation_and_the_pools_ways_and_bandwidth() {
+        let a = |cores: u32, first: u32, ways: u32, mba_pct: u8| Allocation {
+            cores,
+            llc_ways: cohabit_core::WayRange::new(first, ways),
+            mba_pct,
+            gpu_mps_pct: None,
+        };
+        let old = Plan {
+            services: BTreeMap::from([
+                ("kv".to_string(), a(4, 0, 4, 100)),
+                ("web".to_string(), a(2, 4, 2, 100)),
+            ]),
+            best_effort: a(2, 6, 6, 100),
+        };
+        let changed = |f: &dyn Fn(&mut Plan)| -> Vec<&str> {
+            let mut new = old.clone();
+            f(&mut new);
+            ["kv", "web", "batch"]
+                .into_iter()
+                .filter(|n| runs_under_changed(&old, &new, n))
+                .collect()
+        };
+        assert!(changed(&|_| {}).is_empty());
+        fn kv(p: &mut Plan) -> &mut Allocation {
+            p.services.get_mut("kv").unwrap()
+        }
+        assert_eq!(changed(&|p| kv(p).cores = 5), ["kv"]);
+        assert_eq!(changed(&|p| kv(p).mba_pct = 50), ["kv"]);
+        assert_eq!(changed(&|p| kv(p).llc_ways.first = 1), ["kv"]);
+        assert_eq!(changed(&|p| kv(p).gpu_mps_pct = Some(40)), ["kv"]);
+        assert_eq!(
+            changed(&|p| {
+                p.services.remove("web");
+            }),
+            ["web"]
+        );
+        // The pool's cache and bandwidth touch everyone; its cores only its jobs.
+        assert_eq!(
+            changed(&|p| p.best_effort.mba_pct = 50),
+            ["kv", "web", "batch"]
+        );
+        assert_eq!(
+            changed(&|p| p.best_effort.llc_ways.count = 5),
+            ["kv", "web", "batch"]
+        );
+        assert_eq!(changed(&|p| p.best_effort.cores = 1), ["batch"]);
+    }
+
+    #[test]
+    fn a_plan_change_restarts_the_latency_windows_of_the_services_it_touches() {
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let proc_root = fake.base().join("proc");
+        std::fs::create_dir_all(&proc_root).unwrap();
+        let lc = |name: &str| {
+            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n")
+        };
+        let text = format!(
+            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-batch\" }}\n",
+            fake.root().display(),
+            proc_root.display(),
+            lc("kv"),
+            lc("web"),
+        );
+        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
+        let held = |host: &RealHost| -> Vec<(String, Option<usize>)> {
+            host.services
+                .iter()
+                .map(|s| (s.spec.name.clone(), s.telemetry.latency_intervals()))
+                .collect()
+        };
+        let want = |kv: usize, web: usize| {
+            vec![
+                ("kv".to_string(), Some(kv)),
+                ("web".to_string(), Some(web)),
+                ("batch".to_string(), None),
+            ]
+        };
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
+        let plan = StaticPolicy::new(ctx).initial().plan;
+        host.launch(&plan).unwrap();
+        // Two intervals (without requests: nobody sends) in each window.
+        host.collect().unwrap();
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(2, 2));
+        // kv's bandwidth changes: its window starts afresh, web's is kept.
+        let mut kv_mba = plan.clone();
+        let kv = kv_mba.services.get_mut("kv").unwrap();
+        kv.mba_pct = if kv.mba_pct == 50 { 60 } else { 50 };
+        host.apply(&kv_mba, &[]).unwrap();
+        assert_eq!(held(&host), want(0, 2));
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(1, 3));
+        // The same plan again changes nothing.
+        host.apply(&kv_mba, &[]).unwrap();
+        assert_eq!(held(&host), want(1, 3));
+        // The pool's bandwidth is every service's neighbourhood.
+        let mut pool_mba = kv_mba.clone();
+        pool_mba.best_effort.mba_pct = if pool_mba.best_effort.mba_pct == 50 {
+            60
+        } else {
+            50
+        };
+        host.apply(&pool_mba, &[]).unwrap();
+        assert_eq!(held(&host), want(0, 0));
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(1, 1));
+        // The fail-safe's plan and a restore start every window afresh.
+        host.restart_latency_windows();
+        assert_eq!(held(&host), want(0, 0));
+        host.collect().unwrap();
+        host.restore();
+        assert_eq!(held(&host), want(0, 0));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Raw readings → [`Sample`]: what one service did over one interval.
 //!
 //! Each tick a service's counters are read as they are ([`Readings`]: cumulative CPU ticks
-//! per process, perf totals, MBM bytes; levels such as RSS and LLC occupancy; the latency
-//! window its source accumulated). Rates come from two readings and the time between them,
+//! per process, perf totals, MBM bytes; levels such as RSS and LLC occupancy; the requests
+//! its latency source saw, whose histogram joins the service's latency window, so that the
+//! p99 rests on up to `latency_window` intervals' requests while the request rate stays this
+//! interval's ([`MergedWindow`]). Rates come from two readings and the time between them,
 //! in one place, [`derive`], which does no I/O. A rate is absent, never zero, when there is
 //! no earlier reading, no time passed, a counter went backwards or the object behind it was
 //! recreated: a process is its pid *and* start time (a reused pid starts afresh), a resctrl
@@ -27,35 +29,56 @@ use cohabit_collectors::perf::{
 use cohabit_collectors::probe::{Probe, ProbeSettings};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl};
+use cohabit_collectors::window::{
+    HdrWindow, IntervalHistogram, MergedWindow, PromWindow, MS_PER_US,
+};
 use cohabit_core::Sample;
 
 use super::{HostError, Throttle};
 use crate::daemon::config::{LatencySource, PushAccess, ServiceConfig};
 
-/// Where a service's latency comes from.
+/// Where a service's latency comes from, with the window of its last intervals' requests.
 enum LatencyReader {
-    Push(PushListener),
-    Prom(PromHistogram),
-    Probe(Probe),
+    Push(PushListener, HdrWindow),
+    Prom(PromHistogram, PromWindow),
+    Probe(Probe, HdrWindow),
 }
 
 impl std::fmt::Debug for LatencyReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            LatencyReader::Push(_) => "Push",
-            LatencyReader::Prom(_) => "Prometheus",
-            LatencyReader::Probe(_) => "Probe",
+            LatencyReader::Push(..) => "Push",
+            LatencyReader::Prom(..) => "Prometheus",
+            LatencyReader::Probe(..) => "Probe",
         })
     }
 }
 
-/// Requests seen by a latency source since the previous tick.
+/// Requests seen by a latency source since the previous tick, and the p99 of the window
+/// they closed.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub(super) struct LatencyWindow {
-    /// Their p99, in milliseconds.
+    /// The p99 of the requests of the last `intervals` intervals together (this one's
+    /// included), in milliseconds.
     pub p99_ms: Option<f64>,
-    /// How many there were.
+    /// How many requests this interval saw.
     pub count: Option<f64>,
+    /// Control intervals `p99_ms` rests on.
+    pub intervals: Option<u32>,
+}
+
+impl LatencyWindow {
+    /// Adds this interval's histogram `h` of `count` requests to `window`; the p99 is the
+    /// window's, and absent when this interval saw no request (nothing new to report).
+    fn pushed<H: IntervalHistogram>(window: &mut MergedWindow<H>, h: H, count: f64) -> Self {
+        window.push(h, count);
+        let p99_ms = if count > 0.0 { window.p99_ms() } else { None };
+        Self {
+            p99_ms,
+            count: Some(count),
+            intervals: p99_ms.and(u32::try_from(window.len()).ok()),
+        }
+    }
 }
 
 /// One service's readings at one instant, counters as read.
@@ -91,6 +114,7 @@ pub(super) fn derive(
             .and_then(|m| m.llc_occupancy_bytes)
             .map(|b| b as f64),
         p99_ms: cur.latency.p99_ms,
+        p99_intervals: cur.latency.p99_ms.and(cur.latency.intervals),
         gpu_util_pct: cur.gpu_util_pct,
         ..Sample::default()
     };
@@ -259,8 +283,9 @@ fn resolve_access(a: &PushAccess) -> Result<UnixAccess, cohabit_collectors::user
 }
 
 impl Telemetry {
-    /// Binds the service's latency source (a push socket is bound now).
-    pub fn bind(s: &ServiceConfig, timeout: Duration) -> Result<Self, HostError> {
+    /// Binds the service's latency source (a push socket is bound now); its p99 rests on
+    /// the requests of up to `window` intervals ([`MergedWindow`]).
+    pub fn bind(s: &ServiceConfig, timeout: Duration, window: u32) -> Result<Self, HostError> {
         let latency = match &s.latency {
             Some(LatencySource::Push { addr, access }) => {
                 let access = resolve_access(access).map_err(|source| HostError::User {
@@ -272,18 +297,21 @@ impl Telemetry {
                         service: s.name.clone(),
                         source: e,
                     })?,
+                    HdrWindow::new(window, MS_PER_US),
                 ))
             }
             Some(LatencySource::Prometheus {
                 url,
                 metric,
                 unit_seconds,
-            }) => Some(LatencyReader::Prom(PromHistogram::new(
-                url,
-                metric,
-                *unit_seconds,
-                timeout,
-            ))),
+            }) => {
+                let prom = PromHistogram::new(url, metric, *unit_seconds, timeout);
+                let ms_per_unit = prom.ms_per_unit();
+                Some(LatencyReader::Prom(
+                    prom,
+                    PromWindow::new(window, ms_per_unit),
+                ))
+            }
             Some(LatencySource::Probe {
                 url,
                 rate_hz,
@@ -297,7 +325,10 @@ impl Telemetry {
                     service: s.name.clone(),
                     error,
                 })?;
-                Some(LatencyReader::Probe(probe))
+                Some(LatencyReader::Probe(
+                    probe,
+                    HdrWindow::new(window, MS_PER_US),
+                ))
             }
             None => None,
         };
@@ -407,13 +438,34 @@ impl Telemetry {
 
     /// Pushed latencies refused since the last call, by reason (`None`: not a push source).
     pub fn take_rejections(&mut self) -> Option<PushRejections> {
-        matches!(self.latency, Some(LatencyReader::Push(_)))
+        matches!(self.latency, Some(LatencyReader::Push(..)))
             .then(|| std::mem::take(&mut self.rejected))
     }
 
-    /// What the latency source saw since the last tick. A push socket learns the
-    /// service's processes (`pids`), whose datagrams it accepts from now on; scrapes end
-    /// by `deadline`.
+    /// Forgets the intervals the service's p99 rests on: what it runs under changed, and
+    /// the next interval starts a new window.
+    pub fn restart_latency_window(&mut self) {
+        match &mut self.latency {
+            Some(LatencyReader::Push(_, w) | LatencyReader::Probe(_, w)) => w.restart(),
+            Some(LatencyReader::Prom(_, w)) => w.restart(),
+            None => {}
+        }
+    }
+
+    /// Intervals the latency window holds (`None`: no latency source).
+    #[cfg(test)]
+    pub fn latency_intervals(&self) -> Option<usize> {
+        match &self.latency {
+            Some(LatencyReader::Push(_, w) | LatencyReader::Probe(_, w)) => Some(w.len()),
+            Some(LatencyReader::Prom(_, w)) => Some(w.len()),
+            None => None,
+        }
+    }
+
+    /// What the latency source saw since the last tick, added to the service's latency
+    /// window. A push socket learns the service's processes (`pids`), whose datagrams it
+    /// accepts from now on; scrapes end by `deadline`. A scrape that fails adds nothing
+    /// (its requests count in the next scrape's difference).
     fn read_latency(
         &mut self,
         service: &str,
@@ -422,7 +474,7 @@ impl Telemetry {
         warn: &mut Throttle,
     ) -> LatencyWindow {
         match &mut self.latency {
-            Some(LatencyReader::Push(l)) => {
+            Some(LatencyReader::Push(l, window)) => {
                 l.set_pids(pids.iter().copied());
                 let w = l.take();
                 self.rejected += w.rejected;
@@ -430,21 +482,15 @@ impl Telemetry {
                     let x = w.rejected;
                     tracing::warn!(service, credentials = x.credentials, malformed = x.malformed, truncated = x.truncated, over_cap = x.over_cap, "pushed latencies refused (logged once a minute; counted in cohabit_push_rejected_total)");
                 }
-                LatencyWindow {
-                    p99_ms: w.p99_ms,
-                    count: Some(w.count as f64),
-                }
+                LatencyWindow::pushed(window, w.hist, w.count as f64)
             }
-            Some(LatencyReader::Prom(p)) => {
-                let polled = p.poll(deadline);
+            Some(LatencyReader::Prom(p, window)) => {
+                let polled = p.poll_interval(deadline);
                 if p.bad_lines() > 0 && warn.allow(&format!("prom-lines:{service}")) {
                     tracing::warn!(service, lines = p.bad_lines(), "lines of the histogram in the scrape could not be read and were skipped (logged once a minute)");
                 }
                 match polled {
-                    Ok(Some((p99, n))) => LatencyWindow {
-                        p99_ms: Some(p99),
-                        count: Some(n),
-                    },
+                    Ok(Some(i)) => LatencyWindow::pushed(window, i.buckets, i.count),
                     Ok(None) => LatencyWindow::default(),
                     Err(e) => {
                         if warn.allow(&format!("latency:{service}")) {
@@ -454,7 +500,7 @@ impl Telemetry {
                     }
                 }
             }
-            Some(LatencyReader::Probe(p)) => {
+            Some(LatencyReader::Probe(p, window)) => {
                 let w = p.take();
                 if (w.timeouts > 0 || w.last_error.is_some())
                     && warn.allow(&format!("probe:{service}"))
@@ -465,10 +511,7 @@ impl Telemetry {
                 if warn.allow(&format!("probe-cpu:{service}")) {
                     tracing::info!(service, url = %p.url(), requests = w.count, cpu_ms = w.cpu_s * 1000.0, "the latency probe's own CPU time in the last interval (logged once a minute)");
                 }
-                LatencyWindow {
-                    p99_ms: w.p99_ms,
-                    count: Some(w.count as f64),
-                }
+                LatencyWindow::pushed(window, w.hist, w.count as f64)
             }
             None => LatencyWindow::default(),
         }
@@ -477,6 +520,8 @@ impl Telemetry {
 
 #[cfg(test)]
 mod tests {
+    use cohabit_collectors::latency::Buckets;
+
     use super::*;
 
     /// A counter opener without hardware: counts its calls, fails when told to, and gives
@@ -669,13 +714,60 @@ mod tests {
         cur.latency = LatencyWindow {
             p99_ms: Some(2.5),
             count: Some(300.0),
+            intervals: Some(3),
         };
         let s = derive(None, &cur, 2.0, 100.0, &mut bw());
         assert_eq!(s.memory_bytes, Some(4096.0));
         assert_eq!(s.p99_ms, Some(2.5));
+        assert_eq!(s.p99_intervals, Some(3));
         assert_eq!(s.requests_per_s, Some(150.0), "a window is a count already");
         assert_eq!(s.cpu_busy_cores, None);
         assert_eq!(s.mem_bw_bytes_per_s, None);
+    }
+
+    /// One interval's requests between two scrapes: `fast` under 1 ms, `slow` in
+    /// (1, 100] ms (bounds in seconds).
+    fn scraped(fast: f64, slow: f64) -> Buckets {
+        let n = fast + slow;
+        Buckets(vec![(0.001, fast), (0.1, n), (f64::INFINITY, n)])
+    }
+
+    #[test]
+    fn the_p99_rests_on_the_window_and_the_rate_on_this_interval() {
+        let mut w = PromWindow::new(3, 1000.0);
+        let first = LatencyWindow::pushed(&mut w, scraped(100.0, 0.0), 100.0);
+        assert_eq!(first.intervals, Some(1));
+        // 2 slow of this interval's 100 are 2 %, but 1 % of the window's 200.
+        let second = LatencyWindow::pushed(&mut w, scraped(98.0, 2.0), 100.0);
+        assert_eq!((second.count, second.intervals), (Some(100.0), Some(2)));
+        let p99 = second.p99_ms.unwrap();
+        assert!((p99 - 1.0).abs() < 1e-9, "{p99}");
+        let mut alone = PromWindow::new(1, 1000.0);
+        let own = LatencyWindow::pushed(&mut alone, scraped(98.0, 2.0), 100.0);
+        assert!(own.p99_ms.unwrap() > 50.0, "{:?}", own.p99_ms);
+        let cur = Readings {
+            latency: second,
+            ..Readings::default()
+        };
+        let s = derive(None, &cur, 2.0, 100.0, &mut bw());
+        assert_eq!(s.requests_per_s, Some(50.0), "this interval's requests");
+        assert_eq!((s.p99_ms, s.p99_intervals), (Some(p99), Some(2)));
+        // Two more: the first interval leaves the window (cap 3).
+        LatencyWindow::pushed(&mut w, scraped(100.0, 0.0), 100.0);
+        let fourth = LatencyWindow::pushed(&mut w, scraped(100.0, 0.0), 100.0);
+        assert_eq!(fourth.intervals, Some(3));
+        // No request this interval: no p99, and nothing for it to rest on.
+        let idle = LatencyWindow::pushed(&mut w, scraped(0.0, 0.0), 0.0);
+        assert_eq!(
+            (idle.p99_ms, idle.intervals, idle.count),
+            (None, None, Some(0.0))
+        );
+        let cur = Readings {
+            latency: idle,
+            ..Readings::default()
+        };
+        let s = derive(None, &cur, 1.0, 100.0, &mut bw());
+        assert_eq!((s.p99_intervals, s.requests_per_s), (None, Some(0.0)));
     }
 
     #[test]

@@ -112,8 +112,13 @@ fn on_crowded_cpu_hosts_ml_meets_most_of_the_targets_the_oracle_meets() {
             ml >= 0.75 * oracle,
             "{name}: ml meets {ml:.2} services per interval ({per_seed:.2?}), the oracle {oracle:.2}"
         );
-        for m in &per_seed {
-            assert!(oracle + 0.1 >= *m, "{name}: ml {m:.2} oracle {oracle:.2}");
-        }
+        // The oracle bounds `ml` within its search space on the scenario's seed; on other
+        // seeds `ml` can land above it (the Gold `crowded-gold`, seed 101: 5.71 against
+        // 5.36, docs/RESULTS.md), so the bound is checked on that seed alone.
+        let on_scenario_seed = per_seed[0];
+        assert!(
+            oracle + 0.1 >= on_scenario_seed,
+            "{name}: ml {on_scenario_seed:.2} oracle {oracle:.2}"
+        );
     }
 }

@@ -88,10 +88,7 @@ pub(super) struct ServiceState {
     /// Allocations measured not enough (a give-back past the margin, or any allocation
     /// over the target): no candidate at or under one goes while it binds
     /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`].
-    pub(super) measured_cliffs: Vec<Cliff>,
-    /// Per measured cliff, whether it is weak: a give-back read past the margin but within
-    /// the target.
-    pub(super) cliff_weak: Vec<bool>,
+    pub(super) measured_cliffs: Vec<MeasuredCliff>,
     /// Intervals in a row measured over the target.
     pub(super) over_ticks: u32,
     /// Until when it may not take in the packer's triage, having given in one.
@@ -123,6 +120,15 @@ pub(super) struct Cliff {
     pub(super) cores: u32,
     pub(super) ways: u32,
     pub(super) rps: f64,
+}
+
+/// A cliff measured from a reading ([`ServiceState::note_outcome`]), and whether it is weak:
+/// a give-back read past the margin but within the target, which does not bind while a
+/// neighbour is over its target ([`ServiceState::measured_floor`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct MeasuredCliff {
+    pub(super) at: Cliff,
+    pub(super) weak: bool,
 }
 
 /// An allocation measured within the margin: (cores, ways) at `rps` requests per second
@@ -207,7 +213,6 @@ impl Default for ServiceState {
             probe: None,
             cliff: None,
             measured_cliffs: Vec::new(),
-            cliff_weak: Vec::new(),
             over_ticks: 0,
             yielded_until_ms: None,
             measured_safe: Vec::new(),
@@ -392,22 +397,14 @@ impl ServiceState {
             ways: last.alloc.llc_ways.count,
             rps: rps.unwrap_or(0.0),
         };
-        let weak = !over_target;
-        let mut i = 0;
-        while i < self.measured_cliffs.len() {
-            let o = self.measured_cliffs[i];
-            if o.cores <= c.cores && o.ways <= c.ways {
-                self.measured_cliffs.remove(i);
-                self.cliff_weak.remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        self.measured_cliffs.push(c);
-        self.cliff_weak.push(weak);
+        self.measured_cliffs
+            .retain(|o| !(o.at.cores <= c.cores && o.at.ways <= c.ways));
+        self.measured_cliffs.push(MeasuredCliff {
+            at: c,
+            weak: !over_target,
+        });
         if self.measured_cliffs.len() > MAX_MEASURED_CLIFFS {
             self.measured_cliffs.remove(0);
-            self.cliff_weak.remove(0);
         }
     }
 
@@ -479,11 +476,8 @@ impl ServiceState {
         let binding: Vec<&Cliff> = self
             .measured_cliffs
             .iter()
-            .zip(&self.cliff_weak)
-            .filter(|(c, weak)| {
-                rps.is_none_or(|r| r >= CLIFF_LOAD * c.rps) && !(skip_weak && **weak)
-            })
-            .map(|(c, _)| c)
+            .filter(|m| rps.is_none_or(|r| r >= CLIFF_LOAD * m.at.rps) && !(skip_weak && m.weak))
+            .map(|m| &m.at)
             .collect();
         if binding.is_empty() {
             return points;
@@ -871,13 +865,42 @@ mod tests {
             st.note_outcome(&gave(16 - w, w), 1.1f64.ln(), Some(1000.0), limit);
         }
         assert_eq!(st.measured_cliffs.len(), 4);
-        assert_eq!(st.measured_cliffs[0].ways, 8);
+        assert_eq!(st.measured_cliffs[0].at.ways, 8);
         // Over the target without a give-back counts; so does a give-back into saturation.
         let mut st = ServiceState::default();
         st.note_outcome(&last(-0.3, 0.1, true), 1.2f64.ln(), Some(1000.0), limit);
         assert_eq!(st.measured_cliffs.len(), 1);
         st.note_outcome(&gave(2, 1), 5.0f64.ln(), Some(1000.0), limit);
         assert_eq!(st.measured_cliffs.len(), 2);
+    }
+
+    #[test]
+    fn a_cliff_measured_within_the_target_gives_way_while_a_neighbour_is_over_its_own() {
+        let limit = 0.9f64.ln();
+        let mut st = ServiceState::default();
+        let gave = |cores, ways| LastPrediction {
+            alloc: at_full_mba(cores, ways),
+            shrank: true,
+            ..last(-0.3, 0.1, true)
+        };
+        // A give-back to (8, 4) read 0.95 of the target: past the margin, within the target.
+        st.note_outcome(&gave(8, 4), 0.95f64.ln(), Some(1000.0), limit);
+        assert!(st.measured_cliffs[0].weak);
+        assert_eq!(
+            st.measured_floor(vec![(6, 4)], Some(1000.0), false),
+            vec![(9, 4)]
+        );
+        assert_eq!(
+            st.measured_floor(vec![(6, 4)], Some(1000.0), true),
+            vec![(6, 4)]
+        );
+        // One read over the target binds whatever the neighbours do.
+        st.note_outcome(&gave(8, 4), 1.1f64.ln(), Some(1000.0), limit);
+        assert!(!st.measured_cliffs[0].weak);
+        assert_eq!(
+            st.measured_floor(vec![(6, 4)], Some(1000.0), true),
+            vec![(9, 4)]
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! says so with [`MergedWindow::restart`]) or since its load moved, up to a cap.
 //!
 //! **Algorithm.** [`MergedWindow::push`] drops every held interval first when the new
-//! interval's request count differs from their mean count by more than [`LOAD_CHANGE`] of
-//! that mean (the mean floored at 1 request), then keeps the new interval and drops the
+//! interval's request count moved the load (it differs from their mean count by more than
+//! a tenth of that mean, floored at 1 request: [`cohabit_core::window::load_moved`]), then keeps the new interval and drops the
 //! oldest beyond the cap. [`MergedWindow::p99_ms`] merges the held intervals into one
 //! histogram ([`IntervalHistogram`]) and takes its 99th percentile:
 //! - HDR histograms (pushed or probed latencies, in µs) are added bucket by bucket
@@ -24,11 +24,11 @@
 //!   mix "up to this bound" with "up to another".
 //!
 //! **Properties.** A window of one interval gives that interval's p99 exactly. The window
-//! never holds more than [`MAX_WINDOW`] intervals, and each histogram is bounded already
+//! never holds more than [`MAX_LATENCY_WINDOW`] intervals, and each histogram is bounded already
 //! ([`crate::latency::MAX_BOUNDS`] buckets; an HDR histogram covers at most an hour at 3
 //! significant digits, and [`compact`] sizes it to its largest value), so a p99 costs at
-//! most 60 merges of bounded size. The rule and its constants are the simulator's
-//! (`cohabit_sim::host::LatencyWindow`), so policies see the same kind of p99 in both.
+//! most 60 merges of bounded size. The rule and its constants are [`cohabit_core::window`]'s,
+//! which the simulator applies too, so policies see the same kind of p99 in both.
 
 use std::collections::VecDeque;
 
@@ -37,11 +37,7 @@ use hdrhistogram::Histogram;
 use crate::latency::{quantile_between, Buckets};
 
 /// Most control intervals one window may hold.
-pub const MAX_WINDOW: u32 = 60;
-
-/// Relative change of an interval's request count, against the mean count of the intervals
-/// a window holds, that restarts the window.
-pub const LOAD_CHANGE: f64 = 0.1;
+pub use cohabit_core::window::MAX_LATENCY_WINDOW;
 
 /// Milliseconds per unit of an HDR latency histogram's values (they are microseconds).
 pub const MS_PER_US: f64 = 0.001;
@@ -131,11 +127,11 @@ pub type HdrWindow = MergedWindow<Histogram<u64>>;
 pub type PromWindow = MergedWindow<Buckets>;
 
 impl<H: IntervalHistogram> MergedWindow<H> {
-    /// An empty window of at most `cap` intervals (clamped to 1..=[`MAX_WINDOW`]) over
+    /// An empty window of at most `cap` intervals (clamped to 1..=[`MAX_LATENCY_WINDOW`]) over
     /// histograms whose values are `ms_per_unit` milliseconds each ([`MS_PER_US`] for HDR
     /// histograms in µs; `PromHistogram::ms_per_unit` for a scrape).
     pub fn new(cap: u32, ms_per_unit: f64) -> Self {
-        let cap = cap.clamp(1, MAX_WINDOW) as usize;
+        let cap = cap.clamp(1, MAX_LATENCY_WINDOW) as usize;
         Self {
             cap,
             ms_per_unit,
@@ -163,14 +159,10 @@ impl<H: IntervalHistogram> MergedWindow<H> {
         self.intervals.clear();
     }
 
-    /// Whether an interval of `count` requests moved the load: it differs from the mean
-    /// count of the held intervals by more than [`LOAD_CHANGE`] of that mean (floored at 1).
+    /// Whether an interval of `count` requests moved the load against the held intervals
+    /// ([`cohabit_core::window::load_moved`]).
     pub fn load_moved(&self, count: f64) -> bool {
-        if self.intervals.is_empty() {
-            return false;
-        }
-        let mean = self.intervals.iter().map(|(_, n)| n).sum::<f64>() / self.intervals.len() as f64;
-        (count - mean).abs() > LOAD_CHANGE * mean.max(1.0)
+        cohabit_core::window::load_moved(self.intervals.iter().map(|(_, n)| *n), count)
     }
 
     /// Adds one interval's histogram `h` of `count` requests; restarts first if the load

@@ -18,6 +18,7 @@ mod plan;
 mod record;
 mod sample;
 mod service;
+pub mod window;
 
 pub use alloc::{Allocation, Resource, WayRange, MBA_MAX_PCT};
 pub use error::CoreError;
@@ -33,6 +34,7 @@ pub use record::{
 };
 pub use sample::{Observation, Sample, ServiceObservation};
 pub use service::{ServiceClass, ServiceSpec};
+pub use window::RunsUnder;
 
 /// Where telemetry comes from: the simulator, or a real host's collectors.
 ///

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use cohabit_core::{
-    Actuator, Change, Collector, GroundTruth, Observation, Plan, Sample, ServiceObservation,
+    Actuator, Change, Collector, GroundTruth, Observation, Plan, RunsUnder, Sample,
+    ServiceObservation,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -303,16 +304,9 @@ impl Collector for SimulatedHost {
             let g = &self.gpu[i];
             let restarting = downtime.get(i).is_some_and(|d| *d > 0.0);
             let window = if cap > 1 && o.p99_ms.is_some() {
-                let own = self
-                    .plan
-                    .services
-                    .get(&s.spec.name)
-                    .copied()
-                    .unwrap_or(self.plan.best_effort);
-                let pool = &self.plan.best_effort;
                 let w = &mut self.windows[i];
                 w.restart_if_changed(
-                    (own, pool.llc_ways, pool.mba_pct, effective[i], restarting),
+                    RunsUnder::new(&self.plan, &s.spec.name, effective[i], restarting),
                     o.served_rps * interval_s,
                 );
                 Some((w, cap))
@@ -431,11 +425,7 @@ fn admit(sc: &Scenario, plan: &Plan) -> Result<(), SimError> {
 }
 
 /// Most control intervals one measured p99 may span ([`Noise::latency_window`]).
-pub const MAX_LATENCY_WINDOW: u32 = 60;
-
-/// Relative change of a service's requests in an interval, against the mean of the
-/// intervals in its latency window, that restarts the window.
-pub const WINDOW_LOAD_CHANGE: f64 = 0.1;
+pub use cohabit_core::window::MAX_LATENCY_WINDOW;
 
 /// One interval in a service's latency window.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -451,34 +441,21 @@ struct WindowInterval {
 }
 
 /// The requests one measured p99 rests on ([`Noise::latency_window`]): the intervals since
-/// what the service runs under (`key`) or its load last changed, up to the window. A real
-/// host does the same with the difference of two cumulative histograms, or by merging
-/// pushed ones.
+/// what the service runs under ([`RunsUnder`]) or its load last changed, up to the window
+/// (the rule of [`cohabit_core::window`]). A real host does the same with the difference of
+/// two cumulative histograms, or by merging pushed ones.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LatencyWindow {
-    key: Option<WindowKey>,
+    key: Option<RunsUnder>,
     intervals: std::collections::VecDeque<WindowInterval>,
 }
 
-/// What a service's latency depends on that the controller changes: its own allocation,
-/// the pool's ways and bandwidth, its GPU share in effect during the interval and whether
-/// its GPU client was restarting in it (an interval with downtime is a window of its own:
-/// merged with the next it made a recovered LLM service read 17 times its target).
-type WindowKey = (
-    cohabit_core::Allocation,
-    cohabit_core::WayRange,
-    u8,
-    Option<u8>,
-    bool,
-);
-
 impl LatencyWindow {
-    /// Starts over when `key` differs from the window's, or when `requests` differs from
-    /// the window's mean by more than [`WINDOW_LOAD_CHANGE`].
-    fn restart_if_changed(&mut self, key: WindowKey, requests: f64) {
-        let n = self.intervals.len() as f64;
-        let mean = self.intervals.iter().map(|i| i.requests).sum::<f64>() / n.max(1.0);
-        let load_moved = n > 0.0 && (requests - mean).abs() > WINDOW_LOAD_CHANGE * mean.max(1.0);
+    /// Starts over when `key` differs from the window's, or when `requests` moved the load
+    /// ([`cohabit_core::window::load_moved`]).
+    fn restart_if_changed(&mut self, key: RunsUnder, requests: f64) {
+        let load_moved =
+            cohabit_core::window::load_moved(self.intervals.iter().map(|i| i.requests), requests);
         if self.key != Some(key) || load_moved {
             self.intervals.clear();
             self.key = Some(key);
@@ -814,18 +791,25 @@ model = "stream"
     #[test]
     fn a_latency_window_restarts_when_the_load_moves() {
         let mut w = LatencyWindow::default();
-        let key = (
-            Allocation {
+        let plan = Plan {
+            services: [(
+                "kv".to_string(),
+                Allocation {
+                    cores: 2,
+                    llc_ways: WayRange::new(0, 2),
+                    mba_pct: 100,
+                    gpu_mps_pct: None,
+                },
+            )]
+            .into(),
+            best_effort: Allocation {
                 cores: 2,
-                llc_ways: WayRange::new(0, 2),
+                llc_ways: WayRange::new(2, 2),
                 mba_pct: 100,
                 gpu_mps_pct: None,
             },
-            WayRange::new(2, 2),
-            100,
-            None,
-            false,
-        );
+        };
+        let key = RunsUnder::new(&plan, "kv", None, false);
         for requests in [1000.0, 1050.0, 960.0] {
             w.restart_if_changed(key, requests);
             w.intervals.push_back(WindowInterval {

@@ -131,8 +131,8 @@ pub struct Noise {
     #[serde(default = "default_missing")]
     pub missing_prob: f64,
     /// Control intervals one measured p99 may span: the p99 is that of every request since
-    /// the service's allocation, the pool's ways or bandwidth, or its load (more than
-    /// [`crate::host::WINDOW_LOAD_CHANGE`]) last changed, up to this many intervals
+    /// what the service runs under or its load last changed ([`cohabit_core::window`]), up
+    /// to this many intervals
     /// (1: each interval's own requests). The default, 3, is the daemon's: its collectors
     /// merge the histograms of the intervals the same way.
     #[serde(default = "default_latency_window")]

@@ -72,8 +72,8 @@ use cohabit_collectors::cgroup::CpuList;
 use cohabit_collectors::latency::{PushAddr, DEFAULT_MODE};
 use cohabit_collectors::probe::{ProbeSettings, ProbeUrl};
 use cohabit_collectors::users::{GroupRef, UserRef};
-use cohabit_collectors::window::MAX_WINDOW;
 use cohabit_collectors::HostPaths;
+use cohabit_core::window::MAX_LATENCY_WINDOW;
 use serde::Deserialize;
 
 use cohabit_policy::{ExploreConfig, PolicyKind};
@@ -473,7 +473,7 @@ pub struct DaemonConfig {
     pub interval_ms: u64,
     /// Control intervals whose requests one p99 rests on, at most: each service's latency
     /// histograms are merged over the intervals since what it runs under or its load last
-    /// changed, up to this many (1 to [`MAX_WINDOW`]; 1: each interval's alone).
+    /// changed, up to this many (1 to [`MAX_LATENCY_WINDOW`]; 1: each interval's alone).
     pub latency_window: u32,
     /// Policy.
     pub policy: PolicyKind,
@@ -555,9 +555,9 @@ impl DaemonConfig {
                 f.interval_ms
             )));
         }
-        if !(1..=i64::from(MAX_WINDOW)).contains(&f.latency_window) {
+        if !(1..=i64::from(MAX_LATENCY_WINDOW)).contains(&f.latency_window) {
             return Err(err(format!(
-                "latency_window must be between 1 and {MAX_WINDOW} control intervals, got {}",
+                "latency_window must be between 1 and {MAX_LATENCY_WINDOW} control intervals, got {}",
                 f.latency_window
             )));
         }
@@ -746,7 +746,7 @@ impl DaemonConfig {
             .map_err(err)?;
         Ok(Self {
             interval_ms: f.interval_ms.unsigned_abs(),
-            latency_window: u32::try_from(f.latency_window).unwrap_or(MAX_WINDOW),
+            latency_window: u32::try_from(f.latency_window).unwrap_or(MAX_LATENCY_WINDOW),
             policy,
             model: f.model,
             gpu_model: f.gpu_model,

@@ -466,6 +466,14 @@ impl GpuActuator {
         self.clients.get(service).and_then(|c| c.effective)
     }
 
+    /// Whether a service's client is being restarted: its hook runs, or the restarted
+    /// client is not yet back among MPS clients.
+    pub fn restarting(&self, service: &str) -> bool {
+        self.clients
+            .get(service)
+            .is_some_and(|c| c.hook.is_some() || c.awaiting.is_some())
+    }
+
     /// The share published for a service.
     pub fn published(&self, service: &str) -> Option<u8> {
         self.clients.get(service).and_then(|c| c.published)

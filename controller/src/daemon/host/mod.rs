@@ -19,9 +19,10 @@
 //!   fails, so the host and the plan in force never disagree; processes join afterwards;
 //! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings;
 //!   each p99 merges the requests of the last `latency_window` intervals, a window that
-//!   starts afresh when an applied plan changes what the service runs under
-//!   (`runs_under_changed`), when its load moves, and on the first plan, the fail-safe's
-//!   and a restore.
+//!   starts afresh when an interval ran under something else than the window's did
+//!   ([`RunsUnder`]: the plan in force, the GPU share in effect, a client's restart), when
+//!   its load moves (both [`cohabit_core::window`]'s rule, the simulator's too), and after
+//!   the fail-safe's plan and a restore.
 
 pub mod changes;
 pub mod discover;
@@ -46,8 +47,8 @@ use cohabit_collectors::perf::PerfSupport;
 use cohabit_collectors::procfs::{ProcIndex, Procfs};
 use cohabit_collectors::resctrl::BandwidthRate;
 use cohabit_core::{
-    Actuator, Allocation, Change, Collector, HostCapacity, Observation, Plan, ServiceClass,
-    ServiceObservation, ServiceSpec,
+    Actuator, Allocation, Change, Collector, HostCapacity, Observation, Plan, RunsUnder,
+    ServiceClass, ServiceObservation, ServiceSpec,
 };
 
 pub use self::apply::{restore_changes, Kernel};
@@ -143,6 +144,8 @@ struct Service {
     /// Controllers for which a process of it was left alone, already logged.
     unplaced_logged: BTreeSet<cohabit_collectors::cgroup::Controller>,
     vetting: find::Vetting,
+    /// What the intervals in its latency window ran under (`None`: no plan was in force).
+    runs_under: Option<RunsUnder>,
 }
 
 impl Service {
@@ -162,6 +165,7 @@ impl Service {
                     source,
                 }
             })?,
+            runs_under: None,
         })
     }
 }
@@ -539,16 +543,8 @@ impl RealHost {
             &mut self.gpu,
             pinned.as_deref(),
         )?;
-        // The next interval is the first under `plan`: a service whose conditions it
-        // changed starts a new latency window (all of them under the first plan).
-        let first = !self.applied;
-        let before = std::mem::replace(&mut self.plan, plan.clone());
+        self.plan = plan.clone();
         self.applied = true;
-        for svc in &mut self.services {
-            if first || runs_under_changed(&before, plan, &svc.spec.name) {
-                svc.telemetry.restart_latency_window();
-            }
-        }
         Ok(())
     }
 
@@ -716,19 +712,6 @@ pub fn clean_leftovers(cfg: &DaemonConfig) -> Result<(), HostError> {
     Ok(())
 }
 
-/// Whether what service `name` runs under differs between plans `old` and `new`, so that
-/// latencies measured under one say nothing of the other: a latency-critical service's own
-/// allocation (cores, cache ways, bandwidth, GPU share), or the best-effort pool's cache
-/// ways or bandwidth (its neighbours' interference); for a best-effort job (in neither
-/// plan's services), the pool's allocation.
-fn runs_under_changed(old: &Plan, new: &Plan, name: &str) -> bool {
-    let pool = |p: &Plan| (p.best_effort.llc_ways, p.best_effort.mba_pct);
-    match (old.services.get(name), new.services.get(name)) {
-        (None, None) => old.best_effort != new.best_effort,
-        (a, b) => a != b || pool(old) != pool(new),
-    }
-}
-
 fn spec_of(s: &ServiceConfig) -> ServiceSpec {
     let class = match s.p99_target_ms {
         Some(t) => ServiceClass::LatencyCritical { p99_target_ms: t },
@@ -778,6 +761,16 @@ impl Collector for RealHost {
         let dt_s = now.duration_since(self.last_collect).as_secs_f64();
         self.last_collect = now;
         self.refresh_processes();
+        // What each GPU client ran under during the interval that just ended: its share in
+        // effect and whether its restart was under way (both before this tick's hooks).
+        let gpu_during: Vec<(Option<u8>, bool)> = self
+            .services
+            .iter()
+            .map(|s| {
+                let n = &s.spec.name;
+                (self.gpu.effective(n), self.gpu.restarting(n))
+            })
+            .collect();
         if !self.dry_run {
             let pids: BTreeMap<String, Vec<u32>> = self
                 .services
@@ -800,7 +793,21 @@ impl Collector for RealHost {
             .collect();
         let mons = self.mon_groups();
         let mut services = Vec::with_capacity(self.services.len());
-        for ((svc, perf_dir), mon) in self.services.iter_mut().zip(perf_dirs).zip(&mons) {
+        for (((svc, perf_dir), mon), (gpu_pct, restarting)) in self
+            .services
+            .iter_mut()
+            .zip(perf_dirs)
+            .zip(&mons)
+            .zip(gpu_during)
+        {
+            // An interval that ran under something else than the window's starts a new one.
+            let under = self
+                .applied
+                .then(|| RunsUnder::new(&self.plan, &svc.spec.name, gpu_pct, restarting));
+            if under != svc.runs_under {
+                svc.telemetry.restart_latency_window();
+                svc.runs_under = under;
+            }
             let group = layout::plan_group(&svc.spec);
             let src = Sources {
                 procfs: &self.procfs,
@@ -946,55 +953,6 @@ mod tests {
     }
 
     #[test]
-    fn what_a_service_runs_under_is_its_allocation_and_the_pools_ways_and_bandwidth() {
-        let a = |cores: u32, first: u32, ways: u32, mba_pct: u8| Allocation {
-            cores,
-            llc_ways: cohabit_core::WayRange::new(first, ways),
-            mba_pct,
-            gpu_mps_pct: None,
-        };
-        let old = Plan {
-            services: BTreeMap::from([
-                ("kv".to_string(), a(4, 0, 4, 100)),
-                ("web".to_string(), a(2, 4, 2, 100)),
-            ]),
-            best_effort: a(2, 6, 6, 100),
-        };
-        let changed = |f: &dyn Fn(&mut Plan)| -> Vec<&str> {
-            let mut new = old.clone();
-            f(&mut new);
-            ["kv", "web", "batch"]
-                .into_iter()
-                .filter(|n| runs_under_changed(&old, &new, n))
-                .collect()
-        };
-        assert!(changed(&|_| {}).is_empty());
-        fn kv(p: &mut Plan) -> &mut Allocation {
-            p.services.get_mut("kv").unwrap()
-        }
-        assert_eq!(changed(&|p| kv(p).cores = 5), ["kv"]);
-        assert_eq!(changed(&|p| kv(p).mba_pct = 50), ["kv"]);
-        assert_eq!(changed(&|p| kv(p).llc_ways.first = 1), ["kv"]);
-        assert_eq!(changed(&|p| kv(p).gpu_mps_pct = Some(40)), ["kv"]);
-        assert_eq!(
-            changed(&|p| {
-                p.services.remove("web");
-            }),
-            ["web"]
-        );
-        // The pool's cache and bandwidth touch everyone; its cores only its jobs.
-        assert_eq!(
-            changed(&|p| p.best_effort.mba_pct = 50),
-            ["kv", "web", "batch"]
-        );
-        assert_eq!(
-            changed(&|p| p.best_effort.llc_ways.count = 5),
-            ["kv", "web", "batch"]
-        );
-        assert_eq!(changed(&|p| p.best_effort.cores = 1), ["batch"]);
-    }
-
-    #[test]
     fn a_plan_change_restarts_the_latency_windows_of_the_services_it_touches() {
         let fake = FakeResctrl::builder().ways(12).build().unwrap();
         let proc_root = fake.base().join("proc");
@@ -1034,17 +992,18 @@ mod tests {
         host.collect().unwrap();
         host.collect().unwrap();
         assert_eq!(held(&host), want(2, 2));
-        // kv's bandwidth changes: its window starts afresh, web's is kept.
+        // kv's bandwidth changes: the interval under the new plan starts kv's window
+        // afresh, web's is kept.
         let mut kv_mba = plan.clone();
         let kv = kv_mba.services.get_mut("kv").unwrap();
         kv.mba_pct = if kv.mba_pct == 50 { 60 } else { 50 };
         host.apply(&kv_mba, &[]).unwrap();
-        assert_eq!(held(&host), want(0, 2));
         host.collect().unwrap();
         assert_eq!(held(&host), want(1, 3));
         // The same plan again changes nothing.
         host.apply(&kv_mba, &[]).unwrap();
-        assert_eq!(held(&host), want(1, 3));
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(2, 4));
         // The pool's bandwidth is every service's neighbourhood.
         let mut pool_mba = kv_mba.clone();
         pool_mba.best_effort.mba_pct = if pool_mba.best_effort.mba_pct == 50 {
@@ -1053,15 +1012,54 @@ mod tests {
             50
         };
         host.apply(&pool_mba, &[]).unwrap();
-        assert_eq!(held(&host), want(0, 0));
         host.collect().unwrap();
         assert_eq!(held(&host), want(1, 1));
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(2, 2));
         // The fail-safe's plan and a restore start every window afresh.
         host.restart_latency_windows();
         assert_eq!(held(&host), want(0, 0));
         host.collect().unwrap();
+        host.collect().unwrap();
         host.restore();
         assert_eq!(held(&host), want(0, 0));
+        // Unmanaged again, the host's own state is what the next window runs under.
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(1, 1));
+    }
+
+    #[test]
+    fn a_gpu_clients_restart_and_its_new_share_each_start_a_latency_window() {
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let proc_root = fake.base().join("proc");
+        std::fs::create_dir_all(&proc_root).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"llm\"\np99_target_ms = 50\nmatch = {{ process_name = \"no-such-llm\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\ngpu = {{ env_file = \"{}\", restart = \"true\", min_restart_interval_ms = 100 }}\n",
+            fake.root().display(),
+            proc_root.display(),
+            dir.path().join("llm.env").display(),
+        );
+        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
+        let mut plan = StaticPolicy::new(ctx).initial().plan;
+        plan.services.get_mut("llm").unwrap().gpu_mps_pct = Some(50);
+        host.launch(&plan).unwrap();
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            host.collect().unwrap();
+            held.push(host.services[0].telemetry.latency_intervals().unwrap());
+            // The hook (`true`) ends well within this.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        // The first interval under the plan; the one with the restart (the share still the
+        // old one); the first with the new share in effect; then the window grows.
+        assert_eq!(held, [1, 1, 1, 2]);
+        assert_eq!(host.gpu.effective("llm"), Some(50));
     }
 
     #[test]

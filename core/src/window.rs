@@ -17,14 +17,16 @@ pub const MAX_LATENCY_WINDOW: u32 = 60;
 pub const LATENCY_WINDOW_LOAD_CHANGE: f64 = 0.1;
 
 /// What one service's latency during an interval depends on that the controller sets: its
-/// own allocation (the best-effort pool's, for a best-effort job), the pool's cache ways and
-/// bandwidth (its neighbours' interference), the GPU share in effect during the interval
-/// (an MPS share takes effect only when the client restarts) and whether the client was
-/// restarting in it (an interval with downtime is a window of its own: merged with the next
-/// it made a recovered LLM service read 17 times its target in the simulator).
+/// own cores, cache ways and bandwidth (the best-effort pool's, for a best-effort job), the
+/// pool's cache ways and bandwidth (its neighbours' interference), the GPU share in effect
+/// during the interval (an MPS share takes effect only when the client restarts, so the
+/// planned one does not count) and whether the client was restarting in it (intervals with
+/// downtime are kept apart from those before and after them: merged with the next, one made
+/// a recovered LLM service read 17 times its target in the simulator).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunsUnder {
-    /// The service's own allocation, as planned.
+    /// The service's own allocation, as planned, without its GPU share (which counts as
+    /// in effect: `gpu_effective_pct`).
     pub own: Allocation,
     /// The best-effort pool's cache ways.
     pub pool_ways: WayRange,
@@ -49,7 +51,10 @@ impl RunsUnder {
     ) -> Self {
         let pool = &plan.best_effort;
         Self {
-            own: plan.services.get(name).copied().unwrap_or(*pool),
+            own: Allocation {
+                gpu_mps_pct: None,
+                ..plan.services.get(name).copied().unwrap_or(*pool)
+            },
             pool_ways: pool.llc_ways,
             pool_mba_pct: pool.mba_pct,
             gpu_effective_pct,
@@ -114,7 +119,8 @@ mod tests {
         assert_eq!(changed(&|p| kv(p).cores = 5), ["kv"]);
         assert_eq!(changed(&|p| kv(p).mba_pct = 50), ["kv"]);
         assert_eq!(changed(&|p| kv(p).llc_ways.first = 1), ["kv"]);
-        assert_eq!(changed(&|p| kv(p).gpu_mps_pct = Some(40)), ["kv"]);
+        // A GPU share planned is not yet one in effect (the client restarts first).
+        assert!(changed(&|p| kv(p).gpu_mps_pct = Some(40)).is_empty());
         assert_eq!(
             changed(&|p| {
                 p.services.remove("web");

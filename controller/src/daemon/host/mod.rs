@@ -146,6 +146,8 @@ struct Service {
     vetting: find::Vetting,
     /// What the intervals in its latency window ran under (`None`: no plan was in force).
     runs_under: Option<RunsUnder>,
+    /// The last interval's plan changed within it: the next starts a window of its own.
+    after_mixed: bool,
 }
 
 impl Service {
@@ -166,6 +168,7 @@ impl Service {
                 }
             })?,
             runs_under: None,
+            after_mixed: false,
         })
     }
 }
@@ -184,6 +187,13 @@ pub struct RealHost {
     /// A plan has been applied (until then no value is in force, and nothing moves).
     applied: bool,
     plan: Plan,
+    /// The plan the interval since the last collect opened under: the first applied after
+    /// that collect, else the one in force then (`None`: none). A plan applied later in the
+    /// interval (the Kubernetes agent's, for new pods, just before the next collect) makes
+    /// it a mixed interval.
+    opening_plan: Option<Plan>,
+    /// A plan was applied since the last collect (`opening_plan` is it).
+    opened: bool,
     dry_run: bool,
     start: Instant,
     last_collect: Instant,
@@ -259,6 +269,8 @@ impl RealHost {
                     gpu_mps_pct: None,
                 },
             },
+            opening_plan: None,
+            opened: false,
             dry_run,
             start: now,
             last_collect: now,
@@ -545,6 +557,10 @@ impl RealHost {
         )?;
         self.plan = plan.clone();
         self.applied = true;
+        if !self.opened {
+            self.opening_plan = Some(plan.clone());
+            self.opened = true;
+        }
         Ok(())
     }
 
@@ -800,14 +816,18 @@ impl Collector for RealHost {
             .zip(&mons)
             .zip(gpu_during)
         {
-            // An interval that ran under something else than the window's starts a new one.
-            let under = self
-                .applied
-                .then(|| RunsUnder::new(&self.plan, &svc.spec.name, gpu_pct, restarting));
-            if under != svc.runs_under {
+            // An interval that ran under something else than the window's starts a new one;
+            // one whose plan changed within it is kept apart from both sides.
+            let at = |p: Option<&Plan>| {
+                p.map(|p| RunsUnder::new(p, &svc.spec.name, gpu_pct, restarting))
+            };
+            let under = at(self.applied.then_some(&self.plan));
+            let mixed = at(self.opening_plan.as_ref()) != under;
+            if mixed || svc.after_mixed || under != svc.runs_under {
                 svc.telemetry.restart_latency_window();
-                svc.runs_under = under;
             }
+            svc.runs_under = under;
+            svc.after_mixed = mixed;
             let group = layout::plan_group(&svc.spec);
             let src = Sources {
                 procfs: &self.procfs,
@@ -841,6 +861,9 @@ impl Collector for RealHost {
                 gpu_mps_effective_pct: self.gpu.effective(&svc.spec.name),
             });
         }
+        // The next interval opens under the plan in force now, unless one is applied first.
+        self.opening_plan = self.applied.then(|| self.plan.clone());
+        self.opened = false;
         let t_ms = u64::try_from(now.duration_since(self.start).as_millis()).unwrap_or(u64::MAX);
         Ok(Observation {
             t_ms,
@@ -1016,6 +1039,19 @@ mod tests {
         assert_eq!(held(&host), want(1, 1));
         host.collect().unwrap();
         assert_eq!(held(&host), want(2, 2));
+        // A plan applied late in an interval (the Kubernetes agent's for new pods, just
+        // before the collect) makes a mixed interval: kept apart from both sides.
+        let mut late = pool_mba.clone();
+        let kv = late.services.get_mut("kv").unwrap();
+        kv.mba_pct = if kv.mba_pct == 50 { 60 } else { 50 };
+        host.apply(&pool_mba, &[]).unwrap();
+        host.apply(&late, &[]).unwrap();
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(1, 3));
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(1, 4));
+        host.collect().unwrap();
+        assert_eq!(held(&host), want(2, 5));
         // The fail-safe's plan and a restore start every window afresh.
         host.restart_latency_windows();
         assert_eq!(held(&host), want(0, 0));

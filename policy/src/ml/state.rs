@@ -775,6 +775,15 @@ mod tests {
         }
     }
 
+    /// A give-back to `cores` and `ways` (anchored, predicted -0.3 ± 0.1).
+    fn gave(cores: u32, ways: u32) -> LastPrediction {
+        LastPrediction {
+            alloc: at_full_mba(cores, ways),
+            shrank: true,
+            ..last(-0.3, 0.1, true)
+        }
+    }
+
     fn last(corrected: f64, sigma: f64, moved: bool) -> LastPrediction {
         LastPrediction {
             alloc: at_full_mba(4, 2),
@@ -830,11 +839,6 @@ mod tests {
     fn an_allocation_measured_not_enough_is_a_floor_while_the_load_stays() {
         let limit = 0.9f64.ln();
         let mut st = ServiceState::default();
-        let gave = |cores, ways| LastPrediction {
-            alloc: at_full_mba(cores, ways),
-            shrank: true,
-            ..last(-0.3, 0.1, true)
-        };
         // Within the margin; between the margin and the target without a give-back; past
         // saturation without one (a glitch, maybe): nothing learnt.
         st.note_outcome(&gave(8, 4), 0.85f64.ln(), Some(1000.0), limit);
@@ -878,11 +882,6 @@ mod tests {
     fn a_cliff_measured_within_the_target_gives_way_while_a_neighbour_is_over_its_own() {
         let limit = 0.9f64.ln();
         let mut st = ServiceState::default();
-        let gave = |cores, ways| LastPrediction {
-            alloc: at_full_mba(cores, ways),
-            shrank: true,
-            ..last(-0.3, 0.1, true)
-        };
         // A give-back to (8, 4) read 0.95 of the target: past the margin, within the target.
         st.note_outcome(&gave(8, 4), 0.95f64.ln(), Some(1000.0), limit);
         assert!(st.measured_cliffs[0].weak);

@@ -975,6 +975,11 @@ mod tests {
         assert_eq!(root, ["40", "41", "50", "51", "60", "61"]);
     }
 
+    /// Moves an MBA limit to another of 50 and 60 %.
+    fn other_mba(pct: &mut u8) {
+        *pct = if *pct == 50 { 60 } else { 50 };
+    }
+
     #[test]
     fn a_plan_change_restarts_the_latency_windows_of_the_services_it_touches() {
         let fake = FakeResctrl::builder().ways(12).build().unwrap();
@@ -1018,8 +1023,7 @@ mod tests {
         // kv's bandwidth changes: the interval under the new plan starts kv's window
         // afresh, web's is kept.
         let mut kv_mba = plan.clone();
-        let kv = kv_mba.services.get_mut("kv").unwrap();
-        kv.mba_pct = if kv.mba_pct == 50 { 60 } else { 50 };
+        other_mba(&mut kv_mba.services.get_mut("kv").unwrap().mba_pct);
         host.apply(&kv_mba, &[]).unwrap();
         host.collect().unwrap();
         assert_eq!(held(&host), want(1, 3));
@@ -1029,11 +1033,7 @@ mod tests {
         assert_eq!(held(&host), want(2, 4));
         // The pool's bandwidth is every service's neighbourhood.
         let mut pool_mba = kv_mba.clone();
-        pool_mba.best_effort.mba_pct = if pool_mba.best_effort.mba_pct == 50 {
-            60
-        } else {
-            50
-        };
+        other_mba(&mut pool_mba.best_effort.mba_pct);
         host.apply(&pool_mba, &[]).unwrap();
         host.collect().unwrap();
         assert_eq!(held(&host), want(1, 1));
@@ -1042,8 +1042,7 @@ mod tests {
         // A plan applied late in an interval (the Kubernetes agent's for new pods, just
         // before the collect) makes a mixed interval: kept apart from both sides.
         let mut late = pool_mba.clone();
-        let kv = late.services.get_mut("kv").unwrap();
-        kv.mba_pct = if kv.mba_pct == 50 { 60 } else { 50 };
+        other_mba(&mut late.services.get_mut("kv").unwrap().mba_pct);
         host.apply(&pool_mba, &[]).unwrap();
         host.apply(&late, &[]).unwrap();
         host.collect().unwrap();

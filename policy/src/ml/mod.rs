@@ -76,11 +76,12 @@
 //!    depends only on the needs, what is in force and who gave recently, so it does not
 //!    oscillate while the loads hold.
 //! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the
-//!    one in force; under pressure a step down and the minimum; without it a step up), each
-//!    service's neighbour bandwidth as the pool would have it (services sharing the pool's
-//!    group are searched at that MBA through `mba_cand`); the level with the fewest services
-//!    short, then the least cost (packing plus the throughput the throttle takes from the
-//!    pool) wins. No bandwidth reading for the pool: no throttle (a reading missing for a
+//!    one in force; under pressure a step down and, while the descent helps, the minimum;
+//!    without it a step up), each service's neighbour bandwidth as the pool would have it
+//!    (services sharing the pool's group are searched at that MBA through `mba_cand`); the
+//!    level with the fewest services short, then the least cost (packing plus the
+//!    throughput the throttle takes from the pool) wins. The pool's reason names the levels
+//!    planned. No bandwidth reading for the pool: no throttle (a reading missing for a
 //!    tick or two is replaced by the last). A step up that put a service past its margin
 //!    is the pool's MBA cliff: no step up reaches it again while the load holds.
 //! 8. **Explore** ([`state::ServiceState::explore`], off by default: `explore_step` 0): a
@@ -118,9 +119,12 @@
 //! reference (the allocation in force, neighbours as measured) are computed once per tick
 //! and shared by the pool levels, and at a level other than the one in force the allocation
 //! in force rides with the first batch, so a level costs two model passes per service. Eight
-//! services take about 0.21 ms on the Gold and the E5 (0.26 ms crowded;
-//! `cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels (a
-//! first placement under pressure) up to about 0.8 ms.
+//! services take about 0.43–0.57 ms on the Gold and the E5 on a 2-vCPU VM
+//! (`cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels
+//! about three times that (1.49 ms for eight services all over their targets on the Gold),
+//! which is why the minimum is planned only while the descent helps ([`mba`]). Model
+//! inference is compute-bound: about 0.5 µs per candidate row for five members, plus
+//! about 10 µs per call.
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
@@ -253,6 +257,8 @@ struct LevelPlan {
     cost: f64,
     /// The services' state after planning at this level.
     state: BTreeMap<String, ServiceState>,
+    /// Every pool level planned this tick, in the order planned (set on the one chosen).
+    planned: Vec<u8>,
 }
 
 impl MlPolicy {
@@ -380,6 +386,7 @@ impl MlPolicy {
             fallbacks,
             cost,
             state: BTreeMap::new(),
+            planned: vec![level],
         }
     }
 
@@ -424,6 +431,12 @@ impl MlPolicy {
         let start = self.state.clone();
         let mut tried: Vec<LevelPlan> = Vec::with_capacity(levels.len());
         for level in levels {
+            // Below the first step down, only while the last step helped.
+            if let [.., above, last] = tried.as_slice() {
+                if !mba::descend_further((above.unmet, above.cost), (last.unmet, last.cost)) {
+                    break;
+                }
+            }
             self.state = start.clone();
             let mut lp = self.plan_level(obs, now_ms, level);
             lp.state = std::mem::take(&mut self.state);
@@ -447,9 +460,11 @@ impl MlPolicy {
                 .min_by(|a, b| a.1.cost.total_cmp(&b.1.cost))
                 .map(|(i, _)| i)
         };
+        let planned = tried.iter().map(|lp| lp.level).collect();
         let mut best = tried.swap_remove(pick.unwrap_or(0));
         self.state = std::mem::take(&mut best.state);
         self.pool_level = best.level;
+        best.planned = planned;
         best
     }
 
@@ -751,6 +766,7 @@ impl Policy for MlPolicy {
             level,
             plans,
             packing,
+            planned,
             ..
         } = self.plan_pool_levels(obs, now_ms);
         self.last_degraded = packing.degraded;
@@ -763,11 +779,14 @@ impl Policy for MlPolicy {
         let placed = on_pool_ways(&self.ctx, &plan);
         let mut predictions = self.record_predictions(obs, &plans, &as_modelled(&plan, &placed));
         self.record_gpu_predictions(obs, &plans, &plan, &mut predictions);
-        let pool_why = if level < MBA_MAX_PCT {
-            format!("what the latency-critical services leave; memory bandwidth {level} %")
-        } else {
-            "what the latency-critical services leave".to_string()
-        };
+        let mut pool_why = "what the latency-critical services leave".to_string();
+        if level < MBA_MAX_PCT {
+            pool_why += &format!("; memory bandwidth {level} %");
+        }
+        if planned.len() > 1 {
+            let levels: Vec<String> = planned.iter().map(u8::to_string).collect();
+            pool_why += &format!(" (pool levels planned: {} %)", levels.join(", "));
+        }
         reasons.insert(
             cohabit_core::BEST_EFFORT_GROUP.to_string(),
             Reason::new(DecisionPath::Model, pool_why),
@@ -923,11 +942,43 @@ pub(super) mod tests {
             why.contains(&format!("memory bandwidth {level} %")),
             "{why}"
         );
+        // The step down helped, so the minimum was planned too.
+        assert!(
+            why.contains("(pool levels planned: 100, 60, 10 %)"),
+            "{why}"
+        );
         let lc0 = d.plan.services["lc0"];
         assert!(lc0.cores < initial.services["lc0"].cores, "{lc0:?}");
         assert_eq!(lc0.mba_pct, 100);
         // The prediction recorded is for the neighbours as planned: within the margin.
         assert!(d.predictions["lc0"].log_qos_ratio <= 0.9f64.ln());
+    }
+
+    #[test]
+    fn a_step_down_that_buys_nothing_ends_the_descent_before_the_minimum() {
+        // The same service and pool, but a model to which the neighbours' bandwidth does not
+        // matter: at 60 % lc0 needs the same cores as at 100 % and the throttle costs the
+        // pool, so the pool stays and the minimum is not planned.
+        let c = ctx(1, 16);
+        let w = [(col("cores_cand"), -0.9)];
+        let model = linear_model(&[(0.0, &w), (0.0, &w)]);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
+        let initial = ml.initial().plan;
+        let s = Sample {
+            mem_bw_bytes_per_s: Some(3e10),
+            ..sample(Some(1.2))
+        };
+        let mut obs = observe(&c, &initial, &s);
+        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
+        let d = ml.decide(&obs, 1_000);
+        assert_eq!(d.plan.best_effort.mba_pct, 100);
+        let why = &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text;
+        assert!(why.ends_with("(pool levels planned: 100, 60 %)"), "{why}");
+        assert!(
+            d.plan.services["lc0"].cores > initial.services["lc0"].cores,
+            "{:?}",
+            d.plan.services["lc0"]
+        );
     }
 
     #[test]

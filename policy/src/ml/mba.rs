@@ -11,12 +11,15 @@
 //! step up. Every level is planned in full (searches and packing) with each service's
 //! neighbour bandwidth as the pool would have it ([`pool_bw_at`]; services sharing the
 //! pool's resctrl group are searched at that MBA, through the model's `mba_cand`), and the
-//! level whose packing costs least, with [`throttle_cost`] added, wins. The minimum is
-//! planned only while the descent helps ([`descend_further`]): a step down that fits no
-//! more services and costs more than the level in force ends it. Planning a level costs
-//! about as much as an ordinary tick, so this keeps most ticks under pressure at two
-//! levels (on the Gold `few-closids`, 607 of 666 ticks that planned three levels, with the
-//! same level chosen in every one of them). Levels are the
+//! level whose packing costs least, with [`throttle_cost`] added, wins. Planning a level
+//! costs about as much as an ordinary tick, so a third level is planned only where it
+//! could be chosen. When every service fits at the level in force, the step down comes
+//! next and the minimum only while the descent helps ([`descend_further`]: a step down
+//! that fits no more services and costs more ends it). When a service is short there
+//! (overload), the minimum comes next and the step down only where the minimum does not
+//! settle it ([`step_could_win`]). On the Gold `few-closids` that leaves 10 of 600 ticks
+//! planning three levels instead of 143, and 8 services all over their targets plan two
+//! instead of three; the level chosen is the same in every run of the bench. Levels are the
 //! platform's MBA steps ([`round_mba`]: multiples of `mba_gran_pct`, at least
 //! `mba_min_pct`).
 //!
@@ -203,14 +206,37 @@ pub(super) fn pool_levels(
     seen
 }
 
+/// What one pool level came to, planned in full.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Outcome {
+    /// Services short of their needs.
+    pub(super) unmet: usize,
+    /// Services on the fallback (a level where more are than at the level in force is not
+    /// eligible).
+    pub(super) fallbacks: usize,
+    /// What the packing and the throttle cost the best-effort jobs.
+    pub(super) cost: f64,
+}
+
 /// Whether the pool's bandwidth is planned a step further down, below `last`, which was
-/// reached by a step down from `above` (each: services short of their needs, cost). Yes
-/// while a service is short at `last` (latency-critical before best effort: the pool may
-/// go down to the minimum), or when the step to `last` fitted more services or cost less;
-/// no when it bought nothing and cost more, as a further throttle then mostly does (the
-/// throttle's cost grows with every step, and what the services gain from it shrinks).
-pub(super) fn descend_further(above: (usize, f64), last: (usize, f64)) -> bool {
-    last.0 > 0 || last.0 < above.0 || last.1 < above.1
+/// reached by a step down from `above`. Yes while a service is short at `last`
+/// (latency-critical before best effort: the pool may go down to the minimum), or when the
+/// step to `last` fitted more services or cost less; no when it bought nothing and cost
+/// more, as a further throttle then mostly does (the throttle's cost grows with every
+/// step, and what the services gain from it shrinks).
+pub(super) fn descend_further(above: Outcome, last: Outcome) -> bool {
+    last.unmet > 0 || last.unmet < above.unmet || last.cost < above.cost
+}
+
+/// When a service is short of its needs at the level in force (overload), with the
+/// minimum planned after it: whether the step down between them is planned too. Yes when
+/// every service fits at the minimum (the step down may fit them for less) or the minimum
+/// costs a service its model (more fallbacks than at the level in force: not eligible). No
+/// when a service is still short at the minimum and it is eligible: the pool then gets the
+/// minimum (latency-critical before best effort), and a step down, which leaves the
+/// services less bandwidth, leaves no fewer of them short.
+pub(super) fn step_could_win(in_force: Outcome, minimum: Outcome) -> bool {
+    minimum.unmet == 0 || minimum.fallbacks > in_force.fallbacks
 }
 
 #[cfg(test)]
@@ -271,16 +297,36 @@ mod tests {
         );
     }
 
+    fn outcome(unmet: usize, fallbacks: usize, cost: f64) -> Outcome {
+        Outcome {
+            unmet,
+            fallbacks,
+            cost,
+        }
+    }
+
     #[test]
     fn the_descent_goes_on_while_a_service_is_short_or_the_last_step_helped() {
         // Everyone fits at both, and the step down cost more: stop.
-        assert!(!descend_further((0, 0.65), (0, 0.84)));
+        assert!(!descend_further(outcome(0, 0, 0.65), outcome(0, 0, 0.84)));
         // It cost less, or fitted a service more: go on.
-        assert!(descend_further((0, 0.84), (0, 0.65)));
-        assert!(descend_further((1, 0.65), (0, 0.84)));
+        assert!(descend_further(outcome(0, 0, 0.84), outcome(0, 0, 0.65)));
+        assert!(descend_further(outcome(1, 0, 0.65), outcome(0, 0, 0.84)));
         // Someone is still short, whatever the cost: go on (down to the minimum).
-        assert!(descend_further((1, 0.65), (1, 0.84)));
-        assert!(descend_further((0, 0.65), (1, 0.84)));
+        assert!(descend_further(outcome(1, 0, 0.65), outcome(1, 0, 0.84)));
+        assert!(descend_further(outcome(0, 0, 0.65), outcome(1, 0, 0.84)));
+    }
+
+    #[test]
+    fn in_overload_the_step_down_is_planned_only_where_it_could_be_chosen() {
+        let in_force = outcome(1, 0, 0.65);
+        // Still short at the minimum, as many fallbacks as in force: the minimum it is.
+        assert!(!step_could_win(in_force, outcome(1, 0, 1.1)));
+        assert!(!step_could_win(outcome(3, 2, 0.6), outcome(2, 1, 1.1)));
+        // Everyone fits at the minimum: a step down may fit them for less.
+        assert!(step_could_win(in_force, outcome(0, 0, 1.1)));
+        // The minimum costs a service its model: not eligible, so the step down is needed.
+        assert!(step_could_win(in_force, outcome(1, 1, 1.1)));
     }
 
     #[test]

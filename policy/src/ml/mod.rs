@@ -76,10 +76,10 @@
 //!    depends only on the needs, what is in force and who gave recently, so it does not
 //!    oscillate while the loads hold.
 //! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the
-//!    one in force; under pressure a step down and, while the descent helps, the minimum;
-//!    without it a step up), each service's neighbour bandwidth as the pool would have it
-//!    (services sharing the pool's group are searched at that MBA through `mba_cand`); the
-//!    level with the fewest services short, then the least cost (packing plus the
+//!    one in force; under pressure a step down and the minimum, the third of them only
+//!    where it could be chosen; without it a step up), each service's neighbour bandwidth
+//!    as the pool would have it (services sharing the pool's group are searched at that
+//!    MBA through `mba_cand`); the level with the fewest services short, then the least cost (packing plus the
 //!    throughput the throttle takes from the pool) wins. The pool's reason names the levels
 //!    planned. No bandwidth reading for the pool: no throttle (a reading missing for a
 //!    tick or two is replaced by the last). A step up that put a service past its margin
@@ -119,10 +119,11 @@
 //! reference (the allocation in force, neighbours as measured) are computed once per tick
 //! and shared by the pool levels, and at a level other than the one in force the allocation
 //! in force rides with the first batch, so a level costs two model passes per service. Eight
-//! services take about 0.43–0.57 ms on the Gold and the E5 on a 2-vCPU VM
+//! services take about 0.38–0.41 ms on the Gold and the E5 on a 2-vCPU VM
 //! (`cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels
-//! about three times that (1.49 ms for eight services all over their targets on the Gold),
-//! which is why the minimum is planned only while the descent helps ([`mba`]). Model
+//! about three times that (1.49 ms for eight services all over their targets on the Gold,
+//! 0.82 ms now that it plans two), which is why a third level is planned only where it
+//! could be chosen ([`mba`]). Model
 //! inference is compute-bound: about 0.5 µs per candidate row for five members, plus
 //! about 10 µs per call.
 //!
@@ -261,6 +262,17 @@ struct LevelPlan {
     planned: Vec<u8>,
 }
 
+impl LevelPlan {
+    /// What this level came to, for the rules that decide which levels are planned.
+    fn outcome(&self) -> mba::Outcome {
+        mba::Outcome {
+            unmet: self.unmet,
+            fallbacks: self.fallbacks,
+            cost: self.cost,
+        }
+    }
+}
+
 impl MlPolicy {
     /// The `ml` policy managing the host in `ctx` with `model`.
     pub fn new(ctx: HostContext, model: Arc<Model>, cfg: MlConfig) -> Self {
@@ -390,8 +402,25 @@ impl MlPolicy {
         }
     }
 
-    /// Plans every pool level of this tick ([`mba::pool_levels`]) and keeps the best: the
-    /// fewest services short of their needs, then the least cost; a level other than the one
+    /// [`MlPolicy::plan_level`] from the services' state `start` (this tick's, before any
+    /// level was planned), the state it leaves kept with the plan.
+    fn plan_from(
+        &mut self,
+        start: &BTreeMap<String, ServiceState>,
+        obs: &Observation,
+        now_ms: u64,
+        level: u8,
+    ) -> LevelPlan {
+        self.state = start.clone();
+        let mut lp = self.plan_level(obs, now_ms, level);
+        lp.state = std::mem::take(&mut self.state);
+        lp
+    }
+
+    /// Plans the pool levels of this tick ([`mba::pool_levels`]) that could be chosen (the
+    /// third only where [`mba::descend_further`] or [`mba::step_could_win`] say so) and
+    /// keeps the best: the fewest services short of their needs, then the least cost; a
+    /// level other than the one
     /// in force only where the model vouches for as many services as there. When some
     /// service is short of its needs at every level, the pool gets the least bandwidth
     /// tried (latency-critical services before best effort).
@@ -429,19 +458,33 @@ impl MlPolicy {
             return self.plan_level(obs, now_ms, levels[0]);
         }
         let start = self.state.clone();
-        let mut tried: Vec<LevelPlan> = Vec::with_capacity(levels.len());
-        for level in levels {
-            // Below the first step down, only while the last step helped.
-            if let [.., above, last] = tried.as_slice() {
-                if !mba::descend_further((above.unmet, above.cost), (last.unmet, last.cost)) {
+        let mut tried = vec![self.plan_from(&start, obs, now_ms, levels[0])];
+        // A service short of its needs at the level in force (overload): the minimum next,
+        // and the step down only where it could be chosen. Otherwise the step down next, and
+        // the minimum only while the descent helps.
+        let overload = levels.len() == 3 && tried[0].unmet > 0;
+        let rest: Vec<u8> = if overload {
+            vec![levels[2], levels[1]]
+        } else {
+            levels[1..].to_vec()
+        };
+        for (i, level) in rest.into_iter().enumerate() {
+            if i == 1 {
+                let (first, second) = (tried[0].outcome(), tried[1].outcome());
+                let go_on = if overload {
+                    mba::step_could_win(first, second)
+                } else {
+                    mba::descend_further(first, second)
+                };
+                if !go_on {
                     break;
                 }
             }
-            self.state = start.clone();
-            let mut lp = self.plan_level(obs, now_ms, level);
-            lp.state = std::mem::take(&mut self.state);
-            tried.push(lp);
+            tried.push(self.plan_from(&start, obs, now_ms, level));
         }
+        let planned = tried.iter().map(|lp| lp.level).collect();
+        // Chosen as if planned in `levels`' order (ties go to the earlier).
+        tried.sort_by_key(|lp| levels.iter().position(|l| *l == lp.level));
         let in_force = tried[0].fallbacks;
         let eligible = |lp: &&LevelPlan| lp.fallbacks <= in_force;
         let best_unmet = tried.iter().filter(eligible).map(|lp| lp.unmet).min();
@@ -460,7 +503,6 @@ impl MlPolicy {
                 .min_by(|a, b| a.1.cost.total_cmp(&b.1.cost))
                 .map(|(i, _)| i)
         };
-        let planned = tried.iter().map(|lp| lp.level).collect();
         let mut best = tried.swap_remove(pick.unwrap_or(0));
         self.state = std::mem::take(&mut best.state);
         self.pool_level = best.level;
@@ -979,6 +1021,26 @@ pub(super) mod tests {
             "{:?}",
             d.plan.services["lc0"]
         );
+    }
+
+    #[test]
+    fn in_overload_the_minimum_is_planned_second_and_a_useless_step_down_not_at_all() {
+        // Two services at 2.5 × their target whatever they get (saturated, +0.5 everywhere)
+        // want more cores than the host has, next to a streaming pool: short at the level
+        // in force, so the minimum is planned next; still short there, so the step down is
+        // not planned, and the pool gets the minimum.
+        let c = ctx(2, 16);
+        let model = linear_model(&[(0.5, &[]), (0.5, &[])]);
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
+        let initial = ml.initial().plan;
+        let s = Sample {
+            mem_bw_bytes_per_s: Some(3e10),
+            ..sample(Some(2.5))
+        };
+        let d = ml.decide(&observe(&c, &initial, &s), 1_000);
+        let why = &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text;
+        assert!(why.ends_with("(pool levels planned: 100, 10 %)"), "{why}");
+        assert_eq!(d.plan.best_effort.mba_pct, 10);
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Decision time of the `ml` policy for 8 latency-critical services and a best-effort job
 //! on the simulated Xeon E5-2697 v4 and Xeon Gold 6338 (target: p99 under 1 ms per tick),
 //! with PARTIES beside it (on the same observation) for the ratio. Every `ml` decision here
-//! runs the full search for every service. The `crowded` cases load every service 3× higher, so services are over
-//! their margins and `ml` also plans the pool's throttled MBA levels (the most work a tick
-//! can take).
+//! runs the full search for every service. The `crowded` cases load every service 3×
+//! higher, so services are over their margins and `ml` also plans the pool's throttled MBA
+//! levels (on the Gold all 8 are short of their needs: two levels, the level in force and
+//! the minimum).
 //!
 //! Run with `cargo bench -p cohabit-lab --bench ml_decide`.
 

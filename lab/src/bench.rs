@@ -313,8 +313,8 @@ pub fn bench_cmd(
     writeln!(
         out,
         "dec_*_us of static, parties and ml: every decision re-timed alone on its run's \
-         observations, the least of {} timings in {} replays; the oracle's: its search in the \
-         run",
+         observations, the least of {} timings in each of {} replays; the oracle's: its \
+         search in the run",
         RETIME_COPIES + 1,
         RETIME_PASSES
     )?;

@@ -77,11 +77,11 @@
 //!    oscillate while the loads hold.
 //! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the
 //!    one in force; under pressure a step down and the minimum, the third of them only
-//!    where it could be chosen; without it a step up), each service's neighbour bandwidth
-//!    as the pool would have it (services sharing the pool's group are searched at that
-//!    MBA through `mba_cand`); the level with the fewest services short, then the least cost (packing plus the
-//!    throughput the throttle takes from the pool) wins. The pool's reason names the levels
-//!    planned. No bandwidth reading for the pool: no throttle (a reading missing for a
+//!    where it is likely to be chosen; without it a step up), each service's neighbour
+//!    bandwidth as the pool would have it (services sharing the pool's group are searched
+//!    at that MBA through `mba_cand`); the level with the fewest services short, then the
+//!    least cost (packing plus the throughput the throttle takes from the pool) wins. The
+//!    pool's reason names the levels planned when there were several. No bandwidth reading for the pool: no throttle (a reading missing for a
 //!    tick or two is replaced by the last). A step up that put a service past its margin
 //!    is the pool's MBA cliff: no step up reaches it again while the load holds.
 //! 8. **Explore** ([`state::ServiceState::explore`], off by default: `explore_step` 0): a
@@ -122,8 +122,8 @@
 //! services take about 0.38–0.41 ms on the Gold and the E5 on a 2-vCPU VM
 //! (`cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels
 //! about three times that (1.49 ms for eight services all over their targets on the Gold,
-//! 0.82 ms now that it plans two), which is why a third level is planned only where it
-//! could be chosen ([`mba`]). Model
+//! 0.82 ms now that it plans two), which is why a third level is planned only where it is
+//! likely to be chosen ([`mba`]). Model
 //! inference is compute-bound: about 0.5 µs per candidate row for five members, plus
 //! about 10 µs per call.
 //!
@@ -417,11 +417,11 @@ impl MlPolicy {
         lp
     }
 
-    /// Plans the pool levels of this tick ([`mba::pool_levels`]) that could be chosen (the
-    /// third only where [`mba::descend_further`] or [`mba::step_could_win`] say so) and
-    /// keeps the best: the fewest services short of their needs, then the least cost; a
-    /// level other than the one
-    /// in force only where the model vouches for as many services as there. When some
+    /// Plans the pool levels of this tick ([`mba::pool_levels`]), the third only where
+    /// [`mba::descend_further`] or [`mba::step_could_win`] say it is likely to be chosen,
+    /// and keeps the best: the fewest services short of their needs, then the least cost; a
+    /// level other than the one in force only where the model vouches for as many services
+    /// as there. When some
     /// service is short of its needs at every level, the pool gets the least bandwidth
     /// tried (latency-critical services before best effort).
     fn plan_pool_levels(&mut self, obs: &Observation, now_ms: u64) -> LevelPlan {
@@ -483,7 +483,8 @@ impl MlPolicy {
             tried.push(self.plan_from(&start, obs, now_ms, level));
         }
         let planned = tried.iter().map(|lp| lp.level).collect();
-        // Chosen as if planned in `levels`' order (ties go to the earlier).
+        // Chosen as if planned in `levels`' order (in force, step down, minimum): a tie on
+        // cost goes to the earlier, as when every level was planned in that order.
         tried.sort_by_key(|lp| levels.iter().position(|l| *l == lp.level));
         let in_force = tried[0].fallbacks;
         let eligible = |lp: &&LevelPlan| lp.fallbacks <= in_force;

@@ -421,9 +421,8 @@ impl MlPolicy {
     /// [`mba::descend_further`] or [`mba::step_could_win`] say it is likely to be chosen,
     /// and keeps the best: the fewest services short of their needs, then the least cost; a
     /// level other than the one in force only where the model vouches for as many services
-    /// as there. When some
-    /// service is short of its needs at every level, the pool gets the least bandwidth
-    /// tried (latency-critical services before best effort).
+    /// as there. When some service is short of its needs at every level, the pool gets the
+    /// least bandwidth tried (latency-critical services before best effort).
     fn plan_pool_levels(&mut self, obs: &Observation, now_ms: u64) -> LevelPlan {
         let before = self.pool;
         self.pool = PoolBw::observed(obs, &self.ctx.host);
@@ -463,24 +462,22 @@ impl MlPolicy {
         // and the step down only where it could be chosen. Otherwise the step down next, and
         // the minimum only while the descent helps.
         let overload = levels.len() == 3 && tried[0].unmet > 0;
-        let rest: Vec<u8> = if overload {
-            vec![levels[2], levels[1]]
+        let (second, third) = if overload {
+            (levels[2], Some(levels[1]))
         } else {
-            levels[1..].to_vec()
+            (levels[1], levels.get(2).copied())
         };
-        for (i, level) in rest.into_iter().enumerate() {
-            if i == 1 {
-                let (first, second) = (tried[0].outcome(), tried[1].outcome());
-                let go_on = if overload {
-                    mba::step_could_win(first, second)
-                } else {
-                    mba::descend_further(first, second)
-                };
-                if !go_on {
-                    break;
-                }
+        tried.push(self.plan_from(&start, obs, now_ms, second));
+        if let Some(third) = third {
+            let (first, second) = (tried[0].outcome(), tried[1].outcome());
+            let go_on = if overload {
+                mba::step_could_win(first, second)
+            } else {
+                mba::descend_further(first, second)
+            };
+            if go_on {
+                tried.push(self.plan_from(&start, obs, now_ms, third));
             }
-            tried.push(self.plan_from(&start, obs, now_ms, level));
         }
         let planned = tried.iter().map(|lp| lp.level).collect();
         // Chosen as if planned in `levels`' order (in force, step down, minimum): a tie on
@@ -960,6 +957,24 @@ pub(super) mod tests {
         linear_model(&[(0.0, &w), (0.0, &w)])
     }
 
+    /// Every service measured at `p99_ms` (target 1 ms) under `current`, beside a pool
+    /// streaming 3e10 of the host's 7e10 bytes/s; lc0's own bandwidth (1e9) is not its
+    /// neighbours'.
+    fn beside_a_stream(c: &HostContext, current: &Plan, p99_ms: f64) -> Observation {
+        let s = Sample {
+            mem_bw_bytes_per_s: Some(3e10),
+            ..sample(Some(p99_ms))
+        };
+        let mut obs = observe(c, current, &s);
+        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
+        obs
+    }
+
+    /// The best-effort pool's reason in `d`.
+    fn pool_reason(d: &Decision) -> &str {
+        &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text
+    }
+
     #[test]
     fn a_streaming_pool_is_throttled_when_that_is_cheaper_than_more_cores() {
         // lc0 at 1.2 × its target next to a pool using 3e10 of the host's 7e10 bytes/s.
@@ -970,17 +985,10 @@ pub(super) mod tests {
         let c = ctx(1, 16);
         let mut ml = MlPolicy::new(c.clone(), Arc::new(bandwidth_model()), MlConfig::default());
         let initial = ml.initial().plan;
-        let s = Sample {
-            mem_bw_bytes_per_s: Some(3e10),
-            ..sample(Some(1.2))
-        };
-        let mut obs = observe(&c, &initial, &s);
-        // lc0's own bandwidth is not its neighbours'.
-        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
-        let d = ml.decide(&obs, 1_000);
+        let d = ml.decide(&beside_a_stream(&c, &initial, 1.2), 1_000);
         let level = d.plan.best_effort.mba_pct;
         assert!([10, 60].contains(&level), "{level} {:?}", d.reasons);
-        let why = &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text;
+        let why = pool_reason(&d);
         assert!(
             why.contains(&format!("memory bandwidth {level} %")),
             "{why}"
@@ -1007,15 +1015,9 @@ pub(super) mod tests {
         let model = linear_model(&[(0.0, &w), (0.0, &w)]);
         let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
         let initial = ml.initial().plan;
-        let s = Sample {
-            mem_bw_bytes_per_s: Some(3e10),
-            ..sample(Some(1.2))
-        };
-        let mut obs = observe(&c, &initial, &s);
-        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
-        let d = ml.decide(&obs, 1_000);
+        let d = ml.decide(&beside_a_stream(&c, &initial, 1.2), 1_000);
         assert_eq!(d.plan.best_effort.mba_pct, 100);
-        let why = &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text;
+        let why = pool_reason(&d);
         assert!(why.ends_with("(pool levels planned: 100, 60 %)"), "{why}");
         assert!(
             d.plan.services["lc0"].cores > initial.services["lc0"].cores,
@@ -1039,7 +1041,7 @@ pub(super) mod tests {
             ..sample(Some(2.5))
         };
         let d = ml.decide(&observe(&c, &initial, &s), 1_000);
-        let why = &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text;
+        let why = pool_reason(&d);
         assert!(why.ends_with("(pool levels planned: 100, 10 %)"), "{why}");
         assert_eq!(d.plan.best_effort.mba_pct, 10);
     }
@@ -1063,13 +1065,7 @@ pub(super) mod tests {
         let c = ctx(1, 16);
         let mut ml = MlPolicy::new(c.clone(), Arc::new(bandwidth_model()), MlConfig::default());
         let initial = ml.initial().plan;
-        let measured = Sample {
-            mem_bw_bytes_per_s: Some(3e10),
-            ..sample(Some(1.2))
-        };
-        let mut obs = observe(&c, &initial, &measured);
-        obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
-        let mut plan = ml.decide(&obs, 1_000).plan;
+        let mut plan = ml.decide(&beside_a_stream(&c, &initial, 1.2), 1_000).plan;
         assert!(plan.best_effort.mba_pct < 100);
         for tick in 2..=4u64 {
             let mut obs = observe(&c, &plan, &sample(Some(1.2)));

@@ -411,7 +411,8 @@ impl ServiceState {
     /// Notes this tick's reading `measured` of the allocation in force `current` (cores,
     /// ways) at `rps` requests per second beside `neighbour_bw`: the second reading in a row
     /// of one allocation within the margin `limit` makes it a safe measurement (replacing
-    /// those it vouches for, the oldest dropped past [`MAX_MEASURED_SAFE`]).
+    /// those it vouches for, the oldest dropped past [`MAX_MEASURED_SAFE`]; not kept when
+    /// one already kept vouches for it).
     pub(super) fn note_safe(
         &mut self,
         current: (u32, u32),
@@ -435,6 +436,17 @@ impl ServiceState {
             rps,
             neighbour_bw,
         };
+        // One already kept at no more resources, no less load and no quieter neighbours
+        // says more than this one: it is not added (else a run of readings at a steady
+        // allocation, each a little under the load of the best, pushes the best out).
+        if self.measured_safe.iter().any(|o| {
+            o.cores <= new.cores
+                && o.ways <= new.ways
+                && o.rps >= new.rps
+                && o.neighbour_bw >= new.neighbour_bw
+        }) {
+            return;
+        }
         // An older one at no fewer resources, no more load and no busier neighbours says
         // less than this one.
         self.measured_safe.retain(|o| {
@@ -833,6 +845,30 @@ mod tests {
             st.note_safe((7, 4), Some(ok), Some(1200.0), 1e9, limit);
         }
         assert_eq!(st.certified(Some(1000.0), 1e9), vec![(7, 4)]);
+    }
+
+    #[test]
+    fn readings_that_say_less_than_one_kept_do_not_push_it_out() {
+        // (9, 4) measured safe at 1000 requests/s, then held through a run of readings
+        // each a little under that load (what a steady allocation reads under noise):
+        // each says less than the first, and more of them than the memory holds must not
+        // push it out. Before the rule they were added, and the ninth dropped the first.
+        let limit = 0.9f64.ln();
+        let ok = 0.5f64.ln();
+        let mut st = ServiceState::default();
+        for _ in 0..2 {
+            st.note_safe((9, 4), Some(ok), Some(1000.0), 1e9, limit);
+        }
+        for i in 0..2 * MAX_MEASURED_SAFE {
+            let rps = 999.0 - i as f64;
+            st.note_safe((9, 4), Some(ok), Some(rps), 1e9, limit);
+        }
+        assert_eq!(st.measured_safe.len(), 1, "{:?}", st.measured_safe);
+        assert_eq!(st.certified(Some(1000.0), 1e9), vec![(9, 4)]);
+        // One that says something new (busier neighbours) is still added.
+        st.note_safe((9, 4), Some(ok), Some(990.0), 2e9, limit);
+        assert_eq!(st.measured_safe.len(), 2);
+        assert_eq!(st.certified(Some(980.0), 2e9), vec![(9, 4)]);
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! The learned model's predicted change against the simulator's truth, for one service
 //! (issue 14: where `ml`'s per-service sizing comes from).
 //!
-//! Runs `ml` on a built-in scenario (E5 platform), takes the observation at a few ticks,
-//! and for a grid of (cores, ways) around the service's allocation in force prints the
+//! Runs `ml` on a built-in scenario (E5 platform), takes the observation at a few ticks
+//! (a fifth, half and four fifths of the run, or the intervals listed), and for every core
+//! count down to four under the allocation in force, at five way counts around it, prints the
 //! model's predicted change of ln(p99/target) with its calibrated spread (what `ml`'s
 //! search sees before the online correction) beside the true change (the same plan with
 //! only that service's allocation changed, laid out as the policies lay out, evaluated
 //! noise-free). A candidate is admissible to a service that could only give back when
 //! measured + change + 1.0 × spread ≤ ln(0.9).
 //!
-//! `cargo run --release -p cohabit-lab --example model_vs_truth [SCENARIO [SERVICE]]`
+//! `cargo run --release -p cohabit-lab --example model_vs_truth [SCENARIO [SERVICE [INTERVAL,…]]]`
 //! (default `parties-mix moses`; simulated, a few seconds).
 
 use std::sync::Arc;
@@ -41,7 +42,19 @@ fn main() -> Result<()> {
     let n = sc.services.len();
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
     let len = run.records.len();
-    for idx in [len / 5, len / 2, len * 4 / 5] {
+    let at: Vec<usize> = match args.get(2) {
+        Some(list) => list
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse::<usize>()
+                    .map(|t| t.min(len.saturating_sub(1)))
+            })
+            .collect::<Result<_, _>>()
+            .context("intervals: a comma-separated list of interval numbers")?,
+        None => vec![len / 5, len / 2, len * 4 / 5],
+    };
+    for idx in at {
         let obs = &run.records[idx].observation;
         let o = obs
             .services
@@ -81,9 +94,14 @@ fn main() -> Result<()> {
         );
         let w0 = cur.llc_ways.count;
         let mut cands = Vec::new();
-        for w in [w0.saturating_sub(4).max(1), w0, w0 + 2, w0 + 4] {
-            for f in [6, 8, 10] {
-                cands.push(((cur.cores * f / 10).max(1), w.min(host.llc_ways)));
+        let mut ways: Vec<u32> = [w0.saturating_sub(4).max(1), w0, w0 + 2, w0 + 4, w0 + 6]
+            .iter()
+            .map(|w| (*w).min(host.llc_ways))
+            .collect();
+        ways.dedup();
+        for w in ways {
+            for c in cur.cores.saturating_sub(4).max(1)..=cur.cores {
+                cands.push((c, w));
             }
         }
         let reference = features(host, target, &o.sample, &cur, &cur, &nb);

@@ -8,7 +8,10 @@
 //! without shared way ranges, and prints `ml`'s best-effort throughput against each with
 //! every run's QoS. Where `ml` reaches the margin-0.9 oracle but not the default one, the gap
 //! is the safety margin a controller that measures needs; where it reaches neither, the
-//! search (layouts, cores) is short too.
+//! search (layouts, cores) is short too. It also runs `ml` with exact readings and the
+//! model's calibrated spread off (`ml exact`, its ceiling, as in `noise_gap`'s last world):
+//! what is left between that and the oracle is `ml`'s sizing and layouts, not its caution.
+//! Each run's mean allocation follows its line.
 //!
 //! `cargo run --release -p cohabit-lab --example be_gap [SCENARIO…]` (simulated; about a
 //! minute for the five CPU scenarios on a 2-CPU machine).
@@ -45,8 +48,17 @@ fn main() -> Result<()> {
     let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
     println!(
-        "{:<13} {:>7} {:>7} {:>7} {:>7}   {:>9} {:>9} {:>9}",
-        "scenario", "qos_ml", "qos_or", "qos_.90", "qos_ns", "ml/oracle", "ml/or.90", "ml/or_ns"
+        "{:<13} {:>7} {:>7} {:>7} {:>7} {:>7}   {:>9} {:>9} {:>9} {:>9}",
+        "scenario",
+        "qos_ml",
+        "qos_or",
+        "qos_.90",
+        "qos_ns",
+        "qos_ex",
+        "ml/oracle",
+        "ml/or.90",
+        "ml/or_ns",
+        "ex/oracle"
     );
     for name in &names {
         let sc = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
@@ -73,23 +85,50 @@ fn main() -> Result<()> {
             },
             "oracle-no-share",
         )?;
+        // `ml` with exact readings and the model's spread off: its ceiling (as in
+        // `noise_gap`'s last world), to tell its sizing from its caution.
+        let exact = {
+            let mut world = (*sc).clone();
+            world.noise.p99_sigma = 0.0;
+            world.noise.counter_sigma = 0.0;
+            world.noise.glitch_prob = 0.0;
+            world.noise.missing_prob = 0.0;
+            let mut m = simulate::builtin_model(sc.host.preset)?;
+            m.meta.change_sigma_scale = Some(0.0);
+            let mut run = simulate::run_policy(
+                &Arc::new(world),
+                LabPolicy::Ml,
+                None,
+                Some(&Arc::new(m)),
+                |_| Ok(()),
+            )?;
+            run.summary.policy = "ml exact".into();
+            run
+        };
         let be = ml.summary.be_throughput;
         let ratio = |o: &SimRun| {
             cohabit_lab::metrics::be_vs_oracle(be, o.summary.be_throughput)
                 .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"))
         };
+        let exact_ratio = cohabit_lab::metrics::be_vs_oracle(
+            exact.summary.be_throughput,
+            full.summary.be_throughput,
+        )
+        .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
         println!(
-            "{:<13} {:>7.4} {:>7.4} {:>7.4} {:>7.4}   {:>9} {:>9} {:>9}",
+            "{:<13} {:>7.4} {:>7.4} {:>7.4} {:>7.4} {:>7.4}   {:>9} {:>9} {:>9} {:>9}",
             name,
             ml.summary.qos_met_fraction,
             full.summary.qos_met_fraction,
             at_margin.summary.qos_met_fraction,
             no_share.summary.qos_met_fraction,
+            exact.summary.qos_met_fraction,
             ratio(&full),
             ratio(&at_margin),
             ratio(&no_share),
+            exact_ratio,
         );
-        for run in [&ml, &full, &at_margin, &no_share] {
+        for run in [&ml, &exact, &full, &at_margin, &no_share] {
             println!("    {:<16} {}", run.summary.policy, mean_allocation(run));
         }
     }

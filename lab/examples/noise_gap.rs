@@ -16,9 +16,8 @@
 //! measurement noise `ml` learns, which is then small): `ml`'s ceiling with perfect
 //! readings and no caution, what its search, packer and layouts allow at best. It prints,
 //! per world, the runs with QoS met in at least 99 % of intervals, the mean QoS and the
-//! mean best-effort
-//! throughput against the oracle (same seed; the oracle plans on the truth, so the noise
-//! does not touch it).
+//! mean best-effort throughput against the oracle (same seed; the oracle plans on the
+//! truth, so the noise does not touch it).
 //!
 //! `cargo run --release -p cohabit-lab --example noise_gap [SCENARIO…]` (simulated; about
 //! five minutes for the five CPU scenarios on a 2-CPU machine).

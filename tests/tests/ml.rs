@@ -375,12 +375,16 @@ fn on_a_host_without_counters_or_rdt_ml_takes_the_model_path_and_keeps_qos() {
     // A VM: no hardware counters, no RDT monitoring; latency, load and CPU time only. The
     // absent readings are absent (flags at 0), not values out of the training range, so
     // the model decides.
-    // Measured: 0.94 of demo's decisions on the model path (0.95 before the bare-target
-    // rule: a service meeting its target with no cushion under it within reach takes the
-    // fallback's step up, a decision the absent readings have no part in).
+    // Measured: 0.925 / 0.988 / 0.955 of the decisions on the model path (demo,
+    // parties-mix, load-spike); demo's was 0.95 before the bare-target rule (a service
+    // meeting its target with no cushion under it within reach takes the fallback's step
+    // up) and 0.94 before the safe-memory rule moved its run (the rest hold where the
+    // model is unsure, a decision the absent readings have no part in). What this guards
+    // against is the absent readings sending decisions to the fallback: under 1 % took the
+    // model path then.
     for name in ["demo", "parties-mix", "load-spike"] {
         let (model_path, met) = on_a_vm(name, true);
-        assert!(model_path >= 0.93, "{name}: {model_path} on the model path");
+        assert!(model_path >= 0.9, "{name}: {model_path} on the model path");
         assert!(met >= 0.97, "{name}: QoS met in {met}");
     }
 }

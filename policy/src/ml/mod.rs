@@ -81,9 +81,10 @@
 //!    bandwidth as the pool would have it (services sharing the pool's group are searched
 //!    at that MBA through `mba_cand`); the level with the fewest services short, then the
 //!    least cost (packing plus the throughput the throttle takes from the pool) wins. The
-//!    pool's reason names the levels planned when there were several. No bandwidth reading for the pool: no throttle (a reading missing for a
-//!    tick or two is replaced by the last). A step up that put a service past its margin
-//!    is the pool's MBA cliff: no step up reaches it again while the load holds.
+//!    pool's reason names the levels planned when there were several. No bandwidth
+//!    reading for the pool: no throttle (a reading missing for a tick or two is replaced
+//!    by the last). A step up that put a service past its margin is the pool's MBA cliff:
+//!    no step up reaches it again while the load holds.
 //! 8. **Explore** ([`state::ServiceState::explore`], off by default: `explore_step` 0): a
 //!    service held under
 //!    `explore_below` of its target for `shrink_after` intervals loses `explore_step` of
@@ -123,9 +124,8 @@
 //! (`cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels
 //! about three times that (1.49 ms for eight services all over their targets on the Gold,
 //! 0.82 ms now that it plans two), which is why a third level is planned only where it is
-//! likely to be chosen ([`mba`]). Model
-//! inference is compute-bound: about 0.5 µs per candidate row for five members, plus
-//! about 10 µs per call.
+//! likely to be chosen ([`mba`]). Model inference is compute-bound: about 0.5 µs per
+//! candidate row for five members, plus about 10 µs per call.
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]

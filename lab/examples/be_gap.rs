@@ -23,24 +23,33 @@ use cohabit_lab::oracle::OracleConfig;
 use cohabit_lab::simulate::{self, LabPolicy, SimRun};
 use cohabit_sim::Scenario;
 
-/// Each service's mean cores and ways over the run, and the pool's MBA, as one line.
+/// Each service's mean cores and ways over the run, and the pool's (with its MBA), as one
+/// line.
 fn mean_allocation(run: &SimRun) -> String {
     let n = run.records.len().max(1) as f64;
     let mut sums: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
-    let mut mba = 0.0;
+    let (mut pool, mut mba) = ((0.0, 0.0), 0.0);
     for r in &run.records {
         for (name, a) in &r.plan.services {
             let e = sums.entry(name.as_str()).or_default();
             e.0 += f64::from(a.cores);
             e.1 += f64::from(a.llc_ways.count);
         }
-        mba += f64::from(r.plan.best_effort.mba_pct);
+        let be = &r.plan.best_effort;
+        pool.0 += f64::from(be.cores);
+        pool.1 += f64::from(be.llc_ways.count);
+        mba += f64::from(be.mba_pct);
     }
     let mut out: Vec<String> = sums
         .iter()
         .map(|(k, (c, w))| format!("{k} {:.1}c/{:.1}w", c / n, w / n))
         .collect();
-    out.push(format!("pool MBA {:.0} %", mba / n));
+    out.push(format!(
+        "pool {:.1}c/{:.1}w MBA {:.0} %",
+        pool.0 / n,
+        pool.1 / n,
+        mba / n
+    ));
     out.join("  ")
 }
 

@@ -42,6 +42,8 @@ pub struct MlConfig {
     /// QoS on `few-closids`, `mba-stream` and the Gold `load-spike`, and actuations
     /// everywhere (README, Limits), so it stays opt-in until it is surer; since the
     /// packer's fixes of a later round it gains only on the E5 `few-closids` and `demo`.
+    /// A cut is this share of the cores rounded down: a service with fewer than
+    /// `1 / explore_step` cores is not probed.
     pub explore_step: f64,
     /// A cache-insensitive service (its frontier needs no more cores with one way than with
     /// any other count) may run on the best-effort pool's ways instead of a range of its

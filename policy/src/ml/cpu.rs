@@ -18,7 +18,7 @@ use super::search::{self, Search};
 use super::state::{
     safe_to_keep, unconfirmed_saturation, ExploreInput, ExploreStep, Hysteresis, Tick,
 };
-use super::{mba, MlPolicy, ServicePlan};
+use super::{MlPolicy, ServicePlan};
 use crate::{fair_shares, slack, Share};
 
 /// What the planner knows of one CPU service at this tick.
@@ -82,11 +82,7 @@ impl MlPolicy {
         let measured = log_qos_ratio(&sample, target_ms);
         let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
         let level = self.pool_level;
-        let mut cand_neighbours = neighbours;
-        if let Some(bw) = self.pool.bw_now {
-            let at = mba::pool_bw_at(bw, self.pool.mba_now, level, self.pool.peak);
-            cand_neighbours.mem_bw_bytes_per_s = (neighbours.mem_bw_bytes_per_s - bw + at).max(0.0);
-        }
+        let cand_neighbours = self.planned_neighbours(neighbours);
         let shares_pool = self.ctx.shares_pool_group(name);
         let pool_option = self.cfg.pool_ways_for_insensitive
             && !shares_pool
@@ -262,7 +258,12 @@ impl MlPolicy {
                     .copied()
             })
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
-        let safe = safe_to_keep(v.measured, prev, cfg.margin.ln());
+        // Measured safe; and when the plan grows a streaming pool, predicted safe beside
+        // the bandwidth it would then stream (a throttle as planned is not checked here:
+        // checked, every pool level that raised the limit made the services resize, and
+        // best effort fell 2 points with no more runs meeting QoS).
+        let safe = safe_to_keep(v.measured, prev, cfg.margin.ln())
+            && (self.pool_growth <= 1.0 || cur_mean + cfg.k_sigma * cur_sigma <= cfg.margin.ln());
         // The allocation in force as the packer counts it.
         let current = self.counted(name, &v.current);
         let st = self.state.entry(name.to_string()).or_default();

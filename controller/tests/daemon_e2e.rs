@@ -287,7 +287,11 @@ placement = "move"
     );
     for c in Controller::ALL {
         let parent: PathBuf = cg.own_parent(c).unwrap();
-        assert!(!parent.exists(), "{} is gone", parent.display());
+        assert!(
+            !parent.exists(),
+            "{} is still there after the daemon's exit",
+            parent.display()
+        );
     }
     assert_eq!(
         (

@@ -388,12 +388,13 @@ impl MlPolicy {
                 .cores
                 .saturating_sub(first.packing.alloc.iter().map(|a| a.0).sum()),
         );
-        if growth <= 1.0 || !self.ctx.has_cpu_best_effort() {
+        // (Without a CPU best-effort job the pool has no bandwidth reading: no growth.)
+        if growth <= 1.0 {
             return first;
         }
         let first_state = std::mem::replace(&mut self.state, start);
         self.pool_growth = growth;
-        let mut second = self.plan_level_once(obs, now_ms, level);
+        let second = self.plan_level_once(obs, now_ms, level);
         if second.unmet > first.unmet {
             // Beside the grown pool more services are short than the host can serve: the
             // first plan stands (taking the second, which sends the pool's level down
@@ -403,7 +404,6 @@ impl MlPolicy {
             self.pool_growth = 1.0;
             return first;
         }
-        second.growth = growth;
         second
     }
 

@@ -556,12 +556,13 @@ impl ServiceState {
 impl ServiceState {
     /// Safe exploration of the service's cliff, guarded by its measured margin: a service
     /// held for `after` intervals in a row measured under `calm` loses `step` of its cores,
-    /// rounded down (a service with fewer than `1 / step` cores is not probed); if the next reading under the cut is past `limit` (or missing), the
-    /// cut is undone at once and remembered as the service's cliff, under which no cut goes
-    /// again while the load is at least [`CLIFF_LOAD`] of the cliff's (with no more ways than
-    /// then), nor where its measured busy cores would exceed [`EXPLORE_MAX_UTIL`] of what is
-    /// left (no busy reading, no cut). The model's spread near a cliff is what keeps it
-    /// from cutting there; this learns the cliff of this service on this host instead.
+    /// rounded down (a service with fewer than `1 / step` cores is not probed); if the next
+    /// reading under the cut is past `limit` (or missing), the cut is undone at once and
+    /// remembered as the service's cliff, under which no cut goes again while the load is at
+    /// least [`CLIFF_LOAD`] of the cliff's (with no more ways than then), nor where its
+    /// measured busy cores would exceed [`EXPLORE_MAX_UTIL`] of what is left (no busy
+    /// reading, no cut). The model's spread near a cliff is what keeps it from cutting
+    /// there; this learns the cliff of this service on this host instead.
     pub(super) fn explore(&mut self, x: &ExploreInput) -> ExploreStep {
         if let Some(p) = self.probe.take() {
             if x.current == p.to && x.measured.is_none_or(|q| q > x.limit) {

@@ -348,6 +348,13 @@ struct Ctx<'a> {
 /// every cgroup removed before it returns, whatever happened.
 pub fn run(opts: &Options, log: &mut dyn Write) -> Result<Report, Error> {
     opts.validate()?;
+    // Every path handed to a service or the daemon is absolute: nginx reads a relative
+    // `-c`/`-e` under its `-p` prefix, so `--out realbench-out` (README) failed to start it.
+    let absolute = Options {
+        out: std::path::absolute(&opts.out).map_err(crate::io_err("resolving", &opts.out))?,
+        ..opts.clone()
+    };
+    let opts = &absolute;
     if !sys::is_root() {
         return Err(Error::Host(
             "root (it creates cgroups and runs the cohabit daemon)".into(),

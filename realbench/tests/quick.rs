@@ -205,9 +205,11 @@ fn the_quick_benchmark_measures_every_run_and_leaves_the_host_as_it_was() {
     let out = dir.path().join("out");
     let daemon_state = Path::new("/run/cohabit");
     let had_daemon_state = daemon_state.exists();
+    // `--out` relative to the working directory, as in README's command (nginx once
+    // failed to start on one).
     let run = Command::new(BENCH)
-        .args(["--quick", "--out"])
-        .arg(&out)
+        .current_dir(dir.path())
+        .args(["--quick", "--out", "out"])
         .arg("--cohabit")
         .arg(&cohabit)
         .output()

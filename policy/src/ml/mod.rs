@@ -63,7 +63,9 @@
 //!    top one, and its memory bandwidth goes to the least level tried); nobody of the same
 //!    or a higher `priority` is cut to make room, unless it misses its target whatever it
 //!    gets (the triage). Each service keeps what it has (or its
-//!    need, when that is smaller in every resource); then services that want more are
+//!    need, when that is smaller in every resource; while a service is saturated, at
+//!    twice its target or more for `shrink_after` intervals, the hysteresis of those of no
+//!    higher priority does not hold, so each takes that need at once); then services that want more are
 //!    served higher priority first, then smallest growth first (the most services meeting
 //!    their targets), then in configuration order: each takes its cheapest point within
 //!    reach of what is free, or what it lacks from services of lower priority, or grows

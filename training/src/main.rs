@@ -84,6 +84,9 @@ enum Command {
         /// Most epochs per member.
         #[arg(long, default_value_t = 100)]
         epochs: usize,
+        /// Hidden layer widths, comma-separated (a warm start needs the artifact's own).
+        #[arg(long, value_delimiter = ',', default_value = "32,32")]
+        hidden: Vec<usize>,
         /// Seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -236,6 +239,7 @@ fn main() -> Result<()> {
             init,
             members,
             epochs,
+            hidden,
             seed,
             no_held_out,
         } => {
@@ -247,6 +251,7 @@ fn main() -> Result<()> {
             let cfg = FitConfig {
                 members,
                 epochs,
+                hidden,
                 seed,
                 schema: schema(gpu),
                 ..FitConfig::default()

@@ -332,3 +332,57 @@ fn a_dataset_of_one_service_has_nothing_to_hold_out_and_says_so_instead_of_panic
         two.rows.len()
     );
 }
+
+#[test]
+fn fit_takes_the_hidden_widths_and_a_warm_start_must_name_the_same() {
+    const TRAIN: &str = env!("CARGO_BIN_EXE_cohabit-train");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(TRAIN)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    };
+    let (ok, said) = run(&[
+        "gen",
+        "--scenes",
+        "60",
+        "--seed",
+        "3",
+        "--out",
+        "rows.jsonl",
+    ]);
+    assert!(ok, "{said}");
+    let fit = [
+        "fit",
+        "--data",
+        "rows.jsonl",
+        "--members",
+        "1",
+        "--epochs",
+        "2",
+    ];
+    let (ok, said) = run(&[
+        &fit[..],
+        &["--no-held-out", "--hidden", "8,4", "--out", "m"],
+    ]
+    .concat());
+    assert!(ok, "{said}");
+    let model = Model::load(&dir.path().join("m/qos.json")).unwrap();
+    assert_eq!(model.meta.hidden, vec![8, 4]);
+    // A warm start keeps the widths it starts from: the default (32, 32) is refused.
+    let (ok, said) = run(&[
+        &fit[..],
+        &["--no-held-out", "--init", "m/qos.json", "--out", "w"],
+    ]
+    .concat());
+    assert!(!ok);
+    assert!(said.contains("hidden [8, 4] into [32, 32]"), "{said}");
+}

@@ -74,7 +74,10 @@
 //!    lacks from services of no higher priority in the same state (they miss either way),
 //!    and a service that gave takes nothing back in a triage for `fallback_hold_ms`. Last, a
 //!    service over its target still short of ways takes one step's worth from the service
-//!    with the most measured slack whose frontier has a point with fewer ways. The rule
+//!    with the most measured slack whose frontier has a point with fewer ways; when no
+//!    frontier has one, a service over its target by at most a quarter for `shrink_after`
+//!    intervals takes one way a tick from a service of no higher priority measured at 0.7
+//!    of its target or less (feedback where the model vouches for nothing). The rule
 //!    depends only on the needs, what is in force and who gave recently, so it does not
 //!    oscillate while the loads hold.
 //! 7. **Memory bandwidth** ([`mba`]): steps 2–6 run for a few MBA levels of the pool (the

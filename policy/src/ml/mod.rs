@@ -65,8 +65,8 @@
 //!    gets (the triage). Each service keeps what it has (or its
 //!    need, when that is smaller in every resource; while a service is saturated, at
 //!    twice its target or more for `shrink_after` intervals, the hysteresis of those of no
-//!    higher priority does not hold, so each takes that need at once); then services that want more are
-//!    served higher priority first, then smallest growth first (the most services meeting
+//!    higher priority does not hold, so each takes that need at once); then services that
+//!    want more are served higher priority first, then smallest growth first (the most services meeting
 //!    their targets), then in configuration order: each takes its cheapest point within
 //!    reach of what is free, or what it lacks from services of lower priority, or grows
 //!    toward it as far as what is free allows. Triage, for the fewest violations: a service

@@ -34,9 +34,9 @@
 //! services of no higher priority does not hold: each takes its cheapest point at once
 //! where that is smaller, as it would after `shrink_after` intervals more, so the room
 //! reaches the saturated service sooner (with a model that placed memcached on 12 of the
-//! 19 cores it needed at start-up, it sat at 20 times its target for 140 s while moses,
-//! at 0.8 of its, gave back a core every 10–20 s). Then services that want more are served in
-//! [`growth_order`]: higher `priority` first, then the smallest growth to their cheapest
+//! 19 cores it needed at start-up, it sat at 20 times its target for 140 s while moses, at
+//! 0.8 of its, gave back a core every 10–20 s). Then services that want more are served
+//! in [`growth_order`]: higher `priority` first, then the smallest growth to their cheapest
 //! point (the most services meeting their targets), then configuration order. Each takes
 //! its cheapest point within reach of what is free; failing that, what it lacks from
 //! services of strictly lower priority ([`take_from_lower`], the lowest first, each keeping
@@ -588,12 +588,11 @@ fn measured_donor(
 /// A service over its target that still lacks the ways it wants (`cheapest`) takes them
 /// from the service with the most measured slack whose options include one with fewer ways
 /// (and the cores it then needs are free): one step's worth per interval; failing that, one
-/// way on measurements alone ([`measured_donor`]). The cores the
-/// borrower holds beyond its need count as free for a donor that gives it every way it
-/// lacks (it then holds exactly its need): otherwise a service whose fallback grew its
-/// cores while its ways were gone could block the only donor for good (a deadlock seen on
-/// the E5 `mba-stream`: memcached on one way and every core, moses unable to give ways
-/// back for want of a core).
+/// way on measurements alone ([`measured_donor`]). The cores the borrower holds beyond its
+/// need count as free for a donor that gives it every way it lacks (it then holds exactly
+/// its need): otherwise a service whose fallback grew its cores while its ways were gone
+/// could block the only donor for good (a deadlock seen on the E5 `mba-stream`: memcached
+/// on one way and every core, moses unable to give ways back for want of a core).
 fn lend_ways(demands: &[Demand], cheapest: &[(u32, u32)], out: &mut [(u32, u32)], free_c: u32) {
     let mut free_c = free_c;
     for i in 0..demands.len() {

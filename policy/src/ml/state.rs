@@ -18,6 +18,18 @@ const SATURATED_UTIL: f64 = 0.9;
 /// Relative load change under which a sudden saturated reading waits for confirmation.
 const GLITCH_LOAD_CHANGE: f64 = 0.2;
 
+/// What a reading of the allocation a prediction was made for says: step 1's input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Outcome {
+    pub(super) last: LastPrediction,
+    /// Measured ln(p99/target).
+    pub(super) measured: f64,
+    /// The intervals the anchor's reading and this one rest on ([`pair_variance`]).
+    pub(super) windows: (u32, u32),
+    /// Requests per second then.
+    pub(super) rps: Option<f64>,
+}
+
 /// The last prediction made for a service: for which allocation, and what.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct LastPrediction {
@@ -73,6 +85,9 @@ pub(super) struct ServiceState {
     pub(super) window: u32,
     pub(super) misses: u32,
     pub(super) last: Option<LastPrediction>,
+    /// A reading the glitch check held on, with the prediction it would correct: learnt
+    /// from when the next reading confirms it ([`ServiceState::learn`]).
+    pub(super) unconfirmed: Option<Outcome>,
     pub(super) fallback_until_ms: Option<u64>,
     /// Why the service is on the fallback (words for people).
     pub(super) fallback_why: String,
@@ -204,6 +219,7 @@ impl Default for ServiceState {
             window: 1,
             misses: 0,
             last: None,
+            unconfirmed: None,
             fallback_until_ms: None,
             fallback_why: String::new(),
             surplus_ticks: 0,
@@ -320,6 +336,14 @@ impl ServiceState {
         }
     }
 
+    /// Step 1 for one reading of the allocation its prediction was made for: corrects the
+    /// bias, noise and spread factor ([`ServiceState::correct`]) and notes what it says of
+    /// the service's cliff ([`ServiceState::note_outcome`]).
+    pub(super) fn learn(&mut self, o: &Outcome, cfg: &MlConfig) {
+        self.correct(&o.last, o.measured, o.windows, cfg);
+        self.note_outcome(&o.last, o.measured, o.rps, cfg.margin.ln());
+    }
+
     /// Step 1: `measured` (ln(p99/target)) was read under the allocation `last` predicted
     /// for. Its error updates the bias; an unchanged allocation's surprise the measurement
     /// noise, a changed one's the model's spread factor; a violation more than the
@@ -411,8 +435,8 @@ impl ServiceState {
     /// Notes this tick's reading `measured` of the allocation in force `current` (cores,
     /// ways) at `rps` requests per second beside `neighbour_bw`: the second reading in a row
     /// of one allocation within the margin `limit` makes it a safe measurement (replacing
-    /// those it vouches for, the oldest dropped past [`MAX_MEASURED_SAFE`]; not kept when
-    /// one already kept vouches for it).
+    /// those it vouches for; past [`MAX_MEASURED_SAFE`] the oldest of the allocation with the
+    /// most measurements is dropped; not kept when one already kept vouches for it).
     pub(super) fn note_safe(
         &mut self,
         current: (u32, u32),
@@ -457,7 +481,26 @@ impl ServiceState {
         });
         self.measured_safe.push(new);
         if self.measured_safe.len() > MAX_MEASURED_SAFE {
-            self.measured_safe.remove(0);
+            self.forget_one_safe();
+        }
+    }
+
+    /// Drops the oldest measurement of the allocation the memory holds most measurements
+    /// of. A service held at one allocation through a load swing reads it at many (load,
+    /// neighbour traffic) pairs none of which says more than another, and dropping the
+    /// oldest overall let them push out every other allocation: on the E5 `demo` memcached,
+    /// measured safe on 12 cores before its load step, stayed on 18 for the 200 s after
+    /// the load came back down (with this rule it went back to 13).
+    fn forget_one_safe(&mut self) {
+        let held = |a: &Safe| {
+            self.measured_safe
+                .iter()
+                .filter(|o| (o.cores, o.ways) == (a.cores, a.ways))
+                .count()
+        };
+        let most = self.measured_safe.iter().map(held).max().unwrap_or(0);
+        if let Some(i) = self.measured_safe.iter().position(|o| held(o) == most) {
+            self.measured_safe.remove(i);
         }
     }
 
@@ -894,6 +937,41 @@ mod tests {
         st.note_safe((9, 4), Some(ok), Some(990.0), 2e9, limit);
         assert_eq!(st.measured_safe.len(), 2);
         assert_eq!(st.certified(Some(980.0), 2e9), vec![(9, 4)]);
+    }
+
+    #[test]
+    fn a_full_memory_forgets_a_reading_of_the_allocation_it_holds_most_of() {
+        // (12, 6) measured safe at 1000 requests/s, then (18, 6) through a load swing: each
+        // reading at more load beside quieter neighbours than the one before, so none says
+        // more than another and all are kept. The memory fills with (18, 6); before the
+        // rule the ninth pushed out (12, 6), which then was no longer admissible when the
+        // load came back to 1000.
+        let limit = 0.9f64.ln();
+        let ok = 0.5f64.ln();
+        let mut st = ServiceState::default();
+        for _ in 0..2 {
+            st.note_safe((12, 6), Some(ok), Some(1000.0), 1e9, limit);
+        }
+        for i in 0..=2 * MAX_MEASURED_SAFE {
+            let step = i as f64;
+            st.note_safe(
+                (18, 6),
+                Some(ok),
+                Some(1500.0 + step),
+                1e9 - step * 1e6,
+                limit,
+            );
+        }
+        assert_eq!(st.measured_safe.len(), MAX_MEASURED_SAFE);
+        assert!(
+            st.certified(Some(1000.0), 0.9e9).contains(&(12, 6)),
+            "{:?}",
+            st.measured_safe
+        );
+        // The newest of (18, 6) is kept: it is the one at the most load.
+        assert!(st
+            .certified(Some(1500.0 + 2.0 * MAX_MEASURED_SAFE as f64), 0.9e9)
+            .contains(&(18, 6)));
     }
 
     #[test]

@@ -625,7 +625,7 @@ impl MlPolicy {
             // A reading the glitch check holds on (step 3) teaches nothing until the next
             // one confirms it: one such reading (15 times memcached's target at an
             // unchanged load, on the E5 `demo`), taken at once, set its noise to the
-            // ceiling and its bias +1.2, and sent it to the fallback ("model unsure") for
+            // ceiling and its bias +1.1, and sent it to the fallback ("model unsure") for
             // seven intervals.
             let glitch = st.prev_reading.is_some_and(|prev| {
                 let now = Reading {

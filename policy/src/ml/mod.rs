@@ -166,7 +166,7 @@ pub use config::MlConfig;
 use mba::PoolBw;
 use pack::{Costs, Demand, Need, Packing, Room};
 use predict::{Pred, Predictor};
-use state::{unconfirmed_saturation, LastPrediction, Outcome, Reading, ServiceState};
+use state::{unconfirmed_saturation, LastPrediction, Measurement, Reading, ServiceState};
 
 /// What the service planners decided for one latency-critical service, before packing.
 #[derive(Debug, Clone)]
@@ -616,7 +616,7 @@ impl MlPolicy {
             let Some(measured) = reading.filter(|_| in_force(&last.alloc)) else {
                 continue;
             };
-            let outcome = Outcome {
+            let measurement = Measurement {
                 last,
                 measured,
                 windows,
@@ -635,9 +635,9 @@ impl MlPolicy {
                 unconfirmed_saturation(now, prev, o.sample.cpu_busy_cores, last.alloc.cores)
             });
             if glitch {
-                st.unconfirmed = Some(outcome);
+                st.unconfirmed = Some(measurement);
             } else {
-                st.learn(&outcome, &self.cfg);
+                st.learn(&measurement, &self.cfg);
             }
         }
     }

@@ -20,7 +20,7 @@ const GLITCH_LOAD_CHANGE: f64 = 0.2;
 
 /// What a reading of the allocation a prediction was made for says: step 1's input.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Outcome {
+pub(super) struct Measurement {
     pub(super) last: LastPrediction,
     /// Measured ln(p99/target).
     pub(super) measured: f64,
@@ -87,7 +87,7 @@ pub(super) struct ServiceState {
     pub(super) last: Option<LastPrediction>,
     /// A reading the glitch check held on, with the prediction it would correct: learnt
     /// from when the next reading confirms it ([`ServiceState::learn`]).
-    pub(super) unconfirmed: Option<Outcome>,
+    pub(super) unconfirmed: Option<Measurement>,
     pub(super) fallback_until_ms: Option<u64>,
     /// Why the service is on the fallback (words for people).
     pub(super) fallback_why: String,
@@ -339,7 +339,7 @@ impl ServiceState {
     /// Step 1 for one reading of the allocation its prediction was made for: corrects the
     /// bias, noise and spread factor ([`ServiceState::correct`]) and notes what it says of
     /// the service's cliff ([`ServiceState::note_outcome`]).
-    pub(super) fn learn(&mut self, o: &Outcome, cfg: &MlConfig) {
+    pub(super) fn learn(&mut self, o: &Measurement, cfg: &MlConfig) {
         self.correct(&o.last, o.measured, o.windows, cfg);
         self.note_outcome(&o.last, o.measured, o.rps, cfg.margin.ln());
     }

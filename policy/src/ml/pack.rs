@@ -559,12 +559,13 @@ const LEND_SLACK: f64 = 0.3;
 /// seed 0: moses at 1.04 of its target for the whole run, memcached at 0.61 on 11 ways);
 /// one way a tick, read back each time, is the feedback step PARTIES would take. Far over
 /// its target (a crowded host's service that misses whatever it gets), a borrower takes
-/// nothing this way: the triage decides there. Returns the donor as [`lend_ways`] uses it.
+/// nothing this way: the triage decides there. Returns the donor as [`lend_ways`] uses it:
+/// its index, what it keeps, and `false` (the borrower takes the one way, not its need).
 fn measured_donor(
     demands: &[Demand],
     i: usize,
     out: &[(u32, u32)],
-) -> Option<(usize, (u32, u32), bool, f64)> {
+) -> Option<(usize, (u32, u32), bool)> {
     let d = &demands[i];
     if !d.persistent || d.slack.is_none_or(|s| s < -LEND_NEAR) {
         return None;
@@ -582,7 +583,7 @@ fn measured_donor(
             let slack = |j: usize| demands[j].slack.unwrap_or(0.0);
             slack(a).total_cmp(&slack(b))
         })
-        .map(|j| (j, (out[j].0, out[j].1 - 1), false, 0.0))
+        .map(|j| (j, (out[j].0, out[j].1 - 1), false))
 }
 
 /// A service over its target that still lacks the ways it wants (`cheapest`) takes them
@@ -621,9 +622,10 @@ fn lend_ways(demands: &[Demand], cheapest: &[(u32, u32)], out: &mut [(u32, u32)]
                     .max_by_key(|&((_, w), whole)| (!whole, w))?;
                 Some((j, fewer, whole, demands[j].slack.unwrap_or(0.0)))
             })
-            .max_by(|a, b| a.3.total_cmp(&b.3));
+            .max_by(|a, b| a.3.total_cmp(&b.3))
+            .map(|(j, fewer, whole, _)| (j, fewer, whole));
         let donor = donor.or_else(|| measured_donor(demands, i, out));
-        if let Some((j, (c, w), whole, _)) = donor {
+        if let Some((j, (c, w), whole)) = donor {
             let freed = out[j].1 - w;
             if whole {
                 free_c = (free_c + spare + out[j].0).saturating_sub(c);

@@ -7,8 +7,15 @@ pub struct MlConfig {
     pub margin: f64,
     /// Spreads added to the mean for the pessimistic prediction.
     pub k_sigma: f64,
-    /// The same for a service that is within its margin and could only give back.
+    /// The same for a service that is within its margin and could only give back (0.75:
+    /// with give-backs kept short of saturation by `give_back_headroom`, 1.0 met QoS in
+    /// fewer runs; docs/RESULTS.md).
     pub k_sigma_give_back: f64,
+    /// Spare cores a give-back must leave a service, in square roots of its measured busy
+    /// cores (square-root staffing): a point with fewer cores or ways than those in force
+    /// needs at least `busy + give_back_headroom * sqrt(busy)` cores. The model draws a
+    /// queueing cliff as a slope; this keeps give-backs off it. Negative turns it off.
+    pub give_back_headroom: f64,
     /// A spread (ln units) above which the model is considered unsure.
     pub unsure_sigma: f64,
     /// Features further than this many training standard deviations from the training
@@ -56,7 +63,8 @@ impl Default for MlConfig {
         Self {
             margin: 0.9,
             k_sigma: 0.5,
-            k_sigma_give_back: 1.0,
+            k_sigma_give_back: 0.75,
+            give_back_headroom: 0.5,
             unsure_sigma: 0.7,
             z_limit: 5.0,
             correction_weight: 0.3,

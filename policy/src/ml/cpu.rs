@@ -267,7 +267,17 @@ impl MlPolicy {
         // The allocation in force as the packer counts it.
         let current = self.counted(name, &v.current);
         let st = self.state.entry(name.to_string()).or_default();
-        let mut points = found.points;
+        // A give-back stops short of saturation, whatever the model says.
+        let mut points = if held {
+            search::short_of_saturation(
+                found.points,
+                in_force,
+                v.sample.cpu_busy_cores,
+                cfg.give_back_headroom,
+            )
+        } else {
+            found.points
+        };
         if v.pool_option
             && st.pool_ways_allowed(v.on_pool, safe, v.sample.requests_per_s)
             && !found.relaxed

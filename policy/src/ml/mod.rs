@@ -38,7 +38,10 @@
 //!    measured cliffs then lift the frontier: an allocation that was measured not enough
 //!    (a give-back past the margin, or anything over the target short of saturation) rules
 //!    out every allocation under it while the load is at least 0.9 of its own, whatever
-//!    the model predicts ([`state::ServiceState::measured_floor`]).
+//!    the model predicts ([`state::ServiceState::measured_floor`]). A service within its
+//!    margin gives back no lower than `busy + give_back_headroom * sqrt(busy)` cores, its
+//!    measured busy cores and their root, ways included ([`search::short_of_saturation`]:
+//!    the model draws a queueing cliff as a slope).
 //! 5. **Pack** jointly: a dynamic programme over services picks one frontier point each so
 //!    that cores and ways fit (the pool keeps one way when CPU jobs run) at least cost
 //!    (share of cores plus `way_cost` times share of ways, plus a little per changed
@@ -1691,29 +1694,58 @@ pub(super) mod tests {
         assert_eq!(after.misses, before.misses);
     }
 
-    #[test]
-    fn a_safe_allocation_is_held_until_a_cheaper_one_lasted_shrink_after_intervals() {
-        // Each member: -1.8 × cores_cand, so a core more is -0.05 in ln(p99/target). p99 at
-        // half the target throughout (ln 0.5 = -0.693); held, so k_sigma is 1 and the
-        // search reaches a quarter more cores.
-        // Tick 1 (placement, from 18 cores): c cores predict -0.693 - 0.05 (c - 18) + 0.05
-        // (noise), at most ln 0.9 = -0.105 from 8 cores: placed on 8.
-        // Then 3 cores would do (grid from 8: 3, 5, 6, 8, 10): cheaper, and safe; the 8 are
-        // held for 4 intervals, and given back on the 5th (shrink_after = 5).
+    /// `ticks` decisions for one service whose model says a core more is -0.05 in
+    /// ln(p99/target) (each member -1.8 × cores_cand), measured at half its target with
+    /// `busy` cores busy throughout, give-backs on one spread: its cores and the reason's
+    /// text each tick (every one on the model's path).
+    fn held_at_half_the_target(busy: f64, ticks: u64) -> Vec<(u32, String)> {
         let c = ctx(1, 16);
         let w = [(col("cores_cand"), -1.8)];
         let model = linear_model(&[(0.0, &w), (0.0, &w)]);
-        let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
+        let cfg = MlConfig {
+            k_sigma_give_back: 1.0,
+            ..MlConfig::default()
+        };
+        let mut ml = MlPolicy::new(c.clone(), Arc::new(model), cfg);
         let mut plan = ml.initial().plan;
-        let s = sample(Some(0.5));
+        let s = Sample {
+            cpu_busy_cores: Some(busy),
+            ..sample(Some(0.5))
+        };
         let mut seen = Vec::new();
-        for tick in 1..=6 {
+        for tick in 1..=ticks {
             let d = ml.decide(&observe(&c, &plan, &s), tick * 1_000);
             let r = &d.reasons["lc0"];
             assert_eq!(r.path, DecisionPath::Model);
             seen.push((d.plan.services["lc0"].cores, r.text.clone()));
             plan = d.plan;
         }
+        seen
+    }
+
+    #[test]
+    fn a_service_near_saturation_gives_back_only_down_to_its_busy_cores_and_their_root() {
+        // As in the test below (placed from 18 cores, 3 cores would do by the model), but
+        // 7 of the cores are busy: 7 + 0.5 * sqrt(7) = 8.3, so no give-back goes under 9
+        // cores, where the same service with 2 busy goes down to 3.
+        let cores: Vec<u32> = held_at_half_the_target(7.0, 8)
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
+        assert_eq!(cores, vec![9; 8]);
+    }
+
+    #[test]
+    fn a_safe_allocation_is_held_until_a_cheaper_one_lasted_shrink_after_intervals() {
+        // A core more is -0.05 in ln(p99/target), p99 at half the target throughout (ln 0.5
+        // = -0.693), 2 cores busy; held, so k_sigma is the give-back's (1 here) and the
+        // search reaches a quarter more cores.
+        // Tick 1 (placement, from 18 cores): c cores predict -0.693 - 0.05 (c - 18) + 0.05
+        // (noise), at most ln 0.9 = -0.105 from 8 cores: placed on 8.
+        // Then 3 cores would do (grid from 8: 3, 5, 6, 8, 10; 2 + 0.5 * sqrt(2) = 2.7
+        // busy): cheaper, and safe; the 8 are held for 4 intervals, and given back on the
+        // 5th (shrink_after = 5).
+        let seen = held_at_half_the_target(2.0, 6);
         assert_eq!(seen[0], (8, "placed from the model".to_string()));
         for (cores, text) in &seen[1..5] {
             assert_eq!(*cores, 8);

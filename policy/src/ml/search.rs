@@ -171,6 +171,44 @@ pub(super) fn never_fewer_ways(points: Vec<(u32, u32)>, w0: u32) -> Vec<(u32, u3
     points
 }
 
+/// A service that could only give back (measured within its margin) with `busy` cores
+/// measured busy never gives back into the steep part of its queueing curve: a point
+/// (cores, ways) with fewer cores or fewer ways than the `current` ones is lifted to at
+/// least `busy + headroom * sqrt(busy)` cores (square-root staffing: the spare cores a
+/// queue needs to stay short of saturation grow as the square root of its load; a cut of
+/// ways asks the same of the cores it keeps, since fewer ways only slow each request).
+/// Points at least as large as the current ones stay as they are. The result is sorted
+/// and distinct. No busy reading (or a negative `headroom`: off), every point stays.
+///
+/// Why: the learned model, trained on allocations around a few loads, draws a service's
+/// queueing cliff as a slope; near saturation it predicted a cut of memcached from 23 to
+/// 22 cores (21 busy) as costing nothing, where its p99 tripled (docs/RESULTS.md).
+pub(super) fn short_of_saturation(
+    points: Vec<(u32, u32)>,
+    current: (u32, u32),
+    busy: Option<f64>,
+    headroom: f64,
+) -> Vec<(u32, u32)> {
+    let Some(busy) = busy.filter(|b| b.is_finite() && *b >= 0.0 && headroom >= 0.0) else {
+        return points;
+    };
+    let needed = u32::try_from(cohabit_core::whole((busy + headroom * busy.sqrt()).ceil()))
+        .unwrap_or(u32::MAX);
+    let mut out: Vec<(u32, u32)> = points
+        .into_iter()
+        .map(|(c, w)| {
+            if c >= current.0 && w >= current.1 {
+                (c, w)
+            } else {
+                (c.max(needed), w)
+            }
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +380,37 @@ mod tests {
         // 4 ways in force: (4, 2) and (6, 3) keep 4 ways; (3, 8) keeps its 8.
         let got = never_fewer_ways(vec![(4, 2), (6, 3), (3, 8), (4, 4)], 4);
         assert_eq!(got, vec![(3, 8), (4, 4), (6, 4)]);
+    }
+
+    #[test]
+    fn a_give_back_stops_short_of_saturation() {
+        // 21 of 23 cores busy: 21 + 0.5 * sqrt(21) = 23.3, so 24 cores at least for a cut of
+        // cores or of ways; points no smaller than the current one stay.
+        let pts = vec![(21, 4), (23, 2), (24, 2), (23, 6)];
+        assert_eq!(
+            short_of_saturation(pts, (23, 4), Some(21.0), 0.5),
+            vec![(23, 6), (24, 2), (24, 4)]
+        );
+        // 16 busy: 18 cores at least; a cut to 18 stays, one to 17 is lifted to 18; a cut of
+        // ways at 23 cores stays.
+        let pts = vec![(17, 4), (18, 3), (23, 2)];
+        assert_eq!(
+            short_of_saturation(pts, (23, 4), Some(16.0), 0.5),
+            vec![(18, 3), (18, 4), (23, 2)]
+        );
+        // No headroom: down to the busy cores themselves.
+        assert_eq!(
+            short_of_saturation(vec![(15, 4)], (23, 4), Some(16.0), 0.0),
+            vec![(16, 4)]
+        );
+        // No busy reading, or the rule off: every point as it was.
+        assert_eq!(
+            short_of_saturation(vec![(20, 4)], (23, 4), None, 0.5),
+            vec![(20, 4)]
+        );
+        assert_eq!(
+            short_of_saturation(vec![(20, 4)], (23, 4), Some(21.0), -1.0),
+            vec![(20, 4)]
+        );
     }
 }

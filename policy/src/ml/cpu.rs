@@ -183,6 +183,9 @@ impl MlPolicy {
             prev,
             reading,
         } = st.begin_tick(v.measured, v.sample.requests_per_s);
+        // Busy cores for the give-back floor (step 4), read every tick so a bridged reading
+        // is never older than the ticks it bridges.
+        let busy = st.busy_cores(v.sample.cpu_busy_cores, v.sample.requests_per_s);
         // Every reading of the allocation in force counts toward a safe measurement (on
         // the pool's ways, or sharing them, the ways are not the service's own: none).
         let in_force = (v.current.cores, v.current.llc_ways.count);
@@ -267,17 +270,13 @@ impl MlPolicy {
         // The allocation in force as the packer counts it.
         let current = self.counted(name, &v.current);
         let st = self.state.entry(name.to_string()).or_default();
-        // A give-back stops short of saturation, whatever the model says. The pool point is
-        // read off the lifted frontier: at the floor's cores, the model says the service
-        // needs no more than one way (read off the frontier before the lift and lifted with
-        // it, 96 and 90 runs of 100 met QoS instead of 98 and 91; docs/RESULTS.md).
-        let mut points = if held {
-            search::short_of_saturation(
-                found.points,
-                in_force,
-                v.sample.cpu_busy_cores,
-                cfg.give_back_headroom,
-            )
+        // A give-back stops short of saturation, whatever the model says, wherever one may
+        // happen (measured within the margin, or safe to keep). The pool point is read off
+        // the lifted frontier: at the floor's cores the model says the service needs no more
+        // than one way, and the pool's ways are at least one (read off it before the lift
+        // and lifted with the rest, fewer runs met QoS; docs/RESULTS.md).
+        let mut points = if held || safe {
+            search::short_of_saturation(found.points, in_force, busy, cfg.give_back_headroom)
         } else {
             found.points
         };

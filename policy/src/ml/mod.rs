@@ -38,10 +38,12 @@
 //!    measured cliffs then lift the frontier: an allocation that was measured not enough
 //!    (a give-back past the margin, or anything over the target short of saturation) rules
 //!    out every allocation under it while the load is at least 0.9 of its own, whatever
-//!    the model predicts ([`state::ServiceState::measured_floor`]). A service within its
-//!    margin gives back no lower than `busy + give_back_headroom * sqrt(busy)` cores, its
-//!    measured busy cores and their root, ways included ([`search::short_of_saturation`]:
-//!    the model draws a queueing cliff as a slope).
+//!    the model predicts ([`state::ServiceState::measured_floor`]). A service that may give
+//!    back (within its margin, or safe to keep) gives back cores or ways only while it
+//!    keeps at least `busy + give_back_headroom * sqrt(busy)` cores, its measured busy
+//!    cores and their root; a cut under that floor is lifted to it, or, when the floor is
+//!    above the cores in force, to the allocation in force ([`search::short_of_saturation`]:
+//!    the model draws a queueing cliff as a slope). Allocations measured safe are added after.
 //! 5. **Pack** jointly: a dynamic programme over services picks one frontier point each so
 //!    that cores and ways fit (the pool keeps one way when CPU jobs run) at least cost
 //!    (share of cores plus `way_cost` times share of ways, plus a little per changed

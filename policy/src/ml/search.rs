@@ -173,11 +173,13 @@ pub(super) fn never_fewer_ways(points: Vec<(u32, u32)>, w0: u32) -> Vec<(u32, u3
 
 /// A service that could only give back (measured within its margin) with `busy` cores
 /// measured busy never gives back into the steep part of its queueing curve: a point
-/// (cores, ways) with fewer cores or fewer ways than the `current` ones is lifted to at
-/// least `busy + headroom * sqrt(busy)` cores (square-root staffing: the spare cores a
-/// queue needs to stay short of saturation grow as the square root of its load; a cut of
-/// ways asks the same of the cores it keeps, since fewer ways only slow each request).
-/// Points at least as large as the current ones stay as they are. The result is sorted
+/// (cores, ways) with fewer cores or fewer ways than the `current` ones needs at least
+/// `busy + headroom * sqrt(busy)` cores (square-root staffing: the spare cores a queue
+/// needs to stay short of saturation grow as the square root of its load; a cut of ways
+/// asks the same of the cores it keeps, since fewer ways only slow each request). A point
+/// under that floor is lifted to it, and where the floor is above the cores in force, to
+/// the allocation in force: the rule only takes give-backs away, it never sizes a service
+/// up. Points at least as large as the current ones stay as they are. The result is sorted
 /// and distinct. No busy reading (or a negative `headroom`: off), every point stays.
 ///
 /// Why: the learned model, trained on allocations around a few loads, draws a service's
@@ -192,15 +194,18 @@ pub(super) fn short_of_saturation(
     let Some(busy) = busy.filter(|b| b.is_finite() && *b >= 0.0 && headroom >= 0.0) else {
         return points;
     };
-    let needed = u32::try_from(cohabit_core::whole((busy + headroom * busy.sqrt()).ceil()))
-        .unwrap_or(u32::MAX);
+    let floor = busy + headroom * busy.sqrt();
     let mut out: Vec<(u32, u32)> = points
         .into_iter()
         .map(|(c, w)| {
-            if c >= current.0 && w >= current.1 {
+            if (c >= current.0 && w >= current.1) || f64::from(c) >= floor {
                 (c, w)
+            } else if floor <= f64::from(current.0) {
+                // Within the cores in force: the floor's whole cores.
+                let lifted = u32::try_from(cohabit_core::whole(floor.ceil())).unwrap_or(current.0);
+                (lifted.min(current.0), w)
             } else {
-                (c.max(needed), w)
+                current
             }
         })
         .collect();
@@ -384,12 +389,13 @@ mod tests {
 
     #[test]
     fn a_give_back_stops_short_of_saturation() {
-        // 21 of 23 cores busy: 21 + 0.5 * sqrt(21) = 23.3, so 24 cores at least for a cut of
-        // cores or of ways; points no smaller than the current one stay.
-        let pts = vec![(21, 4), (23, 2), (24, 2), (23, 6)];
+        // 21 of 23 cores busy: 21 + 0.5 * sqrt(21) = 23.3 cores, more than are in force, so
+        // no cut of cores or of ways: each becomes the allocation in force; a trade at 24
+        // cores and points no smaller than the current one stay.
+        let pts = vec![(21, 4), (22, 6), (23, 2), (24, 2), (23, 6)];
         assert_eq!(
             short_of_saturation(pts, (23, 4), Some(21.0), 0.5),
-            vec![(23, 6), (24, 2), (24, 4)]
+            vec![(23, 4), (23, 6), (24, 2)]
         );
         // 16 busy: 18 cores at least; a cut to 18 stays, one to 17 is lifted to 18; a cut of
         // ways at 23 cores stays.
@@ -398,10 +404,16 @@ mod tests {
             short_of_saturation(pts, (23, 4), Some(16.0), 0.5),
             vec![(18, 3), (18, 4), (23, 2)]
         );
-        // No headroom: down to the busy cores themselves.
+        // The floor is whole cores but never above those in force: 21.2 busy and no
+        // headroom, 22 cores.
         assert_eq!(
-            short_of_saturation(vec![(15, 4)], (23, 4), Some(16.0), 0.0),
-            vec![(16, 4)]
+            short_of_saturation(vec![(15, 4)], (23, 4), Some(21.2), 0.0),
+            vec![(22, 4)]
+        );
+        // However large the reading, nothing grows past the allocation in force.
+        assert_eq!(
+            short_of_saturation(vec![(2, 1)], (8, 2), Some(1e12), 0.5),
+            vec![(8, 2)]
         );
         // No busy reading, or the rule off: every point as it was.
         assert_eq!(

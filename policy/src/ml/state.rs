@@ -118,6 +118,9 @@ pub(super) struct ServiceState {
     /// service: it is not put on them again while its load is at least [`CLIFF_LOAD`] of
     /// this (0 when the load was not measured: never again).
     pub(super) pool_ways_cliff: Option<f64>,
+    /// The last plausible busy-cores reading and the ticks since it was taken
+    /// ([`ServiceState::busy_cores`]).
+    pub(super) busy: Option<(f64, u32)>,
 }
 
 /// An exploring cut: from the allocation that was safe to the one being tried, both
@@ -198,6 +201,9 @@ pub(super) enum ExploreStep {
     Cut((u32, u32)),
 }
 
+/// Ticks in a row a missing busy-cores reading is replaced by the last one.
+const BUSY_STALE_TICKS: u32 = 2;
+
 /// Load at or above this fraction of a cliff's makes the cliff bind.
 pub(super) const CLIFF_LOAD: f64 = 0.9;
 
@@ -234,6 +240,7 @@ impl Default for ServiceState {
             measured_safe: Vec::new(),
             last_in_force: None,
             pool_ways_cliff: None,
+            busy: None,
         }
     }
 }
@@ -296,6 +303,26 @@ impl ServiceState {
         safe && self
             .pool_ways_cliff
             .is_none_or(|c| rps.is_some_and(|r| r < CLIFF_LOAD * c))
+    }
+
+    /// This tick's busy cores for the give-back floor: the reading when it is plausible
+    /// (finite, not negative, and not zero while the service serves requests, which is a
+    /// counter glitch), else the last plausible one for up to [`BUSY_STALE_TICKS`] ticks,
+    /// so that one missing reading does not open the floor for a tick. Never read, none.
+    pub(super) fn busy_cores(&mut self, busy: Option<f64>, rps: Option<f64>) -> Option<f64> {
+        let serving = rps.is_some_and(|r| r > 0.0);
+        let plausible = busy.filter(|b| b.is_finite() && *b >= 0.0 && !(*b == 0.0 && serving));
+        match (plausible, self.busy) {
+            (Some(b), _) => {
+                self.busy = Some((b, 0));
+                Some(b)
+            }
+            (None, Some((b, stale))) if stale < BUSY_STALE_TICKS => {
+                self.busy = Some((b, stale + 1));
+                Some(b)
+            }
+            _ => None,
+        }
     }
 
     /// Factor on the model's spread for this service.
@@ -1228,5 +1255,18 @@ mod tests {
         assert!(!safe_to_keep(Some(0.95f64.ln()), near, limit));
         assert!(!safe_to_keep(Some(1.05f64.ln()), good, limit));
         assert!(!safe_to_keep(None, good, limit));
+    }
+
+    #[test]
+    fn a_missing_or_glitched_busy_reading_is_bridged_for_two_ticks() {
+        let mut st = ServiceState::default();
+        assert_eq!(st.busy_cores(None, Some(100.0)), None);
+        assert_eq!(st.busy_cores(Some(6.0), Some(100.0)), Some(6.0));
+        // Missing, then zero while serving (a glitch): the last reading, twice.
+        assert_eq!(st.busy_cores(None, Some(100.0)), Some(6.0));
+        assert_eq!(st.busy_cores(Some(0.0), Some(100.0)), Some(6.0));
+        assert_eq!(st.busy_cores(Some(f64::NAN), Some(100.0)), None);
+        // Zero with no requests is a real reading.
+        assert_eq!(st.busy_cores(Some(0.0), Some(0.0)), Some(0.0));
     }
 }

@@ -313,7 +313,7 @@ impl MlPolicy {
         let cheaper = points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
         st.scored = found.scored;
         st.scored_mba = v.cand_mba;
-        let h = st.hysteresis(safe, cheaper, new_service, cfg.shrink_after);
+        let h = st.hysteresis(safe, held, cheaper, new_service, cfg.shrink_after);
         let now = format!("p99/target {:.2} ± {:.2}", cur_mean.exp(), cur_sigma);
         let text = model_reason(new_service, h, safe, found.relaxed, &now);
         if !safe && !new_service {

@@ -171,8 +171,8 @@ pub(super) fn never_fewer_ways(points: Vec<(u32, u32)>, w0: u32) -> Vec<(u32, u3
     points
 }
 
-/// A service that could only give back (measured within its margin) with `busy` cores
-/// measured busy never gives back into the steep part of its queueing curve: a point
+/// A service that may give back (measured within its margin, or safe to keep) with `busy`
+/// cores measured busy never gives back into the steep part of its queueing curve: a point
 /// (cores, ways) with fewer cores or fewer ways than the `current` ones needs at least
 /// `busy + headroom * sqrt(busy)` cores (square-root staffing: the spare cores a queue
 /// needs to stay short of saturation grow as the square root of its load; a cut of ways
@@ -201,9 +201,9 @@ pub(super) fn short_of_saturation(
             if (c >= current.0 && w >= current.1) || f64::from(c) >= floor {
                 (c, w)
             } else if floor <= f64::from(current.0) {
-                // Within the cores in force: the floor's whole cores.
+                // Within the cores in force, so its whole cores are too.
                 let lifted = u32::try_from(cohabit_core::whole(floor.ceil())).unwrap_or(current.0);
-                (lifted.min(current.0), w)
+                (lifted, w)
             } else {
                 current
             }

@@ -40,7 +40,13 @@
 //! [`CLIFF_LOAD`] of their loads then and the pool streams at least that fraction of its
 //! bandwidth per MBA point then. Without it the pool climbs back to the same limit as soon
 //! as the pressure is gone, and the service misses its target again: a sawtooth (on the E5
-//! `mba-stream`, memcached missed in 5 of the first 80 intervals that way).
+//! `mba-stream`, memcached missed in 5 of the first 80 intervals that way). A cliff must
+//! be confirmed by the next reading ([`MbaCliff::settle`]): when the pool is still at the
+//! limit and every service it hurt is back within its margin, the reading that found it was
+//! noise, and it is forgotten. Before this rule one noisy reading of moses (0.95 of its
+//! target, 0.76 both before and after) right after a raise from 10 to 30 % capped the E5
+//! `mba-stream` pool at 30 % for the rest of the run, its single core streaming a third of
+//! what it could.
 //!
 //! Properties: without a bandwidth reading for the pool (no RDT monitoring, or a reading
 //! missing more than [`MAX_STALE_TICKS`] ticks in a row) or without CPU
@@ -74,6 +80,8 @@ pub(super) struct MbaCliff {
     pub(super) hurt: Vec<(String, Option<f64>)>,
     /// The pool's bandwidth per MBA point then (bytes/s).
     pub(super) bw_per_pct: Option<f64>,
+    /// Whether a later reading confirmed it ([`MbaCliff::settle`]).
+    pub(super) confirmed: bool,
 }
 
 impl MbaCliff {
@@ -89,6 +97,30 @@ impl MbaCliff {
             level: pool.mba_now,
             hurt: over_margin,
             bw_per_pct: pool.bw_now.map(|bw| bw / f64::from(pool.mba_now.max(1))),
+            confirmed: false,
+        })
+    }
+
+    /// The cliff as the reading after the one that found it leaves it: forgotten when the
+    /// pool is still at the limit (`pool`) and no service it hurt is past its margin now
+    /// (`over_margin`: the reading that found it was noise, or the service was grown past
+    /// it), confirmed otherwise (still hurt, or the pool was throttled below the limit and
+    /// the limit cannot be judged again). A confirmed cliff stays as it is.
+    pub(super) fn settle(
+        self,
+        pool: &PoolBw,
+        over_margin: &[(String, Option<f64>)],
+    ) -> Option<Self> {
+        if self.confirmed {
+            return Some(self);
+        }
+        let still_hurt = self
+            .hurt
+            .iter()
+            .any(|(name, _)| over_margin.iter().any(|(n, _)| n == name));
+        (still_hurt || pool.mba_now != self.level).then_some(Self {
+            confirmed: true,
+            ..self
         })
     }
 
@@ -501,6 +533,27 @@ mod tests {
         // A pool streaming less per point (a job that stopped streaming): it does not.
         let calm = pool(50, Some(5e9));
         assert!(!c.binds(&calm, |_| Some(1000.0)));
+    }
+
+    #[test]
+    fn a_cliff_the_next_reading_does_not_confirm_is_forgotten() {
+        let at_50 = pool(50, Some(1e10));
+        let hurt = vec![("memcached".to_string(), Some(1000.0))];
+        let found = MbaCliff::found(30, &at_50, hurt.clone()).expect("a cliff");
+        assert!(!found.confirmed);
+        // Still at 50 and memcached back within its margin (another service past its own
+        // is not the one hurt): noise, forgotten.
+        let other = vec![("moses".to_string(), Some(10.0))];
+        assert_eq!(found.clone().settle(&at_50, &other), None);
+        assert_eq!(found.clone().settle(&at_50, &[]), None);
+        // Still past its margin there: confirmed, and then kept whatever comes.
+        let kept = found.clone().settle(&at_50, &hurt).expect("confirmed");
+        assert!(kept.confirmed);
+        assert_eq!(kept.level, 50);
+        assert_eq!(kept.clone().settle(&at_50, &[]), Some(kept.clone()));
+        // Throttled below 50 since: the limit was not read again, so it stays.
+        let below = pool(30, Some(6e9));
+        assert!(found.settle(&below, &[]).is_some_and(|c| c.confirmed));
     }
 
     #[test]

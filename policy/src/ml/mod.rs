@@ -377,14 +377,19 @@ impl MlPolicy {
             .collect()
     }
 
-    /// The pool's MBA cliff as this tick leaves it: one found now replaces the one
-    /// remembered; the limit returned is the ceiling on steps up while the cliff binds.
+    /// The pool's MBA cliff as this tick leaves it: last tick's new one is confirmed or
+    /// forgotten ([`mba::MbaCliff::settle`]), one found now replaces the one remembered; the
+    /// limit returned is the ceiling on steps up while the cliff binds.
     fn mba_ceiling(
         &mut self,
         obs: &Observation,
         before: u8,
         over: Vec<(String, Option<f64>)>,
     ) -> Option<u8> {
+        self.mba_cliff = self
+            .mba_cliff
+            .take()
+            .and_then(|c| c.settle(&self.pool, &over));
         if let Some(c) = mba::MbaCliff::found(before, &self.pool, over) {
             self.mba_cliff = Some(c);
         }
@@ -1236,6 +1241,46 @@ pub(super) mod tests {
         let mut want = vec![50; cfg.shrink_after as usize - 1];
         want.push(70);
         assert_eq!(levels, want);
+    }
+
+    #[test]
+    fn a_raise_past_the_margin_once_is_forgotten_and_twice_caps_the_pool() {
+        // The pool raised from 10 to 30 % and lc0 read past its margin (0.95) right after:
+        // a cliff at 30. When lc0's next reading at 30 % is within its margin that reading
+        // was noise: the step up to 50 % is planned again. When it is past the margin
+        // again, the cliff is confirmed and caps the pool at 30 % (after one tick of
+        // pressure, which plans steps down) while lc0 carries the load it had then.
+        let c = ctx(1, 16);
+        let w = [(col("cores_cand"), -0.9)];
+        let model = Arc::new(linear_model(&[(0.0, &w), (0.0, &w)]));
+        let beside = |plan: &Plan, mba: u8, p99: f64| {
+            let mut plan = plan.clone();
+            plan.best_effort.mba_pct = mba;
+            let s = Sample {
+                mem_bw_bytes_per_s: Some(1e9 * f64::from(plan.best_effort.cores)),
+                ..sample(Some(p99))
+            };
+            let mut obs = observe(&c, &plan, &s);
+            obs.services[0].sample.mem_bw_bytes_per_s = Some(1e9);
+            obs
+        };
+        let levels_planned = |readings: &[f64]| {
+            let mut ml = MlPolicy::new(c.clone(), model.clone(), MlConfig::default());
+            let mut plan = ml.initial().plan;
+            plan = ml.decide(&beside(&plan, 10, 0.5), 1_000).plan;
+            plan = ml.decide(&beside(&plan, 30, 0.95), 2_000).plan;
+            let mut why = String::new();
+            for (i, r) in (3..).zip(readings) {
+                let d = ml.decide(&beside(&plan, 30, *r), i * 1_000);
+                why = pool_reason(&d).to_string();
+                plan = d.plan;
+            }
+            why
+        };
+        let noise = levels_planned(&[0.5]);
+        assert!(noise.contains("(pool levels planned: 30, 50 %)"), "{noise}");
+        let confirmed = levels_planned(&[0.95, 0.5]);
+        assert!(!confirmed.contains("pool levels planned"), "{confirmed}");
     }
 
     #[test]

@@ -102,7 +102,9 @@ pub(super) struct ServiceState {
     pub(super) cliff: Option<Cliff>,
     /// Allocations measured not enough (a give-back past the margin, or any allocation
     /// over the target): no candidate at or under one goes while it binds
-    /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`].
+    /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`]; a weak one
+    /// (read within the target) is forgotten when two readings in a row within the margin
+    /// contradict it ([`ServiceState::note_safe`]).
     pub(super) measured_cliffs: Vec<MeasuredCliff>,
     /// Intervals in a row measured over the target.
     pub(super) over_ticks: u32,
@@ -463,7 +465,8 @@ impl ServiceState {
     /// ways) at `rps` requests per second beside `neighbour_bw`: the second reading in a row
     /// of one allocation within the margin `limit` makes it a safe measurement (replacing
     /// those it vouches for; past [`MAX_MEASURED_SAFE`] the oldest of the allocation with the
-    /// most measurements is dropped; not kept when one already kept vouches for it).
+    /// most measurements is dropped; not kept when one already kept vouches for it), and
+    /// forgets the weak cliffs it contradicts.
     pub(super) fn note_safe(
         &mut self,
         current: (u32, u32),
@@ -487,6 +490,19 @@ impl ServiceState {
             rps,
             neighbour_bw,
         };
+        // Two readings in a row within the margin say more than the one a weak cliff rests
+        // on (a give-back read past the margin, within the target): one at no fewer
+        // resources, at a load this one carries at least CLIFF_LOAD of, was noise (on the
+        // Gold `mba-stream` seed 0 a weak cliff from one reading of moses on 29 cores, 0.94
+        // of its target, held it there for 270 s, read at 0.68–0.75 all along). A cliff
+        // read over the target is a violation: it stays (forgetting those too gave the same
+        // best effort over 200 runs, one run fewer meeting QoS).
+        self.measured_cliffs.retain(|m| {
+            !(m.weak
+                && m.at.cores >= new.cores
+                && m.at.ways >= new.ways
+                && new.rps >= CLIFF_LOAD * m.at.rps)
+        });
         // One already kept at no more resources, no less load and no quieter neighbours
         // says more than this one: it is not added (else a run of readings at a steady
         // allocation, each a little under the load of the best, pushes the best out).
@@ -1071,6 +1087,48 @@ mod tests {
             st.measured_floor(vec![(6, 4)], Some(1000.0), true),
             vec![(9, 4)]
         );
+    }
+
+    #[test]
+    fn a_weak_cliff_two_readings_within_the_margin_contradict_is_forgotten() {
+        let limit = 0.9f64.ln();
+        let within = Some(0.7f64.ln());
+        // A give-back to (29, 8) read once past the margin at 2,770 requests per second.
+        let mut st = ServiceState::default();
+        st.note_outcome(&gave(29, 8), 0.94f64.ln(), Some(2770.0), limit);
+        assert_eq!(
+            st.measured_floor(vec![(25, 8)], Some(2740.0), false),
+            vec![(30, 8)]
+        );
+        // One reading within the margin there is not enough; two in a row at 2,740
+        // (at least 0.9 of the cliff's load) say the cliff was noise.
+        st.note_safe((29, 8), within, Some(2740.0), 0.0, limit);
+        assert_eq!(st.measured_cliffs.len(), 1);
+        st.note_safe((29, 8), within, Some(2740.0), 0.0, limit);
+        assert!(st.measured_cliffs.is_empty());
+        assert_eq!(
+            st.measured_floor(vec![(25, 8)], Some(2740.0), false),
+            vec![(25, 8)]
+        );
+        // Measured at a load under 0.9 of the cliff's, or at fewer ways than the cliff's
+        // allocation, it stands.
+        let noted = |at: (u32, u32), rps: f64| {
+            let mut st = ServiceState::default();
+            st.note_outcome(&gave(29, 8), 0.94f64.ln(), Some(2770.0), limit);
+            st.note_safe(at, within, Some(rps), 0.0, limit);
+            st.note_safe(at, within, Some(rps), 0.0, limit);
+            st.measured_cliffs.len()
+        };
+        assert_eq!(noted((29, 8), 2400.0), 1);
+        assert_eq!(noted((29, 9), 2740.0), 1);
+        // Under it (a certified safe allocation with fewer cores) it goes too.
+        assert_eq!(noted((27, 8), 2740.0), 0);
+        // A cliff read over the target stays whatever comes.
+        let mut st = ServiceState::default();
+        st.note_outcome(&gave(29, 8), 1.05f64.ln(), Some(2770.0), limit);
+        st.note_safe((29, 8), within, Some(2740.0), 0.0, limit);
+        st.note_safe((29, 8), within, Some(2740.0), 0.0, limit);
+        assert_eq!(st.measured_cliffs.len(), 1);
     }
 
     #[test]

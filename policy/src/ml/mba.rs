@@ -29,9 +29,10 @@
 //! platform's MBA steps ([`round_mba`]: multiples of `mba_gran_pct`, at least
 //! `mba_min_pct`).
 //!
-//! A step up that would win but for the charge of changing the limit is taken once it has
-//! done so for `shrink_after` ticks in a row with no pressure (`MlPolicy::lift_after_a_while`):
-//! a measured throttle can cost the pool less per tick than the charge, and would then stay
+//! A step up that would win or tie but for the charge of changing the limit is taken once
+//! it has done so for `shrink_after` ticks in a row with no pressure
+//! (`MlPolicy::lift_after_a_while`): a measured throttle can cost the pool less per tick
+//! than the charge, or nothing at all as the pool's readings have it, and would then stay
 //! for good however little it buys.
 //!
 //! A raise that hurt is remembered ([`MbaCliff`]): when the pool's limit went up and a CPU

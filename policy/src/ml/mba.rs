@@ -301,14 +301,34 @@ pub(super) fn pool_bw_at(curve: &ThrottleCurve, bw: f64, now: u8, level: u8, pea
 /// more for a pool of twenty streams 5 % more, within what the model tells apart.
 const MIN_GROWTH: f64 = 1.1;
 
-/// The pool's cores `planned` over its cores in force `now`, when the pool has cores and
-/// a bandwidth reading and grows by at least [`MIN_GROWTH`]; 1 otherwise (without a
-/// reading nothing is guessed; without cores there is no rate per core to scale).
-pub(super) fn growth(pool: &PoolBw, now: u32, planned: u32) -> f64 {
-    if now == 0 || pool.bw_now.is_none_or(|bw| bw <= 0.0) {
+/// How many times its bandwidth at MBA `level` the pool would stream on the cores
+/// `planned` rather than on its cores in force `now`, when the pool has a bandwidth reading
+/// and that grows by at least [`MIN_GROWTH`]; 1 otherwise (without a reading nothing is
+/// guessed). With cores now, the cores' ratio (a streaming job's bandwidth is per core).
+/// Without cores now there is no rate of its own to scale: the planned cores at the rate
+/// per core `curve` learnt at `level`, over what it streams now at `level`; 1 before any
+/// rate was learnt. (Before this, a pool without cores was never planned for: on the Gold
+/// `mba-stream` memcached gave 15 cores back to a pool that had none at 50 %, which then
+/// streamed 29 GB/s, and timed out the next interval.)
+pub(super) fn growth(
+    pool: &PoolBw,
+    curve: &ThrottleCurve,
+    level: u8,
+    now: u32,
+    planned: u32,
+) -> f64 {
+    let Some(bw) = pool.bw_now.filter(|bw| *bw > 0.0) else {
         return 1.0;
-    }
-    let g = f64::from(planned) / f64::from(now);
+    };
+    let g = if now > 0 {
+        f64::from(planned) / f64::from(now)
+    } else {
+        let at = pool_bw_at(curve, bw, pool.mba_now, level, pool.peak);
+        match curve.at(level) {
+            Some(rate) if at > 0.0 => f64::from(planned) * rate / at,
+            _ => 1.0,
+        }
+    };
     if g >= MIN_GROWTH {
         g
     } else {

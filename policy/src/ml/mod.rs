@@ -102,7 +102,8 @@
 //!    by the last). A step up that put a service past its margin is the pool's MBA cliff:
 //!    no step up reaches it again while the load holds. A plan that grows a streaming pool
 //!    (cores given back) by a tenth or more is planned again with the pool's bandwidth
-//!    grown in proportion, and a service measured safe is kept only if it is predicted
+//!    grown in proportion (a pool with no cores: at the rate per core learnt at the level
+//!    planned), and a service measured safe is kept only if it is predicted
 //!    within its margin beside it; that plan is taken unless it leaves more services short
 //!    ([`MlPolicy::plan_level`]).
 //! 8. **Explore** ([`state::ServiceState::explore`], off by default: `explore_step` 0): a
@@ -229,8 +230,8 @@ pub struct MlPolicy {
     pool: PoolBw,
     /// The pool's MBA level being planned (during a tick) or decided (after it).
     pool_level: u8,
-    /// The pool's cores as planned over its cores in force, when the plan grows it and the
-    /// services are predicted beside the bandwidth it would then stream (1: as measured).
+    /// How many times its bandwidth the pool would stream as planned ([`mba::growth`]),
+    /// when the plan grows it and the services are predicted beside that (1: as measured).
     pool_growth: f64,
     /// Last tick's needs did not all fit.
     last_degraded: bool,
@@ -420,6 +421,8 @@ impl MlPolicy {
         let first = self.plan_level_once(obs, now_ms, level);
         let growth = mba::growth(
             &self.pool,
+            &self.throttle,
+            level,
             obs.current.best_effort.cores,
             self.ctx
                 .host
@@ -1427,17 +1430,28 @@ pub(super) mod tests {
             peak: 7e10,
             cores_frac: 0.25,
         };
-        assert_eq!(mba::growth(&pool, 8, 12), 1.5);
+        let curve = mba::ThrottleCurve::default();
+        let growth = |pool: &PoolBw, curve: &mba::ThrottleCurve, now, planned| {
+            mba::growth(pool, curve, 100, now, planned)
+        };
+        assert_eq!(growth(&pool, &curve, 8, 12), 1.5);
         // A core more of twenty: within what the model tells apart.
-        assert_eq!(mba::growth(&pool, 20, 21), 1.0);
-        // Shrinking, no cores now, or no reading: nothing to plan for.
-        assert_eq!(mba::growth(&pool, 8, 4), 1.0);
-        assert_eq!(mba::growth(&pool, 0, 12), 1.0);
+        assert_eq!(growth(&pool, &curve, 20, 21), 1.0);
+        // Shrinking, or no cores now and no rate per core learnt: nothing to plan for.
+        assert_eq!(growth(&pool, &curve, 8, 4), 1.0);
+        assert_eq!(growth(&pool, &curve, 0, 12), 1.0);
+        // No cores now, 2e10 streamed (what a pool without cores still reads), and 2.5e9
+        // per core learnt at 100 % on 8 cores: 12 cores stream 3e10, 1.5 times as much.
+        let mut learnt = mba::ThrottleCurve::default();
+        learnt.record(100, 2e10, 8);
+        assert_eq!(growth(&pool, &learnt, 0, 12), 1.5);
+        assert_eq!(growth(&pool, &learnt, 0, 0), 1.0);
         let blind = PoolBw {
             bw_now: None,
             ..pool
         };
-        assert_eq!(mba::growth(&blind, 8, 12), 1.0);
+        assert_eq!(growth(&blind, &learnt, 8, 12), 1.0);
+        assert_eq!(growth(&blind, &learnt, 0, 12), 1.0);
         // The bandwidth grows in proportion, up to the host's peak.
         assert_eq!(mba::pool_bw_grown(2e10, 1.5, 7e10), 3e10);
         assert_eq!(mba::pool_bw_grown(2e10, 5.0, 7e10), 7e10);

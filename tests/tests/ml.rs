@@ -409,14 +409,15 @@ fn on_a_host_without_any_rdt_ml_takes_the_model_path_on_the_shared_llc() {
 fn opt_in_exploration_cuts_calm_services_and_gains_best_effort() {
     // `explore_step` (off by default) cuts a calm service's cores to learn its cliff, but
     // only where the model's mean stays within the margin, and never more than that share
-    // of its cores. On the Gold `parties-mix` at 0.1 it raises best effort from 0.178 to
-    // 0.182 of the host (1.9 %), QoS 0.993 and 0.994. That is the most it gains on any
+    // of its cores. On the Gold `parties-mix` at 0.15 it raises best effort from 0.181 to
+    // 0.184 of the host (2.0 %), QoS 0.996 both. That is the most it gains on any
     // built-in scenario's seed: since give-backs stop short of saturation and take 0.75 of
-    // the model's spread, and one noisy reading no longer holds a service or the pool's
-    // MBA limit (which left 0.176 here, a 3.4 % gain), there is little left for it (rounds
-    // before it gained 14 % on the Gold `few-closids`, where it now gains nothing, and
-    // before that on `parties-mix` and the E5 `demo`; over ten seeds of every CPU
-    // scenario exploration trades runs meeting QoS for best effort, docs/RESULTS.md).
+    // the model's spread, one noisy reading no longer holds a service or the pool's MBA
+    // limit, and a throttle that buys nothing is lifted on a tie, there is little left for
+    // it (at 0.1 here: 3.4 %, then 1.9 %, now 1.0 %; rounds before it gained 14 % on the
+    // Gold `few-closids`, where it now gains nothing, and before that on `parties-mix` and
+    // the E5 `demo`; over ten seeds of every CPU scenario exploration trades runs meeting
+    // QoS for best effort, docs/RESULTS.md).
     let sc = Arc::new(
         Scenario::load("parties-mix")
             .and_then(|s| s.on_platform("xeon-gold-6338"))
@@ -444,7 +445,7 @@ fn opt_in_exploration_cuts_calm_services_and_gains_best_effort() {
         (s, cuts)
     };
     let (off, no_cuts) = summary(0.0);
-    let (on, cuts) = summary(0.1);
+    let (on, cuts) = summary(0.15);
     assert_eq!(no_cuts, 0);
     assert!(cuts > 0, "no cut explored");
     assert!(

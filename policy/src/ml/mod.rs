@@ -620,7 +620,7 @@ impl MlPolicy {
     /// pool's readings say costs it nothing (its bandwidth per core as at the step up)
     /// buys the services nothing either when the step up packs them for as little, and
     /// the readings may be wrong where the pool has not run lately (on the E5 `few-closids`
-    /// the pool sat at 50 % for the whole run that way, on the E5 `mba-stream` at 90 %).
+    /// the pool sat at 50–60 % for the whole run that way, on the E5 `mba-stream` at 90 %).
     fn lift_after_a_while(
         &mut self,
         tried: &[LevelPlan],

@@ -50,7 +50,7 @@
 //! what it could.
 //!
 //! Properties: without a bandwidth reading for the pool (no RDT monitoring, or a reading
-//! missing more than [`MAX_STALE_TICKS`] ticks in a row) or without CPU
+//! missing more than [`super::state::MAX_STALE_TICKS`] ticks in a row) or without CPU
 //! best-effort jobs the pool is not throttled (a throttled one is released): nothing is
 //! guessed. A level other than the one in force is taken only when the model vouches for
 //! at least as many services there (fallbacks count against it), so a model unsure of
@@ -66,9 +66,6 @@ use super::state::CLIFF_LOAD;
 /// whose bandwidth falls by a fraction `f` loses about `f` of a bandwidth-bound job's
 /// throughput.
 const LOSS_WEIGHT: f64 = 1.0;
-
-/// Ticks in a row a missing reading of the pool's bandwidth is replaced by the last one.
-pub(super) const MAX_STALE_TICKS: u32 = 2;
 
 /// A pool MBA limit under which some CPU service was measured past its margin right after
 /// the pool was raised to it.

@@ -523,7 +523,7 @@ impl MlPolicy {
         // released on a gap (on the E5 `mba-stream` that cost memcached an interval at
         // 3.9 times its target).
         match (self.pool.bw_now, before.bw_now) {
-            (None, Some(bw)) if self.pool_bw_stale < mba::MAX_STALE_TICKS => {
+            (None, Some(bw)) if self.pool_bw_stale < state::MAX_STALE_TICKS => {
                 self.pool.bw_now = Some(mba::pool_bw_at(
                     &self.throttle,
                     bw,

@@ -203,8 +203,9 @@ pub(super) enum ExploreStep {
     Cut((u32, u32)),
 }
 
-/// Ticks in a row a missing busy-cores reading is replaced by the last one.
-const BUSY_STALE_TICKS: u32 = 2;
+/// Ticks in a row a missing reading is replaced by the last one: a service's busy cores
+/// ([`ServiceState::busy_cores`]) and the pool's bandwidth (`MlPolicy::plan_pool_levels`).
+pub(super) const MAX_STALE_TICKS: u32 = 2;
 
 /// Load at or above this fraction of a cliff's makes the cliff bind.
 pub(super) const CLIFF_LOAD: f64 = 0.9;
@@ -309,7 +310,7 @@ impl ServiceState {
 
     /// This tick's busy cores for the give-back floor: the reading when it is plausible
     /// (finite, not negative, and not zero while the service serves requests, which is a
-    /// counter glitch), else the last plausible one for up to [`BUSY_STALE_TICKS`] ticks,
+    /// counter glitch), else the last plausible one for up to [`MAX_STALE_TICKS`] ticks,
     /// so that one missing reading does not open the floor for a tick. Never read, none.
     pub(super) fn busy_cores(&mut self, busy: Option<f64>, rps: Option<f64>) -> Option<f64> {
         let serving = rps.is_some_and(|r| r > 0.0);
@@ -319,7 +320,7 @@ impl ServiceState {
                 self.busy = Some((b, 0));
                 Some(b)
             }
-            (None, Some((b, stale))) if stale < BUSY_STALE_TICKS => {
+            (None, Some((b, stale))) if stale < MAX_STALE_TICKS => {
                 self.busy = Some((b, stale + 1));
                 Some(b)
             }

@@ -73,7 +73,7 @@
 //! three or more services short of all of them). Cost: per pool MBA step, sharing mode and
 //! round (at most `ROUNDS + BISECT_STEPS`; the bisection made whole runs 2–4× slower, e.g.
 //! the E5 `parties-mix` 2.4 → 9 s of 900 intervals, the searches' p99 35 → 120–150 ms; the
-//! search without shared ranges, with its n + 1 range options, about a fifth more: 9 → 11 s),
+//! search without shared ranges, with its n range options, about a fifth more: 9 → 11 s),
 //! O(B·W·log C) closed-form evaluations for the B = n + n(n−1)/2 + 1 range options, a
 //! packing over subsets (2ⁿ·W per set tried), and one full evaluation; `cohabit bench`
 //! prints the measured search time. Up to 12 latency-critical services (masks are 32 bits;

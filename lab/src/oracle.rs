@@ -1241,6 +1241,19 @@ mod tests {
         (OraclePolicy::new(TruthModel::new(Arc::clone(&sc))), sc)
     }
 
+    /// The full oracle and one searching under `restricted`, on the scenario `name` on
+    /// `platform`.
+    fn full_and_restricted(
+        name: &str,
+        platform: &str,
+        restricted: OracleConfig,
+    ) -> (OraclePolicy, OraclePolicy, Arc<Scenario>) {
+        let sc = Arc::new(Scenario::load(name).unwrap().on_platform(platform).unwrap());
+        let tm = TruthModel::new(Arc::clone(&sc));
+        let full = OraclePolicy::new(tm.clone());
+        (full, OraclePolicy::with_config(tm, restricted), sc)
+    }
+
     /// The ground truth of `plan` in the first interval of `sc`.
     fn first_truth(sc: &Arc<Scenario>, plan: &Plan) -> (GroundTruth, Vec<f64>) {
         let tm = TruthModel::new(Arc::clone(sc));
@@ -1380,16 +1393,9 @@ mod tests {
         // with two pool cores at full bandwidth, where the search without them found three
         // at 90 % (and never tried it itself).
         for platform in ["xeon-e5-2697v4", "xeon-gold-6338"] {
-            let sc = Arc::new(
-                Scenario::load("mba-stream")
-                    .unwrap()
-                    .on_platform(platform)
-                    .unwrap(),
-            );
-            let tm = TruthModel::new(Arc::clone(&sc));
-            let mut full = OraclePolicy::new(tm.clone());
-            let mut apart = OraclePolicy::with_config(
-                tm,
+            let (mut full, mut apart, sc) = full_and_restricted(
+                "mba-stream",
+                platform,
                 OracleConfig {
                     share_ways: false,
                     ..OracleConfig::default()
@@ -1436,16 +1442,9 @@ mod tests {
         // On the E5 (fewer cores beside memcached) the pool has two or three cores, and a
         // throttle buys it little (three cores at 90 %); on the Gold the throttled pool wins
         // by more than 5 %.
-        let sc = Arc::new(
-            Scenario::load("mba-stream")
-                .unwrap()
-                .on_platform("xeon-gold-6338")
-                .unwrap(),
-        );
-        let tm = TruthModel::new(Arc::clone(&sc));
-        let mut with = OraclePolicy::new(tm.clone());
-        let mut without = OraclePolicy::with_config(
-            tm,
+        let (mut with, mut without, sc) = full_and_restricted(
+            "mba-stream",
+            "xeon-gold-6338",
             OracleConfig {
                 search_mba: false,
                 ..OracleConfig::default()

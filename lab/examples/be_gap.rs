@@ -3,9 +3,9 @@
 //! The oracle aims at 0.97 of each target on the *true* p99, with every way-range layout in
 //! its space; `ml` sees a noisy measured p99 and aims its pessimistic prediction (mean +
 //! 0.5σ) at 0.9 of the target, with disjoint way ranges. This runs, on each built-in CPU
-//! scenario of the E5 platform (or those named as arguments) and the same seed, `ml`, the
-//! oracle, the oracle aiming at 0.9 of the target (ml's margin, on the truth), and the oracle
-//! without shared way ranges, and prints `ml`'s best-effort throughput against each with
+//! scenario (or those named as arguments) on the E5 and the Gold platform with the
+//! scenario's seed, `ml`, the oracle, the oracle aiming at 0.9 of the target (ml's margin,
+//! on the truth), and the oracle without shared way ranges, and prints `ml`'s best-effort throughput against each with
 //! every run's QoS. Where `ml` reaches the margin-0.9 oracle but not the default one, the gap
 //! is the safety margin a controller that measures needs; where it reaches neither, the
 //! search (layouts, cores) is short too. It also runs `ml` with exact readings and the
@@ -14,7 +14,7 @@
 //! Each run's mean allocation follows its line.
 //!
 //! `cargo run --release -p cohabit-lab --example be_gap [SCENARIO…]` (simulated; about a
-//! minute for the five CPU scenarios on a 2-CPU machine).
+//! minute for the five CPU scenarios on both platforms on a 2-CPU machine).
 
 use std::sync::Arc;
 
@@ -53,12 +53,16 @@ fn mean_allocation(run: &SimRun) -> String {
     out.join("  ")
 }
 
+/// The second platform every scenario also runs on.
+const GOLD: &str = "xeon-gold-6338";
+
 fn main() -> Result<()> {
     let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
     println!(
-        "{:<13} {:>7} {:>7} {:>7} {:>7} {:>7}   {:>9} {:>9} {:>9} {:>9}",
+        "{:<13} {:<15} {:>7} {:>7} {:>7} {:>7} {:>7}   {:>9} {:>9} {:>9} {:>9}",
         "scenario",
+        "platform",
         "qos_ml",
         "qos_or",
         "qos_.90",
@@ -70,76 +74,86 @@ fn main() -> Result<()> {
         "ex/oracle"
     );
     for name in &names {
-        let sc = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
-        if sc.services.iter().any(|s| s.spec.gpu.is_some()) {
+        let own = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
+        if own.services.iter().any(|s| s.spec.gpu.is_some()) {
             println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
             continue;
         }
-        let sc = Arc::new(sc);
-        let ml = simulate::run_policy(&sc, LabPolicy::Ml, None, None, |_| Ok(()))?;
-        let full = simulate::run_oracle(&sc, OracleConfig::default(), "oracle")?;
-        let at_margin = simulate::run_oracle(
-            &sc,
-            OracleConfig {
-                target_fraction: 0.9,
-                ..OracleConfig::default()
-            },
-            "oracle@0.9",
-        )?;
-        let no_share = simulate::run_oracle(
-            &sc,
-            OracleConfig {
-                share_ways: false,
-                ..OracleConfig::default()
-            },
-            "oracle-no-share",
-        )?;
-        // `ml` with exact readings and the model's spread off: its ceiling (as in
-        // `noise_gap`'s last world), to tell its sizing from its caution.
-        let exact = {
-            let mut world = (*sc).clone();
-            world.noise.p99_sigma = 0.0;
-            world.noise.counter_sigma = 0.0;
-            world.noise.glitch_prob = 0.0;
-            world.noise.missing_prob = 0.0;
-            let mut m = simulate::builtin_model(sc.host.preset)?;
-            m.meta.change_sigma_scale = Some(0.0);
-            let mut run = simulate::run_policy(
-                &Arc::new(world),
-                LabPolicy::Ml,
-                None,
-                Some(&Arc::new(m)),
-                |_| Ok(()),
-            )?;
-            run.summary.policy = "ml exact".into();
-            run
-        };
-        let be = ml.summary.be_throughput;
-        let ratio = |o: &SimRun| {
-            cohabit_lab::metrics::be_vs_oracle(be, o.summary.be_throughput)
-                .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"))
-        };
-        let exact_ratio = cohabit_lab::metrics::be_vs_oracle(
-            exact.summary.be_throughput,
-            full.summary.be_throughput,
-        )
-        .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
-        println!(
-            "{:<13} {:>7.4} {:>7.4} {:>7.4} {:>7.4} {:>7.4}   {:>9} {:>9} {:>9} {:>9}",
-            name,
-            ml.summary.qos_met_fraction,
-            full.summary.qos_met_fraction,
-            at_margin.summary.qos_met_fraction,
-            no_share.summary.qos_met_fraction,
-            exact.summary.qos_met_fraction,
-            ratio(&full),
-            ratio(&at_margin),
-            ratio(&no_share),
-            exact_ratio,
-        );
-        for run in [&ml, &exact, &full, &at_margin, &no_share] {
-            println!("    {:<16} {}", run.summary.policy, mean_allocation(run));
+        let mut platforms = vec![Arc::new(own.clone())];
+        if own.host.preset != GOLD {
+            platforms.push(Arc::new(own.on_platform(GOLD)?));
         }
+        for sc in &platforms {
+            gap(sc)?;
+        }
+    }
+    Ok(())
+}
+
+/// One scenario on one platform: the line of ratios, then each run's mean allocation.
+fn gap(sc: &Arc<Scenario>) -> Result<()> {
+    let ml = simulate::run_policy(sc, LabPolicy::Ml, None, None, |_| Ok(()))?;
+    let full = simulate::run_oracle(sc, OracleConfig::default(), "oracle")?;
+    let at_margin = simulate::run_oracle(
+        sc,
+        OracleConfig {
+            target_fraction: 0.9,
+            ..OracleConfig::default()
+        },
+        "oracle@0.9",
+    )?;
+    let no_share = simulate::run_oracle(
+        sc,
+        OracleConfig {
+            share_ways: false,
+            ..OracleConfig::default()
+        },
+        "oracle-no-share",
+    )?;
+    // `ml` with exact readings and the model's spread off: its ceiling (as in
+    // `noise_gap`'s last world), to tell its sizing from its caution.
+    let exact = {
+        let mut world = (**sc).clone();
+        world.noise.p99_sigma = 0.0;
+        world.noise.counter_sigma = 0.0;
+        world.noise.glitch_prob = 0.0;
+        world.noise.missing_prob = 0.0;
+        let mut m = simulate::builtin_model(sc.host.preset)?;
+        m.meta.change_sigma_scale = Some(0.0);
+        let mut run = simulate::run_policy(
+            &Arc::new(world),
+            LabPolicy::Ml,
+            None,
+            Some(&Arc::new(m)),
+            |_| Ok(()),
+        )?;
+        run.summary.policy = "ml exact".into();
+        run
+    };
+    let be = ml.summary.be_throughput;
+    let ratio = |o: &SimRun| {
+        cohabit_lab::metrics::be_vs_oracle(be, o.summary.be_throughput)
+            .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"))
+    };
+    let exact_ratio =
+        cohabit_lab::metrics::be_vs_oracle(exact.summary.be_throughput, full.summary.be_throughput)
+            .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
+    println!(
+        "{:<13} {:<15} {:>7.4} {:>7.4} {:>7.4} {:>7.4} {:>7.4}   {:>9} {:>9} {:>9} {:>9}",
+        sc.name,
+        sc.host.preset,
+        ml.summary.qos_met_fraction,
+        full.summary.qos_met_fraction,
+        at_margin.summary.qos_met_fraction,
+        no_share.summary.qos_met_fraction,
+        exact.summary.qos_met_fraction,
+        ratio(&full),
+        ratio(&at_margin),
+        ratio(&no_share),
+        exact_ratio,
+    );
+    for run in [&ml, &exact, &full, &at_margin, &no_share] {
+        println!("    {:<16} {}", run.summary.policy, mean_allocation(run));
     }
     Ok(())
 }

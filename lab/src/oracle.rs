@@ -33,7 +33,13 @@
 //! cores. A dynamic programme over subsets of services × ways used (× groups used, when the
 //! CLOSIDs bind) then packs one option per service at the fewest cores for every way count,
 //! and the pool's value (cores left × best-effort progress per core at the pool's ways and
-//! MBA) picks among them. When not every service can meet its target, the sets of services
+//! MBA) picks among them; the packings that leave the pool as many cores as the one it
+//! picks are verified too (the value cannot see how the ways they split move the memory
+//! latency the pool's jobs see), and the best verified is kept, while the picked one's
+//! verification alone decides whether the search goes on (on the E5 `load-spike` the
+//! picked packing fell short where a tie met both targets; the search went on and settled
+//! on a core less for the pool, and the oracle left best effort 0.432 of the host over the
+//! run instead of 0.450). When not every service can meet its target, the sets of services
 //! to satisfy are tried in overload order (highest-priority counts first, then the most
 //! services) and the first score any set reaches wins, the best-effort value deciding among
 //! sets with the same score; services left out get one core in the pool's group, then every
@@ -179,6 +185,15 @@ struct Frozen {
     interference: Vec<f64>,
     pool_cache: Vec<f64>,
     margin: f64,
+}
+
+/// One round of a search: the plan the frozen model valued most with its evaluation, the
+/// best plan the round verified, and the score the frozen model planned.
+struct Round {
+    chosen: Found,
+    best: Found,
+    planned: Score,
+    check: world::Evaluation,
 }
 
 /// The part of the space one search covers: the pool's MBA, and whether latency-critical
@@ -581,9 +596,14 @@ impl OraclePolicy {
         // The last round whose plan fell short of what it planned.
         let mut failed: Option<Frozen> = None;
         for round in 0..ROUNDS {
-            let (found, planned, check) = self.try_round(loads, reference, &frozen, sub, round);
+            let Round {
+                chosen,
+                best: found,
+                planned,
+                check,
+            } = self.try_round(loads, reference, &frozen, sub, round);
             keep(&found);
-            if found.score >= planned {
+            if chosen.score >= planned {
                 // Verified. The round before planned with less latency and a looser margin and
                 // fell short; the raise that followed is a guess, often far more than needed
                 // (a streaming pool's bandwidth moves the latency by a tenth, and the next
@@ -599,10 +619,9 @@ impl OraclePolicy {
                             margin: lo.margin + t * (frozen.margin - lo.margin),
                             ..frozen.clone()
                         };
-                        let (found, planned, _) =
-                            self.try_round(loads, reference, &mid, sub, round + 1 + step);
-                        keep(&found);
-                        if found.score >= planned {
+                        let r = self.try_round(loads, reference, &mid, sub, round + 1 + step);
+                        keep(&r.best);
+                        if r.chosen.score >= r.planned {
                             high = t;
                         } else {
                             low = t;
@@ -623,8 +642,10 @@ impl OraclePolicy {
         best.expect("at least one round")
     }
 
-    /// One round under `frozen`, verified by a full evaluation: what it found (with the
-    /// score the truth gives it), the score the frozen model planned, and the evaluation.
+    /// One round under `frozen`, each of its plans verified by a full evaluation: the plan
+    /// the frozen model values most (its verification decides what the search does next,
+    /// with its evaluation), the best of all (kept, as every verified plan is), and the
+    /// score the frozen model planned.
     fn try_round(
         &self,
         loads: &[f64],
@@ -632,13 +653,34 @@ impl OraclePolicy {
         frozen: &Frozen,
         sub: Subspace,
         round: usize,
-    ) -> (Found, Score, world::Evaluation) {
+    ) -> Round {
         let gpu_eff = self.gpu_effective();
         let zeros = vec![0.0; loads.len()];
-        let be_mba = sub.be_mba;
-        let (plan, planned) = self.plan_round(loads, reference, frozen, sub);
-        let (check, truth) = self.truth.evaluate(&plan, loads, &gpu_eff, &zeros);
-        let score = self.score_of(&truth);
+        let (plans, planned) = self.plan_round(loads, reference, frozen, sub);
+        let mut first: Option<(Found, world::Evaluation)> = None;
+        let mut best: Option<Found> = None;
+        for plan in plans {
+            let (check, truth) = self.truth.evaluate(&plan, loads, &gpu_eff, &zeros);
+            let found = self.verified(plan, &truth, sub.be_mba, round);
+            if best.as_ref().is_none_or(|b| found.better_than(b)) {
+                best = Some(found.clone());
+            }
+            if first.is_none() {
+                first = Some((found, check));
+            }
+        }
+        let (chosen, check) = first.expect("a round plans at least one packing");
+        Round {
+            best: best.unwrap_or_else(|| chosen.clone()),
+            chosen,
+            planned,
+            check,
+        }
+    }
+
+    /// `plan` with what the truth says of it.
+    fn verified(&self, plan: Plan, truth: &GroundTruth, be_mba: u8, round: usize) -> Found {
+        let score = self.score_of(truth);
         let met = score.0.iter().sum::<usize>();
         let groups = plan.resctrl_groups();
         let shared = plan
@@ -658,24 +700,25 @@ impl OraclePolicy {
             self.lc().len(),
             plan.lc_cores(),
         );
-        let found = Found {
+        Found {
             plan,
             score,
             be: truth.be_throughput,
             why,
-        };
-        (found, planned, check)
+        }
     }
 
-    /// One round: the options under `frozen`, the best packing in overload order, laid out.
-    /// Returns the plan and the score the frozen model expects of it.
+    /// One round: the options under `frozen`, the best packing in overload order, laid out,
+    /// then the packings of the same set that leave the pool as many cores. Returns the
+    /// plans (the best by the frozen value first) and the score the frozen model expects of
+    /// them.
     fn plan_round(
         &self,
         loads: &[f64],
         reference: &Plan,
         frozen: &Frozen,
         sub: Subspace,
-    ) -> (Plan, Score) {
+    ) -> (Vec<Plan>, Score) {
         let be_mba = sub.be_mba;
         let lc = self.lc();
         let n = lc.len();
@@ -718,7 +761,8 @@ impl OraclePolicy {
             vec![(self.score_of_set(alone), alone)]
         };
         sets.sort_by(|a, b| b.0.cmp(&a.0));
-        let mut chosen: Option<(Score, u32, Packing)> = None;
+        // The chosen set's packings, the best by value first.
+        let mut chosen: Option<(Score, u32, Vec<Packing>)> = None;
         for (score, met) in sets {
             if let Some((s, _, _)) = &chosen {
                 if score < *s {
@@ -728,34 +772,56 @@ impl OraclePolicy {
             let left_out = u32::try_from(n)
                 .unwrap_or(u32::MAX)
                 .saturating_sub(met.count_ones());
-            let Some(p) = pack(
+            let mut packings = pack(
                 &options,
                 met,
                 w_cap,
                 budget,
                 cap.cores.saturating_sub(left_out),
-            )
-            .into_iter()
-            .max_by(|a, b| value(a).total_cmp(&value(b))) else {
+            );
+            packings.sort_by(|a, b| value(b).total_cmp(&value(a)));
+            let Some(p) = packings.first() else {
                 continue;
             };
-            let better = chosen.as_ref().is_none_or(|(_, _, q)| value(&p) > value(q));
+            let better = chosen
+                .as_ref()
+                .is_none_or(|(_, _, q)| value(p) > value(&q[0]));
             if better {
-                chosen = Some((score, met, p));
+                chosen = Some((score, met, packings));
             }
         }
-        let (score, met, packing) = chosen.unwrap_or_else(|| {
+        let (score, met, packings) = chosen.unwrap_or_else(|| {
             (
                 self.score_of_set(0),
                 0,
-                Packing {
+                vec![Packing {
                     options: vec![],
                     ways: 0,
                     cores: 0,
-                },
+                }],
             )
         });
-        let mut plan = self.lay_out(&packing, be_mba);
+        // The frozen value ranks packings that leave the pool the same cores by the pool's
+        // ways alone, at the frozen memory latency; how the ways they split moves the LC
+        // services' misses, and so the latency the pool's jobs see, it cannot tell. Those
+        // ties go to verification with the best one (on the E5 `load-spike` the value gave
+        // the pool a second way where its nineteenth way in the LC range left the pool more:
+        // 0.2781 of the host against 0.2774 in 540 of 600 intervals).
+        let best_cores = packings[0].cores;
+        let plans = packings
+            .iter()
+            .filter(|p| p.cores == best_cores)
+            .map(|p| self.finish(p, met, &eval, be_mba))
+            .collect();
+        (plans, score)
+    }
+
+    /// The plan of `packing`, with the latency-critical services not in `met` served from
+    /// what is left.
+    fn finish(&self, packing: &Packing, met: u32, eval: &Evaluator<'_>, be_mba: u8) -> Plan {
+        let lc = self.lc();
+        let cap = &self.ctx.host;
+        let mut plan = self.lay_out(packing, be_mba);
         // Services left out: a core in the pool's group, then every core that still lowers
         // their p99 by 5 % or more, before best effort gets any.
         for k in self.overload_order() {
@@ -786,7 +852,7 @@ impl OraclePolicy {
             );
             plan.best_effort.cores = cap.cores.saturating_sub(plan.lc_cores());
         }
-        (plan, score)
+        plan
     }
 
     /// Latency-critical indices `k` in overload order: priority, then configuration order.
@@ -1411,6 +1477,37 @@ mod tests {
                 b.be_throughput
             );
         }
+    }
+
+    #[test]
+    fn it_leaves_at_least_what_a_hand_built_plan_that_meets_every_target_leaves() {
+        // On the E5 `load-spike` at the start: memcached on 8 cores with 6 ways and img-dnn
+        // on 10 with 13 meet both targets and leave the pool 18 cores. The search's frozen
+        // value ranked that layout level with one that gives the pool a second way instead
+        // (same cores), verified only the other, which fell short, and settled a round later
+        // on 19 LC cores. Packings that tie on cores are now all verified.
+        let (mut o, sc) = oracle("load-spike");
+        let plan = o.initial().plan;
+        let mut hand = plan.clone();
+        let total = sc.capacity().cores;
+        for (name, cores, first, count) in [("memcached", 8, 0, 6), ("img-dnn", 10, 6, 13)] {
+            let a = hand.services.get_mut(name).expect(name);
+            a.cores = cores;
+            a.llc_ways = WayRange::new(first, count);
+            a.mba_pct = MBA_MAX_PCT;
+        }
+        hand.best_effort.cores = total - hand.lc_cores();
+        hand.best_effort.llc_ways = WayRange::new(19, 1);
+        hand.best_effort.mba_pct = MBA_MAX_PCT;
+        let ((a, _), (b, _)) = (first_truth(&sc, &plan), first_truth(&sc, &hand));
+        let (sa, sb) = (o.score_of(&a), o.score_of(&b));
+        assert_eq!(sb, Score(vec![2]), "the hand-built plan meets both: {b:?}");
+        assert!(
+            (&sa, a.be_throughput) >= (&sb, b.be_throughput),
+            "oracle {sa:?} {} vs hand-built {} \n{plan:?}",
+            a.be_throughput,
+            b.be_throughput
+        );
     }
 
     #[test]

@@ -1320,6 +1320,27 @@ mod tests {
         (full, OraclePolicy::with_config(tm, restricted), sc)
     }
 
+    /// Asserts that the oracle's `plan` meets at least the score `other` meets in the first
+    /// interval of `sc` and, at the same score, leaves best effort at least as much; returns
+    /// `other`'s score.
+    fn no_worse(
+        o: &OraclePolicy,
+        sc: &Arc<Scenario>,
+        plan: &Plan,
+        other: &Plan,
+        what: &str,
+    ) -> Score {
+        let ((a, _), (b, _)) = (first_truth(sc, plan), first_truth(sc, other));
+        let (sa, sb) = (o.score_of(&a), o.score_of(&b));
+        assert!(
+            (&sa, a.be_throughput) >= (&sb, b.be_throughput),
+            "oracle {sa:?} {} vs {what} {sb:?} {}\n{plan:?}\n{other:?}",
+            a.be_throughput,
+            b.be_throughput
+        );
+        sb
+    }
+
     /// The ground truth of `plan` in the first interval of `sc`.
     fn first_truth(sc: &Arc<Scenario>, plan: &Plan) -> (GroundTruth, Vec<f64>) {
         let tm = TruthModel::new(Arc::clone(sc));
@@ -1468,13 +1489,12 @@ mod tests {
                 },
             );
             let (p, q) = (full.initial().plan, apart.initial().plan);
-            let ((a, _), (b, _)) = (first_truth(&sc, &p), first_truth(&sc, &q));
-            let (sa, sb) = (full.score_of(&a), full.score_of(&b));
-            assert!(
-                (&sa, a.be_throughput) >= (&sb, b.be_throughput),
-                "{platform}: shared {sa:?} {} vs apart {sb:?} {}\n{p:?}\n{q:?}",
-                a.be_throughput,
-                b.be_throughput
+            no_worse(
+                &full,
+                &sc,
+                &p,
+                &q,
+                &format!("{platform}, without shared ranges"),
             );
         }
     }
@@ -1499,15 +1519,8 @@ mod tests {
         hand.best_effort.cores = total - hand.lc_cores();
         hand.best_effort.llc_ways = WayRange::new(19, 1);
         hand.best_effort.mba_pct = MBA_MAX_PCT;
-        let ((a, _), (b, _)) = (first_truth(&sc, &plan), first_truth(&sc, &hand));
-        let (sa, sb) = (o.score_of(&a), o.score_of(&b));
-        assert_eq!(sb, Score(vec![2]), "the hand-built plan meets both: {b:?}");
-        assert!(
-            (&sa, a.be_throughput) >= (&sb, b.be_throughput),
-            "oracle {sa:?} {} vs hand-built {} \n{plan:?}",
-            a.be_throughput,
-            b.be_throughput
-        );
+        let hand_score = no_worse(&o, &sc, &plan, &hand, "hand-built");
+        assert_eq!(hand_score, Score(vec![2]), "the hand-built plan meets both");
     }
 
     #[test]

@@ -79,7 +79,8 @@
 //! three or more services short of all of them). Cost: per pool MBA step, sharing mode and
 //! round (at most `ROUNDS + BISECT_STEPS`; the bisection made whole runs 2–4× slower, e.g.
 //! the E5 `parties-mix` 2.4 → 9 s of 900 intervals, the searches' p99 35 → 120–150 ms; the
-//! search without shared ranges, with its n range options, about a fifth more: 9 → 11 s),
+//! search without shared ranges, with its n range options, about a fifth more: 9 → 11 s;
+//! the ties on cores a few more full evaluations per round: the E5 `demo`'s p99 23 → 38 ms),
 //! O(B·W·log C) closed-form evaluations for the B = n + n(n−1)/2 + 1 range options, a
 //! packing over subsets (2ⁿ·W per set tried), and one full evaluation; `cohabit bench`
 //! prints the measured search time. Up to 12 latency-critical services (masks are 32 bits;
@@ -657,22 +658,20 @@ impl OraclePolicy {
         let gpu_eff = self.gpu_effective();
         let zeros = vec![0.0; loads.len()];
         let (plans, planned) = self.plan_round(loads, reference, frozen, sub);
-        let mut first: Option<(Found, world::Evaluation)> = None;
-        let mut best: Option<Found> = None;
-        for plan in plans {
+        let mut checked = plans.into_iter().map(|plan| {
             let (check, truth) = self.truth.evaluate(&plan, loads, &gpu_eff, &zeros);
-            let found = self.verified(plan, &truth, sub.be_mba, round);
-            if best.as_ref().is_none_or(|b| found.better_than(b)) {
-                best = Some(found.clone());
-            }
-            if first.is_none() {
-                first = Some((found, check));
+            (self.verified(plan, &truth, sub.be_mba, round), check)
+        });
+        let (chosen, check) = checked.next().expect("a round plans at least one packing");
+        let mut best = chosen.clone();
+        for (found, _) in checked {
+            if found.better_than(&best) {
+                best = found;
             }
         }
-        let (chosen, check) = first.expect("a round plans at least one packing");
         Round {
-            best: best.unwrap_or_else(|| chosen.clone()),
             chosen,
+            best,
             planned,
             check,
         }
@@ -804,9 +803,8 @@ impl OraclePolicy {
         // The frozen value ranks packings that leave the pool the same cores by the pool's
         // ways alone, at the frozen memory latency; how the ways they split moves the LC
         // services' misses, and so the latency the pool's jobs see, it cannot tell. Those
-        // ties go to verification with the best one (on the E5 `load-spike` the value gave
-        // the pool a second way where its nineteenth way in the LC range left the pool more:
-        // 0.2781 of the host against 0.2774 in 540 of 600 intervals).
+        // ties go to verification with the best one (on the E5 `load-spike` at the start
+        // the best fell short where a tie met both targets: see the module docs).
         let best_cores = packings[0].cores;
         let plans = packings
             .iter()

@@ -118,11 +118,21 @@ pub fn build_policy(
 /// The `ml` policy for a scenario with the CPU model `cpu`, and on a platform with a GPU the
 /// built-in GPU model for the GPU services' shares.
 pub fn build_ml(scenario: &Arc<Scenario>, cpu: Arc<Model>) -> Result<MlPolicy, RunError> {
+    build_ml_with(scenario, cpu, MlConfig::default())
+}
+
+/// [`build_ml`] with the tunables `cfg` instead of the defaults (the lab's examples compare
+/// settings).
+pub fn build_ml_with(
+    scenario: &Arc<Scenario>,
+    cpu: Arc<Model>,
+    cfg: MlConfig,
+) -> Result<MlPolicy, RunError> {
     let ctx = HostContext {
         host: scenario.capacity().clone(),
         specs: scenario.specs(),
     };
-    let ml = MlPolicy::new(ctx, cpu, MlConfig::default());
+    let ml = MlPolicy::new(ctx, cpu, cfg);
     match cohabit_models::builtin_gpu(scenario.host.preset) {
         Some(gpu) => ml
             .with_gpu_model(Arc::new(gpu.map_err(RunError::Model)?))

@@ -1305,14 +1305,28 @@ mod tests {
         (OraclePolicy::new(TruthModel::new(Arc::clone(&sc))), sc)
     }
 
-    /// The full oracle and one searching under `restricted`, on the scenario `name` on
-    /// `platform`.
+    /// The scenario `name` on `platform`.
+    fn on(name: &str, platform: &str) -> Scenario {
+        Scenario::load(name).unwrap().on_platform(platform).unwrap()
+    }
+
+    /// The scenario `name` on the E5-2697 v4 as if it had MBA (a 10 % minimum and step, as
+    /// on Xeon Scalable). The real part has none, and neither has its preset since this
+    /// round; the cases these tests hold were found on it before then, and the oracle's
+    /// search does not depend on which platform offers the steps.
+    fn on_e5_with_mba(name: &str) -> Scenario {
+        let mut sc = on(name, "xeon-e5-2697v4");
+        sc.host.capacity.mba_min_pct = 10;
+        sc.host.capacity.mba_gran_pct = 10;
+        sc
+    }
+
+    /// The full oracle and one searching under `restricted`, on `sc`.
     fn full_and_restricted(
-        name: &str,
-        platform: &str,
+        sc: Scenario,
         restricted: OracleConfig,
     ) -> (OraclePolicy, OraclePolicy, Arc<Scenario>) {
-        let sc = Arc::new(Scenario::load(name).unwrap().on_platform(platform).unwrap());
+        let sc = Arc::new(sc);
         let tm = TruthModel::new(Arc::clone(&sc));
         let full = OraclePolicy::new(tm.clone());
         (full, OraclePolicy::with_config(tm, restricted), sc)
@@ -1477,10 +1491,13 @@ mod tests {
         // shared ranges preferred memcached and moses in one 19-way range, which verified
         // with two pool cores at full bandwidth, where the search without them found three
         // at 90 % (and never tried it itself).
-        for platform in ["xeon-e5-2697v4", "xeon-gold-6338"] {
+        for sc in [
+            on_e5_with_mba("mba-stream"),
+            on("mba-stream", "xeon-gold-6338"),
+        ] {
+            let platform = sc.host.preset;
             let (mut full, mut apart, sc) = full_and_restricted(
-                "mba-stream",
-                platform,
+                sc,
                 OracleConfig {
                     share_ways: false,
                     ..OracleConfig::default()
@@ -1547,12 +1564,11 @@ mod tests {
 
     #[test]
     fn throttling_the_streaming_jobs_is_the_cheapest_way_on_mba_stream_on_the_gold() {
-        // On the E5 (fewer cores beside memcached) the pool has two or three cores, and a
-        // throttle buys it little (three cores at 90 %); on the Gold the throttled pool wins
-        // by more than 5 %.
+        // The scenario's own platform (the E5-2697 v4 has no MBA; given it, its pool has two
+        // or three cores beside memcached and a throttle buys little, three cores at 90 %):
+        // the throttled pool wins by more than 5 %.
         let (mut with, mut without, sc) = full_and_restricted(
-            "mba-stream",
-            "xeon-gold-6338",
+            Scenario::load("mba-stream").unwrap(),
             OracleConfig {
                 search_mba: false,
                 ..OracleConfig::default()
@@ -1580,7 +1596,7 @@ mod tests {
         // search must find one leaving at least as much. Before the bisection between a
         // round that fell short and the verified one, the E5 mba-stream oracle left 0.065
         // (four cores of the pool throttled to 10 %) where aiming at 0.8 left 0.103.
-        let sc = Arc::new(Scenario::load("mba-stream").unwrap());
+        let sc = Arc::new(on_e5_with_mba("mba-stream"));
         let tm = TruthModel::new(Arc::clone(&sc));
         let (a, _) = first_truth(&sc, &OraclePolicy::new(tm.clone()).initial().plan);
         for aim in [0.9, 0.8] {

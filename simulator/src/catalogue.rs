@@ -99,11 +99,12 @@ impl Platform {
                 mem_bw_bytes_per_s: 76.8e9,
                 gpus: vec![],
                 // Broadwell-EP offers 16 L3 CAT classes of service (CPUID leaf 0x10). It has
-                // no MBA (Skylake-SP brought it): the MBA fields keep the usual 10 % minimum
-                // and step, and no policy throttles below 100 %.
+                // no MBA (RDT on the E5 v4 is CAT, CDP, CMT and MBM; MBA came with Xeon
+                // Scalable): 100 % is its only level, as the daemon reports a host whose
+                // resctrl has no MB resource, and the simulator refuses any other.
                 closids: 16,
-                mba_min_pct: 10,
-                mba_gran_pct: 10,
+                mba_min_pct: cohabit_core::MBA_MAX_PCT,
+                mba_gran_pct: cohabit_core::MBA_MAX_PCT,
                 min_cbm_bits: 1,
                 shareable_bits: 0,
             },
@@ -162,8 +163,8 @@ impl Platform {
                     // and a 20-bit mask with at least 2 bits set. The simulator does not
                     // enforce that 2-bit minimum. No MBA on Haswell (see the E5-2697 v4).
                     closids: 4,
-                    mba_min_pct: 10,
-                    mba_gran_pct: 10,
+                    mba_min_pct: cohabit_core::MBA_MAX_PCT,
+                    mba_gran_pct: cohabit_core::MBA_MAX_PCT,
                     min_cbm_bits: 1,
                     shareable_bits: 0,
                 },

@@ -765,7 +765,14 @@ model = "stream"
         let p = plan(&one, 50);
         let mut host = SimulatedHost::launch(one, &p, Some(3)).unwrap();
         let (m1, sd1) = mean_sd(&p99_errors(&mut host, 1, 400));
-        let four = steady(4);
+        // The E5 has no MBA; the bandwidth step below needs a host that offers it (the
+        // simulator refuses a throttle the platform lacks, as resctrl without MB would).
+        let four = {
+            let mut sc = (*steady(4)).clone();
+            sc.host.capacity.mba_min_pct = 10;
+            sc.host.capacity.mba_gran_pct = 10;
+            Arc::new(sc)
+        };
         let mut host = SimulatedHost::launch(Arc::clone(&four), &p, Some(3)).unwrap();
         let errors = p99_errors(&mut host, 1, 400);
         // The first three readings rest on fewer intervals.
@@ -786,6 +793,24 @@ model = "stream"
         host.apply(&moved, &[]).unwrap();
         host.collect().unwrap();
         assert_eq!((host.windows[0].len(), host.windows[1].len()), (1, 1));
+    }
+
+    #[test]
+    fn a_throttle_on_a_platform_without_mba_is_refused() {
+        // The E5-2697 v4 has no MBA: resctrl there has no MB resource to write, and the
+        // simulated host refuses the plan rather than pretend to throttle.
+        let sc = steady(1);
+        let mut p = plan(&sc, 50);
+        let mut host = SimulatedHost::launch(Arc::clone(&sc), &p, Some(3)).unwrap();
+        p.best_effort.mba_pct = 50;
+        let e = host.apply(&p, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("mba_pct") && e.contains("no memory bandwidth allocation"),
+            "{e}"
+        );
+        // The plan in force is untouched: the next interval runs unthrottled.
+        host.collect().unwrap();
+        assert_eq!(host.plan.best_effort.mba_pct, 100);
     }
 
     #[test]

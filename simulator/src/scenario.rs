@@ -684,6 +684,24 @@ model = "stream"
     }
 
     #[test]
+    fn only_the_xeon_scalable_preset_offers_mba() {
+        // MBA came with Xeon Scalable (Skylake-SP on); the Broadwell-EP and Haswell-EP
+        // parts have CAT and monitoring only, so 100 % is their one level.
+        for (name, p) in Platform::ALL {
+            let c = p.host().capacity;
+            assert_eq!(
+                (c.mba_min_pct, c.mba_gran_pct),
+                if name == "xeon-gold-6338" {
+                    (10, 10)
+                } else {
+                    (100, 100)
+                },
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn a_host_without_counters_or_rdt_monitoring_reports_those_readings_absent() {
         assert_eq!(parse(GOOD).unwrap().telemetry, Telemetry::default());
         let s = parse(&GOOD.replace("[host]", "[host]\ncounters = false\nrdt_monitoring = false"))

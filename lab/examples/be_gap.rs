@@ -53,9 +53,6 @@ fn mean_allocation(run: &SimRun) -> String {
     out.join("  ")
 }
 
-/// The second platform every scenario also runs on.
-const GOLD: &str = "xeon-gold-6338";
-
 fn main() -> Result<()> {
     let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
@@ -74,15 +71,12 @@ fn main() -> Result<()> {
         "ex/oracle"
     );
     for name in &names {
-        let own = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
-        if own.services.iter().any(|s| s.spec.gpu.is_some()) {
+        let Some(platforms) =
+            simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))?
+        else {
             println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
             continue;
-        }
-        let mut platforms = vec![Arc::new(own.clone())];
-        if own.host.preset != GOLD {
-            platforms.push(Arc::new(own.on_platform(GOLD)?));
-        }
+        };
         for sc in &platforms {
             gap(sc)?;
         }

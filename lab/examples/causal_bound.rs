@@ -17,19 +17,13 @@
 //! `cargo run --release -p cohabit-lab --example causal_bound [SCENARIO…]` (simulated;
 //! about 12 minutes for the five CPU scenarios on both platforms on a 2-CPU machine).
 
-use std::sync::Arc;
-
 use anyhow::{Context, Result};
 use cohabit_lab::metrics::be_vs_oracle;
 use cohabit_lab::oracle::OracleConfig;
 use cohabit_lab::simulate::{self, LabPolicy, SimRun};
-use cohabit_sim::Scenario;
 
 /// Fractions of each target the oracle without foresight aims at.
 const AIMS: [f64; 6] = [0.97, 0.93, 0.9, 0.85, 0.8, 0.7];
-
-/// The second platform every scenario also runs on.
-const GOLD: &str = "xeon-gold-6338";
 
 fn main() -> Result<()> {
     let names = simulate::names_or_builtin(std::env::args().skip(1).collect());
@@ -44,15 +38,12 @@ fn main() -> Result<()> {
     }
     println!("{:>7} {:>9}", "causal", "ml/causal");
     for name in &names {
-        let own = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
-        if own.services.iter().any(|s| s.spec.gpu.is_some()) {
+        let Some(platforms) =
+            simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))?
+        else {
             println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
             continue;
-        }
-        let mut platforms = vec![Arc::new(own.clone())];
-        if own.host.preset != GOLD {
-            platforms.push(Arc::new(own.on_platform(GOLD)?));
-        }
+        };
         for sc in platforms {
             let full = simulate::run_oracle(&sc, OracleConfig::default(), "oracle")?;
             let vs = |r: &SimRun| be_vs_oracle(r.summary.be_throughput, full.summary.be_throughput);

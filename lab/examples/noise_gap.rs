@@ -29,9 +29,6 @@ use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_models::Model;
 use cohabit_sim::Scenario;
 
-/// The second platform every scenario also runs on.
-const GOLD: &str = "xeon-gold-6338";
-
 /// Seeds each world is run with.
 const SEEDS: [u64; 10] = [0, 101, 202, 303, 404, 505, 606, 707, 808, 909];
 
@@ -108,14 +105,11 @@ fn main() -> Result<()> {
     println!();
     let mut jobs = Vec::new();
     for name in &names {
-        let own = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
-        if own.services.iter().any(|s| s.spec.gpu.is_some()) {
-            continue;
+        if let Some(platforms) =
+            simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))?
+        {
+            jobs.extend(platforms.iter().map(|sc| (**sc).clone()));
         }
-        if own.host.preset != GOLD {
-            jobs.push(own.on_platform(GOLD)?);
-        }
-        jobs.push(own);
     }
     let n = jobs.len() as f64;
     let results: Vec<Result<Tally>> = std::thread::scope(|s| {

@@ -31,9 +31,6 @@ use cohabit_lab::simulate;
 use cohabit_policy::MlConfig;
 use cohabit_sim::Scenario;
 
-/// The second platform every scenario also runs on.
-const GOLD: &str = "xeon-gold-6338";
-
 /// Seeds each setting is run with.
 const SEEDS: [u64; 10] = [0, 101, 202, 303, 404, 505, 606, 707, 808, 909];
 
@@ -143,15 +140,12 @@ fn main() -> Result<()> {
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
     let mut hosts = Vec::new();
     for name in &names {
-        let own = Scenario::load(name).with_context(|| format!("scenario {name}"))?;
-        if own.services.iter().any(|s| s.spec.gpu.is_some()) {
-            println!("{name}: skipped, a GPU scenario (the oracle fixes GPU shares per run)");
-            continue;
+        match simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))? {
+            Some(platforms) => hosts.extend(platforms),
+            None => {
+                println!("{name}: skipped, a GPU scenario (the oracle fixes GPU shares per run)")
+            }
         }
-        if own.host.preset != GOLD {
-            hosts.push(Arc::new(own.on_platform(GOLD)?));
-        }
-        hosts.push(Arc::new(own));
     }
     let oracle = oracles(&hosts)?;
     let settings = settings();

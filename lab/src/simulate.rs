@@ -194,6 +194,25 @@ pub fn run_oracle(
     run_built(scenario, policy, name, None, |_| Ok(()))
 }
 
+/// The CPU platforms the lab's examples compare on: the Xeon E5-2697 v4 (CAT, no MBA) and
+/// the Xeon Gold 6338 (CAT and MBA).
+pub const LAB_PLATFORMS: [&str; 2] = ["xeon-e5-2697v4", "xeon-gold-6338"];
+
+/// The scenario `name` on each of [`LAB_PLATFORMS`] whatever its own (a scenario built
+/// around MBA, `mba-stream`, also runs where there is none), or `None` for a scenario with
+/// GPU services (these platforms have no GPU).
+pub fn on_lab_platforms(name: &str) -> Result<Option<Vec<Arc<Scenario>>>, RunError> {
+    let own = Scenario::load(name)?;
+    if own.services.iter().any(|s| s.spec.gpu.is_some()) {
+        return Ok(None);
+    }
+    let on = LAB_PLATFORMS
+        .iter()
+        .map(|p| Ok(Arc::new(own.on_platform(p)?)))
+        .collect::<Result<Vec<_>, RunError>>()?;
+    Ok(Some(on))
+}
+
 /// The scenarios named on a command line, or every built-in (uncrowded) one when none is.
 pub fn names_or_builtin(asked: Vec<String>) -> Vec<String> {
     if asked.is_empty() {

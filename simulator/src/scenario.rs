@@ -56,6 +56,9 @@ pub struct Scenario {
     pub seed: u64,
     /// The simulated platform.
     pub host: SimHost,
+    /// The `[host]` section it was built from (a scenario made in code: the default, a
+    /// preset with no changes).
+    pub host_section: HostSection,
     /// Latency-critical services first, then best-effort jobs, in file order.
     pub services: Vec<SimService>,
     /// Measurement dirt.
@@ -178,7 +181,7 @@ struct ScenarioFile {
     tick_ms: i64,
     #[serde(default)]
     seed: u64,
-    host: HostFile,
+    host: HostSection,
     #[serde(default)]
     service: Vec<ServiceFile>,
     #[serde(default)]
@@ -191,22 +194,26 @@ fn default_tick() -> i64 {
     1000
 }
 
-#[derive(Debug, Deserialize)]
+/// A scenario's `[host]` section as written: a preset and what the scenario changes of it
+/// (the CLOSID budget of `few-closids`, no RDT allocation on a VM, …). Kept with the
+/// scenario so that [`Scenario::on_platform`] applies the same changes to another preset.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct HostFile {
+#[allow(missing_docs)] // the scenario file's keys, documented in the module docs
+pub struct HostSection {
     #[serde(default)]
-    preset: Option<String>,
-    cores: Option<i64>,
-    freq_ghz: Option<f64>,
-    llc_ways: Option<i64>,
-    llc_mb: Option<f64>,
-    mem_bw_gbps: Option<f64>,
-    mem_latency_ns: Option<f64>,
-    closids: Option<i64>,
-    counters: Option<bool>,
-    rdt_monitoring: Option<bool>,
-    rdt_allocation: Option<bool>,
-    gpu_share_change: Option<cohabit_core::ShareChange>,
+    pub preset: Option<String>,
+    pub cores: Option<i64>,
+    pub freq_ghz: Option<f64>,
+    pub llc_ways: Option<i64>,
+    pub llc_mb: Option<f64>,
+    pub mem_bw_gbps: Option<f64>,
+    pub mem_latency_ns: Option<f64>,
+    pub closids: Option<i64>,
+    pub counters: Option<bool>,
+    pub rdt_monitoring: Option<bool>,
+    pub rdt_allocation: Option<bool>,
+    pub gpu_share_change: Option<cohabit_core::ShareChange>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -458,6 +465,7 @@ impl Scenario {
             tick_ms: file.tick_ms.unsigned_abs(),
             seed: file.seed,
             host,
+            host_section: file.host.clone(),
             services,
             noise: file.noise,
             telemetry: Telemetry {
@@ -478,17 +486,16 @@ impl Scenario {
     }
 
     /// The same scenario on another built-in platform: the same request rates (loads are
-    /// fractions of knees calibrated on the reference platform). Refused when a service
-    /// needs a GPU the platform lacks.
+    /// fractions of knees calibrated on the reference platform) and the same changes to the
+    /// preset its `[host]` section makes (`few-closids` keeps its 4 CLOSIDs). Refused when a
+    /// service needs a GPU the platform lacks.
     pub fn on_platform(&self, preset: &str) -> Result<Scenario, SimError> {
-        let platform = Platform::by_name(preset).ok_or_else(|| {
-            let names: Vec<&str> = Platform::ALL.iter().map(|(n, _)| *n).collect();
-            SimError::Scenario(format!(
-                "unknown platform {preset:?}; presets: {}",
-                names.join(", ")
-            ))
-        })?;
-        let host = platform.host();
+        let section = HostSection {
+            preset: Some(preset.to_string()),
+            ..self.host_section.clone()
+        };
+        let host = host_from(&section)
+            .map_err(|e| SimError::Scenario(format!("scenario {}: {e}", self.name)))?;
         if let Some(s) = self.services.iter().find(|s| {
             s.spec
                 .gpu
@@ -501,6 +508,7 @@ impl Scenario {
         }
         Ok(Scenario {
             host,
+            host_section: section,
             ..self.clone()
         })
     }
@@ -536,7 +544,7 @@ fn find_model(service: &str, model: &str) -> Result<&'static ServiceModel, Strin
     })
 }
 
-fn host_from(f: &HostFile) -> Result<SimHost, String> {
+fn host_from(f: &HostSection) -> Result<SimHost, String> {
     let preset = f.preset.as_deref().unwrap_or("xeon-e5-2697v4");
     let platform = Platform::by_name(preset).ok_or_else(|| {
         let names: Vec<&str> = Platform::ALL.iter().map(|(n, _)| *n).collect();
@@ -699,6 +707,31 @@ model = "stream"
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn on_another_platform_a_scenario_keeps_what_its_host_section_changes() {
+        // few-closids gives the E5 4 CLOSIDs: on the Gold it has 4 as well, and the Gold's
+        // own cores and ways.
+        let few = Scenario::load("few-closids").unwrap();
+        let gold = few.on_platform("xeon-gold-6338").unwrap();
+        let c = gold.capacity();
+        assert_eq!((c.closids, c.cores, c.llc_ways), (4, 64, 12));
+        assert_eq!(gold.host.preset, "xeon-gold-6338");
+        // A host without RDT allocation has none on any platform.
+        let vm = parse(&GOOD.replace("[host]", "[host]\nrdt_allocation = false"))
+            .unwrap()
+            .on_platform("xeon-gold-6338")
+            .unwrap();
+        assert_eq!(
+            (vm.capacity().llc_ways, vm.capacity().mba_min_pct),
+            (1, 100)
+        );
+        let e = few.on_platform("xeon-9999").unwrap_err().to_string();
+        assert!(
+            e.contains("xeon-9999") && e.contains("xeon-gold-6338"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -121,6 +121,7 @@ pub(crate) fn generate_scenes<K: SceneKind>(
             tick_ms: 1000,
             seed,
             host: host_kind.host(host),
+            host_section: cohabit_sim::scenario::HostSection::default(),
             services,
             noise: Noise::default(),
             telemetry: host_kind.telemetry,

@@ -26,7 +26,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use cohabit_lab::oracle::OracleConfig;
 use cohabit_lab::simulate;
 use cohabit_policy::MlConfig;
 use cohabit_sim::Scenario;
@@ -170,27 +169,14 @@ fn main() -> Result<()> {
 /// The oracle's best-effort throughput on each scenario and platform, keyed by both.
 fn oracles(hosts: &[Arc<Scenario>]) -> Result<BTreeMap<String, f64>> {
     let per_host = parallel(hosts, |sc| {
-        let first = simulate::run_built(
-            sc,
-            Box::new(cohabit_lab::oracle::OraclePolicy::with_config(
-                cohabit_sim::TruthModel::new(Arc::clone(sc)),
-                OracleConfig::default(),
-            )),
-            "oracle",
-            Some(SEEDS[0]),
-            |_| Ok(()),
-        )?;
-        let last = simulate::run_built(
-            sc,
-            Box::new(cohabit_lab::oracle::OraclePolicy::with_config(
-                cohabit_sim::TruthModel::new(Arc::clone(sc)),
-                OracleConfig::default(),
-            )),
-            "oracle",
-            Some(SEEDS[SEEDS.len() - 1]),
-            |_| Ok(()),
-        )?;
-        let (a, b) = (first.summary.be_throughput, last.summary.be_throughput);
+        let at = |seed: u64| -> Result<f64> {
+            let policy = cohabit_lab::oracle::OraclePolicy::new(cohabit_sim::TruthModel::new(
+                Arc::clone(sc),
+            ));
+            let run = simulate::run_built(sc, Box::new(policy), "oracle", Some(seed), |_| Ok(()))?;
+            Ok(run.summary.be_throughput)
+        };
+        let (a, b) = (at(SEEDS[0])?, at(SEEDS[SEEDS.len() - 1])?);
         if (a - b).abs() > 1e-9 * a.abs().max(1.0) {
             bail!(
                 "{} on {}: the oracle's best effort moved with the seed ({a} against {b})",

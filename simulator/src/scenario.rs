@@ -199,20 +199,32 @@ fn default_tick() -> i64 {
 /// scenario so that [`Scenario::on_platform`] applies the same changes to another preset.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[allow(missing_docs)] // the scenario file's keys, documented in the module docs
 pub struct HostSection {
+    /// The platform preset (default `xeon-e5-2697v4`).
     #[serde(default)]
     pub preset: Option<String>,
+    /// Cores instead of the preset's.
     pub cores: Option<i64>,
+    /// Clock instead of the preset's.
     pub freq_ghz: Option<f64>,
+    /// LLC ways instead of the preset's (the LLC's size kept).
     pub llc_ways: Option<i64>,
+    /// LLC size in MiB instead of the preset's.
     pub llc_mb: Option<f64>,
+    /// Peak memory bandwidth instead of the preset's.
     pub mem_bw_gbps: Option<f64>,
+    /// Unloaded memory latency instead of the preset's.
     pub mem_latency_ns: Option<f64>,
+    /// CLOSIDs instead of the preset's.
     pub closids: Option<i64>,
+    /// Whether the host has hardware counters (default: yes).
     pub counters: Option<bool>,
+    /// Whether the host has RDT monitoring (default: yes).
     pub rdt_monitoring: Option<bool>,
+    /// Whether the host has RDT allocation (default: yes; without it one shared way, no
+    /// MBA).
     pub rdt_allocation: Option<bool>,
+    /// How a GPU share change takes effect, instead of the preset's.
     pub gpu_share_change: Option<cohabit_core::ShareChange>,
 }
 

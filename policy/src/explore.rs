@@ -41,7 +41,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cohabit_core::{Allocation, DecisionPath, Observation, Plan, Reason, BEST_EFFORT_GROUP};
+use cohabit_core::{
+    Allocation, DecisionPath, Observation, Plan, Reason, BEST_EFFORT_GROUP, MBA_MAX_PCT,
+};
 use cohabit_models::Model;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -219,7 +221,8 @@ impl Explore {
         if self.cfg.max_ways > 0 && self.ctx.host.llc_ways > 1 && own_ways {
             k.push(Knob::Ways);
         }
-        if self.cfg.max_mba_steps > 0 && self.ctx.host.mba_gran_pct > 0 && own_ways {
+        // A host without MBA offers 100 % only (`mba_min_pct` 100): no knob to walk.
+        if self.cfg.max_mba_steps > 0 && self.ctx.host.mba_min_pct < MBA_MAX_PCT && own_ways {
             k.push(Knob::Mba);
         }
         k
@@ -642,6 +645,21 @@ mod tests {
             current = d.plan;
         }
         assert!(mba_moved);
+    }
+
+    #[test]
+    fn on_a_host_without_mba_the_walk_has_no_mba_knob() {
+        let cfg = ExploreConfig {
+            max_mba_steps: 3,
+            ..ExploreConfig::default()
+        };
+        let (e, mut ctx) = explorer(cfg.clone());
+        assert!(e.knobs("lc0").contains(&Knob::Mba));
+        // A host whose only level is 100 % (no MBA): every step there would be refused.
+        ctx.host.mba_min_pct = MBA_MAX_PCT;
+        ctx.host.mba_gran_pct = MBA_MAX_PCT;
+        let bare = Explore::new(Box::new(StaticPolicy::new(ctx.clone())), ctx, cfg);
+        assert_eq!(bare.knobs("lc0"), vec![Knob::Cores, Knob::Ways]);
     }
 
     #[test]

@@ -57,7 +57,8 @@ pub struct Scenario {
     /// The simulated platform.
     pub host: SimHost,
     /// The `[host]` section it was built from (a scenario made in code: the default, a
-    /// preset with no changes).
+    /// preset with no changes). [`Scenario::on_platform`] rebuilds the host from it, so an
+    /// edit made to `host` in code does not move to another platform.
     pub host_section: HostSection,
     /// Latency-critical services first, then best-effort jobs, in file order.
     pub services: Vec<SimService>,
@@ -499,8 +500,10 @@ impl Scenario {
 
     /// The same scenario on another built-in platform: the same request rates (loads are
     /// fractions of knees calibrated on the reference platform) and the same changes to the
-    /// preset its `[host]` section makes (`few-closids` keeps its 4 CLOSIDs). Refused when a
-    /// service needs a GPU the platform lacks.
+    /// preset its `[host]` section makes (`few-closids` keeps its 4 CLOSIDs). The section's
+    /// values are absolute: a line that restates one preset's own value (`llc_ways = 20` on
+    /// the E5) sets it on the other platform too. Refused when a service needs a GPU the
+    /// platform lacks.
     pub fn on_platform(&self, preset: &str) -> Result<Scenario, SimError> {
         let section = HostSection {
             preset: Some(preset.to_string()),

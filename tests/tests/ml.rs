@@ -421,7 +421,8 @@ fn opt_in_exploration_cuts_calm_services_and_gains_best_effort() {
     // it (at 0.1 here: 3.4 %, then 1.9 %, now 1.0 %; rounds before it gained 14 % on the
     // Gold `few-closids`, where it now gains nothing, and before that on `parties-mix` and
     // the E5 `demo`; over ten seeds of every CPU scenario exploration trades runs meeting
-    // QoS for best effort, docs/RESULTS.md).
+    // QoS for best effort, docs/RESULTS.md; the Gold `few-closids` of those rounds had 16
+    // CLOSIDs, the E5 scenarios MBA, which neither has had since).
     let sc = Arc::new(
         Scenario::load("parties-mix")
             .and_then(|s| s.on_platform("xeon-gold-6338"))

@@ -22,12 +22,12 @@
 //! ([`step_could_win`]). Both rules are heuristics: they assume what a throttle costs grows
 //! faster with each step than what it buys, and that no service does better with more
 //! neighbour bandwidth, which the model and the packer do not guarantee (whole cores, a
-//! fixed charge per change). On the Gold `few-closids` they leave 9 of 600 ticks planning
-//! three levels instead of 143, and 8 services all over their targets plan two instead of
-//! three; the level chosen is the same as with every level planned in every tick of every
-//! run of the bench (the simulated figures are unchanged). Levels are the
-//! platform's MBA steps ([`round_mba`]: multiples of `mba_gran_pct`, at least
-//! `mba_min_pct`).
+//! fixed charge per change). On the Gold `few-closids` (then with 16 CLOSIDs; it keeps its
+//! 4 there since) they left 9 of 600 ticks planning three levels instead of 143, and 8
+//! services all over their targets plan two instead of three; the level chosen is the same
+//! as with every level planned in every tick of every run of the bench (the simulated
+//! figures are unchanged). Levels are the platform's MBA steps ([`round_mba`]: multiples
+//! of `mba_gran_pct`, at least `mba_min_pct`).
 //!
 //! A step up that would win or tie but for the charge of changing the limit is taken once
 //! it has done so for `shrink_after` ticks in a row with no pressure

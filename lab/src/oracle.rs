@@ -823,9 +823,9 @@ impl OraclePolicy {
         // Services left out, before best effort gets any core: in the pool's group, the
         // fewest cores that bring their p99 within 5 % of what every free core would. (Adding
         // a core at a time while each lowered the p99 by 5 % stopped at one core on a
-        // saturated queue, whose p99 is the time-out however many cores short it is: on the
-        // E5 `mba-stream` without MBA, aiming at 0.9 of the targets, memcached got one core
-        // and the pool nineteen, where twenty-one would have met its target.)
+        // saturated queue, whose p99 is the time-out however many cores short it is: on
+        // `crowded-e5` on the Gold moses got one core and sat at 20 times its target, where
+        // thirteen held it at 1.8 times.)
         let left_out: Vec<usize> = self
             .overload_order()
             .into_iter()

@@ -107,20 +107,8 @@ fn gap(sc: &Arc<Scenario>) -> Result<()> {
     // `ml` with exact readings and the model's spread off: its ceiling (as in
     // `noise_gap`'s last world), to tell its sizing from its caution.
     let exact = {
-        let mut world = (**sc).clone();
-        world.noise.p99_sigma = 0.0;
-        world.noise.counter_sigma = 0.0;
-        world.noise.glitch_prob = 0.0;
-        world.noise.missing_prob = 0.0;
-        let mut m = simulate::builtin_model(sc.host.preset)?;
-        m.meta.change_sigma_scale = Some(0.0);
-        let mut run = simulate::run_policy(
-            &Arc::new(world),
-            LabPolicy::Ml,
-            None,
-            Some(&Arc::new(m)),
-            |_| Ok(()),
-        )?;
+        let (world, m) = simulate::exact_readings(sc)?;
+        let mut run = simulate::run_policy(&world, LabPolicy::Ml, None, Some(&m), |_| Ok(()))?;
         run.summary.policy = "ml exact".into();
         run
     };

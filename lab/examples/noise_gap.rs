@@ -63,12 +63,10 @@ fn tally(sc: &Scenario) -> Result<Tally> {
             let mut world = sc.clone();
             world.noise.latency_window = window;
             if quiet & P99 != 0 {
-                world.noise.p99_sigma = 0.0;
+                world.noise.quiet_p99();
             }
             if quiet & COUNTERS != 0 {
-                world.noise.counter_sigma = 0.0;
-                world.noise.glitch_prob = 0.0;
-                world.noise.missing_prob = 0.0;
+                world.noise.quiet_counters();
             }
             let mut m = model.clone();
             m.meta.change_sigma_scale = Some(scale * factor);

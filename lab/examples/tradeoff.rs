@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cohabit_lab::simulate;
+use cohabit_models::Model;
 use cohabit_policy::MlConfig;
 use cohabit_sim::Scenario;
 
@@ -202,26 +203,28 @@ fn run_setting(
     cfg: MlConfig,
     exact: bool,
 ) -> Result<BTreeMap<String, Vec<RunFigures>>> {
-    let work: Vec<(Arc<Scenario>, u64)> = hosts
+    // Each scenario's world and model, built once for every seed.
+    let worlds: Vec<(Arc<Scenario>, Arc<Model>)> = hosts
         .iter()
-        .flat_map(|sc| SEEDS.iter().map(move |s| (Arc::clone(sc), *s)))
+        .map(|sc| {
+            if exact {
+                Ok(simulate::exact_readings(sc)?)
+            } else {
+                Ok((
+                    Arc::clone(sc),
+                    Arc::new(simulate::builtin_model(sc.host.preset)?),
+                ))
+            }
+        })
+        .collect::<Result<_>>()?;
+    let work: Vec<(usize, u64)> = (0..hosts.len())
+        .flat_map(|h| SEEDS.iter().map(move |s| (h, *s)))
         .collect();
-    let figures = parallel(&work, |(sc, seed)| {
-        let mut model = simulate::builtin_model(sc.host.preset)?;
-        let world = if exact {
-            let mut w = (**sc).clone();
-            w.noise.p99_sigma = 0.0;
-            w.noise.counter_sigma = 0.0;
-            w.noise.glitch_prob = 0.0;
-            w.noise.missing_prob = 0.0;
-            model.meta.change_sigma_scale = Some(0.0);
-            Arc::new(w)
-        } else {
-            Arc::clone(sc)
-        };
-        let policy = simulate::build_ml_with(&world, Arc::new(model), cfg)?;
-        let run = simulate::run_built(&world, Box::new(policy), "ml", Some(*seed), |_| Ok(()))?;
-        let o = oracle[&key(sc)];
+    let figures = parallel(&work, |&(h, seed)| {
+        let (world, model) = &worlds[h];
+        let policy = simulate::build_ml_with(world, Arc::clone(model), cfg)?;
+        let run = simulate::run_built(world, Box::new(policy), "ml", Some(seed), |_| Ok(()))?;
+        let o = oracle[&key(&hosts[h])];
         Ok((
             run.summary.qos_met_fraction,
             run.summary.be_throughput / o.max(1e-12),
@@ -229,8 +232,8 @@ fn run_setting(
         ))
     })?;
     let mut out: BTreeMap<String, Vec<RunFigures>> = BTreeMap::new();
-    for ((sc, _), f) in work.iter().zip(figures) {
-        out.entry(key(sc)).or_default().push(f);
+    for (&(h, _), f) in work.iter().zip(figures) {
+        out.entry(key(&hosts[h])).or_default().push(f);
     }
     Ok(out)
 }

@@ -194,6 +194,18 @@ pub fn run_oracle(
     run_built(scenario, policy, name, None, |_| Ok(()))
 }
 
+/// `ml`'s world with exact readings: `scenario` with the p99 and the counters quiet, and its
+/// platform's built-in model with the calibrated spread off, so that a prediction anchored
+/// on a reading is the model's mean (`ml`'s ceiling, which the lab's examples compare with).
+pub fn exact_readings(scenario: &Scenario) -> Result<(Arc<Scenario>, Arc<Model>), RunError> {
+    let mut world = scenario.clone();
+    world.noise.quiet_p99();
+    world.noise.quiet_counters();
+    let mut model = builtin_model(scenario.host.preset)?;
+    model.meta.change_sigma_scale = Some(0.0);
+    Ok((Arc::new(world), Arc::new(model)))
+}
+
 /// The CPU platforms the lab's examples compare on: the Xeon E5-2697 v4 (CAT, no MBA) and
 /// the Xeon Gold 6338 (CAT and MBA).
 pub const LAB_PLATFORMS: [&str; 2] = ["xeon-e5-2697v4", "xeon-gold-6338"];

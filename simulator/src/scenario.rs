@@ -171,6 +171,20 @@ impl Default for Noise {
     }
 }
 
+impl Noise {
+    /// The measured p99 without noise of its own (the latency window stays as it is).
+    pub fn quiet_p99(&mut self) {
+        self.p99_sigma = 0.0;
+    }
+
+    /// Counter readings exact: no noise, no glitches, no missing readings.
+    pub fn quiet_counters(&mut self) {
+        self.counter_sigma = 0.0;
+        self.glitch_prob = 0.0;
+        self.missing_prob = 0.0;
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ScenarioFile {

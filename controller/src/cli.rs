@@ -71,7 +71,7 @@ pub enum Command {
         /// A built-in scenario name or a scenario TOML file.
         #[arg(long)]
         scenario: String,
-        /// Policy: static, parties, ml or oracle.
+        /// Policy: static, parties, clite, ml or oracle.
         #[arg(long, default_value = "parties")]
         policy: LabPolicy,
         /// Directory for decisions.jsonl and summary.json (created if missing).
@@ -126,7 +126,7 @@ pub enum Command {
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "static,parties,ml,oracle"
+            default_value = "static,parties,clite,ml,oracle"
         )]
         policies: Vec<LabPolicy>,
         /// Seed of the measurement noise (default: each scenario's).
@@ -141,7 +141,7 @@ pub enum Command {
         #[command(flatten)]
         sim: SimArgs,
     },
-    /// The whole benchmark: every built-in scenario × static, parties, ml and oracle on its
+    /// The whole benchmark: every built-in scenario × static, parties, clite, ml and oracle on its
     /// own platform, and the CPU scenarios again on a Xeon Gold 6338 with that platform's
     /// warm-started model; then ml's targets, checked side by side.
     Bench {

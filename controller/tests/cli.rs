@@ -50,7 +50,7 @@ fn compare_json_prints_one_record_per_policy_with_every_metric() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
     let rows = v.as_array().unwrap();
     let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
-    assert_eq!(policies, ["static", "parties", "ml", "oracle"]);
+    assert_eq!(policies, ["static", "parties", "clite", "ml", "oracle"]);
     for r in rows {
         assert_eq!(r["simulated"], true);
         assert_eq!(r["scenario"], "demo");
@@ -71,7 +71,7 @@ fn compare_json_prints_one_record_per_policy_with_every_metric() {
         let q = r["qos_met_fraction"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&q));
     }
-    assert_eq!(rows[3]["be_throughput_vs_oracle"], 1.0);
+    assert_eq!(rows[4]["be_throughput_vs_oracle"], 1.0);
 }
 
 #[test]
@@ -196,7 +196,7 @@ fn bench_prints_each_chosen_scenario_and_policy_on_both_platforms_and_the_ml_che
         ("xeon-gold-6338", "crowded-gold"),
         ("xeon-gold-6338", "demo"),
     ] {
-        for policy in ["ml", "oracle", "parties", "static"] {
+        for policy in ["clite", "ml", "oracle", "parties", "static"] {
             want.push((platform, scenario, policy));
         }
     }

@@ -71,12 +71,8 @@ fn main() -> Result<()> {
         "ex/oracle"
     );
     for name in &names {
-        let Some(platforms) =
-            simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))?
-        else {
-            println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
-            continue;
-        };
+        let platforms =
+            simulate::on_lab_platforms_or_skip(name).with_context(|| format!("scenario {name}"))?;
         for sc in &platforms {
             gap(sc)?;
         }

@@ -38,12 +38,8 @@ fn main() -> Result<()> {
     }
     println!("{:>7} {:>9}", "causal", "ml/causal");
     for name in &names {
-        let Some(platforms) =
-            simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))?
-        else {
-            println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
-            continue;
-        };
+        let platforms =
+            simulate::on_lab_platforms_or_skip(name).with_context(|| format!("scenario {name}"))?;
         for sc in platforms {
             let full = simulate::run_oracle(&sc, OracleConfig::default(), "oracle")?;
             let vs = |r: &SimRun| be_vs_oracle(r.summary.be_throughput, full.summary.be_throughput);

@@ -31,7 +31,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use cohabit_core::{DecisionRecord, Observation};
-use cohabit_policy::{HostContext, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
+use cohabit_policy::{
+    CliteConfig, ClitePolicy, HostContext, PartiesConfig, PartiesPolicy, Policy, StaticPolicy,
+};
 use cohabit_sim::scenario::{builtin_names, crowded_names};
 use cohabit_sim::Scenario;
 use serde::Serialize;
@@ -170,6 +172,8 @@ fn retimed(sc: &Arc<Scenario>, run: simulate::SimRun) -> Result<RunSummary, simu
             PartiesPolicy::new(ctx, PartiesConfig::default()),
             &run.records,
         )
+    } else if name == LabPolicy::Clite.name() {
+        retime(ClitePolicy::new(ctx, CliteConfig::default()), &run.records)
     } else if name == LabPolicy::Ml.name() {
         let model = Arc::new(simulate::builtin_model(sc.host.preset)?);
         retime(simulate::build_ml(sc, model)?, &run.records)
@@ -312,7 +316,7 @@ pub fn bench_cmd(
     writeln!(out, "{BANNER}")?;
     writeln!(
         out,
-        "dec_*_us of static, parties and ml: every decision re-timed alone on its run's \
+        "dec_*_us of static, parties, clite and ml: every decision re-timed alone on its run's \
          observations, the least of {} timings in each of {} replays; the oracle's: its \
          search in the run",
         RETIME_COPIES + 1,

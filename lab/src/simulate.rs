@@ -23,6 +23,8 @@ pub enum LabPolicy {
     Static,
     /// The PARTIES feedback controller.
     Parties,
+    /// CLITE's Bayesian optimisation, sampled on the (simulated) host.
+    Clite,
     /// Model-predictive allocation with the platform's built-in model.
     Ml,
     /// Ground-truth search (simulator only).
@@ -31,9 +33,10 @@ pub enum LabPolicy {
 
 impl LabPolicy {
     /// Every policy, in the order comparisons print them.
-    pub const ALL: [LabPolicy; 4] = [
+    pub const ALL: [LabPolicy; 5] = [
         LabPolicy::Static,
         LabPolicy::Parties,
+        LabPolicy::Clite,
         LabPolicy::Ml,
         LabPolicy::Oracle,
     ];
@@ -51,6 +54,7 @@ impl LabPolicy {
         match self {
             LabPolicy::Static => Some(PolicyKind::Static),
             LabPolicy::Parties => Some(PolicyKind::Parties),
+            LabPolicy::Clite => Some(PolicyKind::Clite),
             LabPolicy::Ml => Some(PolicyKind::Ml),
             LabPolicy::Oracle => None,
         }
@@ -62,6 +66,7 @@ impl From<PolicyKind> for LabPolicy {
         match k {
             PolicyKind::Static => LabPolicy::Static,
             PolicyKind::Parties => LabPolicy::Parties,
+            PolicyKind::Clite => LabPolicy::Clite,
             PolicyKind::Ml => LabPolicy::Ml,
         }
     }
@@ -223,6 +228,15 @@ pub fn on_lab_platforms(name: &str) -> Result<Option<Vec<Arc<Scenario>>>, RunErr
         .map(|p| Ok(Arc::new(own.on_platform(p)?)))
         .collect::<Result<Vec<_>, RunError>>()?;
     Ok(Some(on))
+}
+
+/// [`on_lab_platforms`] for the lab's examples, which print a table: a GPU scenario prints
+/// a line saying it is skipped and gives no platforms.
+pub fn on_lab_platforms_or_skip(name: &str) -> Result<Vec<Arc<Scenario>>, RunError> {
+    Ok(on_lab_platforms(name)?.unwrap_or_else(|| {
+        println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
+        Vec::new()
+    }))
 }
 
 /// The scenarios named on a command line, or every built-in (uncrowded) one when none is.

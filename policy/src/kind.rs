@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use cohabit_models::Model;
 
-use crate::{HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy, Policy, StaticPolicy};
+use crate::{
+    CliteConfig, ClitePolicy, HostContext, MlConfig, MlPolicy, PartiesConfig, PartiesPolicy,
+    Policy, StaticPolicy,
+};
 
 /// The policies that can drive a host (real or simulated). The lab's oracle is not one of
 /// them: it needs the simulator's ground truth.
@@ -16,6 +19,8 @@ pub enum PolicyKind {
     Static,
     /// The PARTIES feedback controller.
     Parties,
+    /// CLITE's Bayesian optimisation of the whole host's allocation, sampled on the host.
+    Clite,
     /// Model-predictive allocation.
     Ml,
 }
@@ -33,13 +38,19 @@ pub enum BuildError {
 
 impl PolicyKind {
     /// Every policy, in the order comparisons print them.
-    pub const ALL: [PolicyKind; 3] = [PolicyKind::Static, PolicyKind::Parties, PolicyKind::Ml];
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Static,
+        PolicyKind::Parties,
+        PolicyKind::Clite,
+        PolicyKind::Ml,
+    ];
 
     /// The policy's name.
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Static => "static",
             PolicyKind::Parties => "parties",
+            PolicyKind::Clite => "clite",
             PolicyKind::Ml => "ml",
         }
     }
@@ -65,6 +76,7 @@ impl PolicyKind {
         Ok(match self {
             PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
             PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
+            PolicyKind::Clite => Box::new(ClitePolicy::new(ctx, CliteConfig::default())),
             PolicyKind::Ml => {
                 let ml = MlPolicy::new(ctx, model.ok_or(BuildError::NoModel)?, MlConfig::default());
                 Box::new(match gpu_model {
@@ -107,7 +119,7 @@ mod tests {
         }
         let e = "oracle".parse::<PolicyKind>().unwrap_err();
         assert!(
-            e.contains("oracle") && e.contains("static, parties, ml"),
+            e.contains("oracle") && e.contains("static, parties, clite, ml"),
             "{e}"
         );
     }

@@ -7,8 +7,8 @@
 //! `cohabit-models` only: no simulator, no collectors, no async runtime, no filesystem
 //! (docs/DESIGN.md 2).
 //!
-//! - [`StaticPolicy`], [`PartiesPolicy`], [`MlPolicy`]: the policies a host can run, named
-//!   by [`PolicyKind`], which also builds them.
+//! - [`StaticPolicy`], [`PartiesPolicy`], [`ClitePolicy`], [`MlPolicy`]: the policies a
+//!   host can run, named by [`PolicyKind`], which also builds them.
 //! - [`layout`] and its helpers: shares laid out as a [`Plan`].
 //! - [`control`]: the loop that collects, decides, applies and records.
 
@@ -21,6 +21,7 @@ use cohabit_core::{
 };
 use cohabit_models::Model;
 
+mod clite;
 pub mod control;
 mod explore;
 mod kind;
@@ -28,6 +29,7 @@ mod ml;
 mod parties;
 mod static_share;
 
+pub use clite::{CliteConfig, ClitePolicy};
 pub use explore::{Explore, ExploreConfig};
 pub use kind::{BuildError, PolicyKind};
 pub use ml::{MlConfig, MlPolicy};

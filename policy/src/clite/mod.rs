@@ -1,0 +1,649 @@
+//! `clite`: Bayesian optimisation of the whole host's allocation, after CLITE (Patel and
+//! Tiwari, "CLITE: Efficient and QoS-Aware Co-location of Multiple Latency-Critical Jobs for
+//! Warehouse Scale Computers", HPCA 2020). A published baseline beside `parties`: our own
+//! implementation of the paper's idea, with our own constants where noted.
+//!
+//! Problem: find, by trying allocations on the host itself, the one that meets every
+//! latency target and leaves the most to best effort, in few samples and with no model
+//! trained beforehand.
+//!
+//! Approach:
+//! - A *configuration* is the whole host's allocation: each latency-critical service's
+//!   cores and, within the CLOSID budget, its LLC ways; the best-effort pool's MBA level
+//!   where the host has MBA. The pool gets every core and way left (it keeps one way when
+//!   CPU jobs run). GPU shares stay at the fair split: they are not searched.
+//! - A configuration is *sampled*: put in force for `sample_ticks` intervals, so that the
+//!   latency window holds only its own requests (the paper observes each sample for 2 s),
+//!   and scored from the last reading. Every target met: `0.5 + 0.5 ×` the pool's progress
+//!   (instructions per second, IPC × busy cores, against the best sampled; the pool's share
+//!   of cores and ways where the counters are absent). A target missed: under 0.5, the
+//!   priority-weighted mean over services of 1 for one that met its target and
+//!   `0.5 × target / p99` for one that did not. So any configuration meeting every target
+//!   beats any that does not, and among those the one that meets more (weighted) wins: the
+//!   overload rule (docs/DESIGN.md 5), latency-critical before best effort.
+//! - A Gaussian process ([`gp`]) over the configuration scaled to [0, 1] models the
+//!   score; the next sample is the candidate of highest expected improvement among random
+//!   configurations and neighbours of the best sampled ones with one to three of their
+//!   dimensions moved and the rest kept (after the paper's dimension dropout, which
+//!   searches a random subset of dimensions at a time).
+//! - The search starts from the static fair split and from each service in turn given twice
+//!   its share (the paper starts from extreme and equal configurations). It stops after
+//!   `max_samples`, or after `min_samples` once no candidate's expected improvement
+//!   reaches `ei_stop`; the best configuration sampled is then held.
+//! - A held configuration is searched again (the paper re-invokes on a change of load or
+//!   mix) when a service misses its target `restart_after` ticks in a row, or when a
+//!   service's load stays more than `load_change` away from the load it was sampled at for
+//!   `restart_after` ticks; the new search starts from the held configuration, the same
+//!   with every service missing its target given a quarter more cores, and the fair split.
+//!
+//! Properties: every sample is a real allocation on the host, so a search pays for its
+//! information in intervals under configurations that miss targets; that is the trade
+//! this baseline shows against `ml` (which predicts instead) and `parties` (which steps).
+
+mod gp;
+
+use std::collections::{BTreeMap, HashSet};
+
+use cohabit_core::{whole, DecisionPath, Observation, Plan, Reason, MBA_MAX_PCT};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{layout, Decision, HostContext, Policy, Share, StaticPolicy};
+use gp::{expected_improvement, Gp};
+
+/// `clite`'s sampling and search settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CliteConfig {
+    /// Intervals each sampled configuration is held before it is scored (the latency
+    /// window's length, so that its reading is the configuration's own).
+    pub sample_ticks: u32,
+    /// Most configurations one search samples.
+    pub max_samples: usize,
+    /// Fewest samples before the search may stop on a small expected improvement.
+    pub min_samples: usize,
+    /// The search stops when no candidate is expected to improve the best score by this.
+    pub ei_stop: f64,
+    /// Random configurations scored per step (besides the neighbours of the best ones).
+    pub candidates: usize,
+    /// Ticks in a row of a missed target, or of a moved load, before a held configuration
+    /// is searched again.
+    pub restart_after: u32,
+    /// Relative change of a service's load (requests per second) that counts as moved.
+    pub load_change: f64,
+    /// Seed of the candidate draws.
+    pub seed: u64,
+}
+
+impl Default for CliteConfig {
+    fn default() -> Self {
+        Self {
+            sample_ticks: 3,
+            max_samples: 30,
+            min_samples: 10,
+            ei_stop: 0.01,
+            candidates: 400,
+            restart_after: 3,
+            load_change: 0.2,
+            seed: 7,
+        }
+    }
+}
+
+/// One configuration: cores per latency-critical service (configuration order), ways per
+/// service within the CLOSID budget (the first ones), and the pool's MBA.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Config {
+    cores: Vec<u32>,
+    ways: Vec<u32>,
+    mba: u8,
+}
+
+/// What one sample measured.
+#[derive(Debug, Clone)]
+struct Sample {
+    config: Config,
+    /// Measured p99 over target, per service (`None`: no reading).
+    ratios: Vec<Option<f64>>,
+    /// The pool's instructions per second over the clock (IPC × busy cores), when every
+    /// best-effort job had both counters.
+    progress: Option<f64>,
+    /// The pool's share of the host (cores, and a tenth as much for ways).
+    share: f64,
+    /// Requests per second per service.
+    rps: Vec<Option<f64>>,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Sampling: `queue` first, then by expected improvement.
+    Search {
+        queue: Vec<Config>,
+        samples: Vec<Sample>,
+        current: Config,
+        held: u32,
+    },
+    /// Holding the best configuration found.
+    Hold {
+        best: Sample,
+        score: f64,
+        samples: usize,
+        missed: u32,
+        moved: u32,
+    },
+}
+
+impl Phase {
+    /// An empty phase, in place while the policy builds or decides.
+    fn placeholder() -> Phase {
+        Phase::Hold {
+            best: Sample {
+                config: Config {
+                    cores: Vec::new(),
+                    ways: Vec::new(),
+                    mba: MBA_MAX_PCT,
+                },
+                ratios: Vec::new(),
+                progress: None,
+                share: 0.0,
+                rps: Vec::new(),
+            },
+            score: 0.0,
+            samples: 0,
+            missed: 0,
+            moved: 0,
+        }
+    }
+}
+
+/// The CLITE policy (module docs).
+#[derive(Debug, Clone)]
+pub struct ClitePolicy {
+    ctx: HostContext,
+    cfg: CliteConfig,
+    names: Vec<String>,
+    /// Weight of each service in a score that misses a target (by priority).
+    weights: Vec<f64>,
+    /// Services with ways of their own: the first `isolated`.
+    isolated: usize,
+    /// Ways the services may take in all.
+    lc_ways: u32,
+    /// MBA levels of the pool the host offers, lowest first.
+    mba_levels: Vec<u8>,
+    fair: BTreeMap<String, Share>,
+    rng: ChaCha8Rng,
+    phase: Phase,
+}
+
+impl ClitePolicy {
+    /// A CLITE search for the host in `ctx`.
+    pub fn new(ctx: HostContext, cfg: CliteConfig) -> Self {
+        let names: Vec<String> = ctx.latency_critical().map(|s| s.name.clone()).collect();
+        let mut prios: Vec<i32> = ctx.latency_critical().map(|s| s.priority).collect();
+        prios.sort_unstable();
+        prios.dedup();
+        let weights = ctx
+            .latency_critical()
+            .map(|s| {
+                let rank = prios.iter().position(|p| *p == s.priority).unwrap_or(0);
+                4f64.powi(i32::try_from(rank).unwrap_or(0))
+            })
+            .collect();
+        let isolated = ctx.isolated_services().min(names.len());
+        let lc_ways = ctx
+            .host
+            .llc_ways
+            .saturating_sub(u32::from(ctx.has_cpu_best_effort()));
+        let (min, gran) = (ctx.host.mba_min_pct, ctx.host.mba_gran_pct.max(1));
+        let mut mba_levels: Vec<u8> = (min..=MBA_MAX_PCT).step_by(usize::from(gran)).collect();
+        if mba_levels.last() != Some(&MBA_MAX_PCT) {
+            mba_levels.push(MBA_MAX_PCT);
+        }
+        let fair = StaticPolicy::new(ctx.clone()).shares();
+        let mut policy = Self {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            ctx,
+            cfg,
+            names,
+            weights,
+            isolated,
+            lc_ways,
+            mba_levels,
+            fair,
+            phase: Phase::placeholder(),
+        };
+        let start = policy.fair_config();
+        let mut queue = vec![start.clone()];
+        for i in 0..policy.names.len() {
+            let c = policy.doubled(&start, i);
+            if !queue.contains(&c) {
+                queue.push(c);
+            }
+        }
+        queue.remove(0);
+        policy.phase = Phase::Search {
+            queue,
+            samples: Vec::new(),
+            current: start,
+            held: 0,
+        };
+        policy
+    }
+
+    /// The static fair split as a configuration.
+    fn fair_config(&self) -> Config {
+        let cores = self.names.iter().map(|n| self.fair[n].cores).collect();
+        let ways = self.names[..self.isolated]
+            .iter()
+            .map(|n| self.fair[n].ways.max(1))
+            .collect();
+        let mut c = Config {
+            cores,
+            ways,
+            mba: MBA_MAX_PCT,
+        };
+        self.repair(&mut c);
+        c
+    }
+
+    /// `base` with service `i` given twice its cores and ways, taken from the pool first and
+    /// then from the largest of the others.
+    fn doubled(&self, base: &Config, i: usize) -> Config {
+        let mut c = base.clone();
+        c.cores[i] *= 2;
+        if i < self.isolated {
+            c.ways[i] *= 2;
+        }
+        self.repair_keeping(&mut c, Some(i));
+        c
+    }
+
+    /// Makes `c` fit the host (cores, ways; each at least one), cutting the largest first.
+    fn repair(&self, c: &mut Config) {
+        self.repair_keeping(c, None);
+    }
+
+    fn repair_keeping(&self, c: &mut Config, keep: Option<usize>) {
+        fit(&mut c.cores, self.ctx.host.cores, keep);
+        fit(&mut c.ways, self.lc_ways, keep);
+    }
+
+    /// `c` scaled to [0, 1] per dimension, the GP's input.
+    fn features(&self, c: &Config) -> Vec<f64> {
+        let cores = f64::from(self.ctx.host.cores.max(1));
+        let ways = f64::from(self.ctx.host.llc_ways.max(1));
+        let mut x: Vec<f64> = c.cores.iter().map(|v| f64::from(*v) / cores).collect();
+        x.extend(c.ways.iter().map(|v| f64::from(*v) / ways));
+        if self.mba_levels.len() > 1 {
+            x.push(f64::from(c.mba) / f64::from(MBA_MAX_PCT));
+        }
+        x
+    }
+
+    /// A random configuration: cores and ways split at random between the services and the
+    /// pool, a random MBA level.
+    fn random_config(&mut self) -> Config {
+        let n = self.names.len();
+        let cores = random_split(&mut self.rng, self.ctx.host.cores, n);
+        let ways = random_split(&mut self.rng, self.lc_ways, self.isolated);
+        let mba = self.mba_levels[self.rng.gen_range(0..self.mba_levels.len())];
+        let mut c = Config { cores, ways, mba };
+        self.repair(&mut c);
+        c
+    }
+
+    /// `base` with one to three dimensions moved by one or two units (an MBA level by one
+    /// step); `None` when the move does not fit.
+    fn neighbour(&mut self, base: &Config) -> Option<Config> {
+        let mut c = base.clone();
+        let dims = c.cores.len() + c.ways.len() + usize::from(self.mba_levels.len() > 1);
+        let moves = self.rng.gen_range(1..=3usize.min(dims.max(1)));
+        for _ in 0..moves {
+            let d = self.rng.gen_range(0..dims);
+            let step: i64 = if self.rng.gen_bool(0.5) { 1 } else { 2 };
+            let step = if self.rng.gen_bool(0.5) { step } else { -step };
+            if d < c.cores.len() {
+                c.cores[d] = shift(c.cores[d], step)?;
+            } else if d < c.cores.len() + c.ways.len() {
+                let w = d - c.cores.len();
+                c.ways[w] = shift(c.ways[w], step)?;
+            } else {
+                let at = self.mba_levels.iter().position(|m| *m == c.mba)?;
+                let to = if step > 0 { at + 1 } else { at.checked_sub(1)? };
+                c.mba = *self.mba_levels.get(to)?;
+            }
+        }
+        let fits = c.cores.iter().sum::<u32>() <= self.ctx.host.cores
+            && c.ways.iter().sum::<u32>() <= self.lc_ways;
+        (fits && &c != base).then_some(c)
+    }
+
+    /// What the last interval measured under `config`.
+    fn measure(&self, obs: &Observation, config: &Config) -> Sample {
+        let ratios = self.names.iter().map(|n| obs.qos_ratio(n)).collect();
+        let rps = self
+            .names
+            .iter()
+            .map(|n| {
+                obs.services
+                    .iter()
+                    .find(|s| &s.spec.name == n)
+                    .and_then(|s| s.sample.requests_per_s)
+            })
+            .collect();
+        let mut progress = Some(0.0);
+        for be in obs.best_effort().filter(|s| s.spec.gpu.is_none()) {
+            progress = match (progress, be.sample.ipc, be.sample.cpu_busy_cores) {
+                (Some(p), Some(ipc), Some(busy)) if ipc.is_finite() && ipc < 100.0 => {
+                    Some(p + ipc * busy)
+                }
+                _ => None,
+            };
+        }
+        let pool = &obs.current.best_effort;
+        let share = f64::from(pool.cores) / f64::from(self.ctx.host.cores.max(1))
+            + 0.1 * f64::from(pool.llc_ways.count) / f64::from(self.ctx.host.llc_ways.max(1));
+        Sample {
+            config: config.clone(),
+            ratios,
+            progress: progress.filter(|_| self.ctx.has_cpu_best_effort()),
+            share,
+            rps,
+        }
+    }
+
+    /// The scores of `samples` (module docs): the pool's progress is taken against the best
+    /// sampled, by the counters where every sample has them, else by its share.
+    fn scores(&self, samples: &[Sample]) -> Vec<f64> {
+        let counters = samples.iter().all(|s| s.progress.is_some());
+        let be = |s: &Sample| {
+            if counters {
+                s.progress.unwrap_or(0.0)
+            } else {
+                s.share
+            }
+        };
+        let top = samples.iter().map(be).fold(0.0, f64::max);
+        let total: f64 = self.weights.iter().sum::<f64>().max(1e-9);
+        samples
+            .iter()
+            .map(|s| {
+                let met = s.ratios.iter().all(|r| r.is_some_and(|r| r <= 1.0));
+                if met {
+                    0.5 + 0.5 * if top > 0.0 { be(s) / top } else { 0.0 }
+                } else {
+                    let near: f64 = s
+                        .ratios
+                        .iter()
+                        .zip(&self.weights)
+                        .map(|(r, w)| match r {
+                            Some(r) if *r <= 1.0 => *w,
+                            Some(r) => w * 0.5 / r.max(1.0),
+                            None => 0.0,
+                        })
+                        .sum();
+                    0.5 * near / total
+                }
+            })
+            .collect()
+    }
+
+    /// The next configuration to sample, or `None` when the search is done.
+    fn next_sample(&mut self, samples: &[Sample]) -> Option<Config> {
+        if samples.len() >= self.cfg.max_samples {
+            return None;
+        }
+        let scores = self.scores(samples);
+        let x: Vec<Vec<f64>> = samples.iter().map(|s| self.features(&s.config)).collect();
+        let gp = Gp::fit(&x, &scores)?;
+        let best = scores.iter().copied().fold(f64::MIN, f64::max);
+        let seen: HashSet<Config> = samples.iter().map(|s| s.config.clone()).collect();
+        let mut order: Vec<usize> = (0..samples.len()).collect();
+        order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]));
+        let mut candidates: Vec<Config> = Vec::new();
+        for &i in order.iter().take(3) {
+            for _ in 0..self.cfg.candidates / 2 {
+                if let Some(c) = self.neighbour(&samples[i].config) {
+                    candidates.push(c);
+                }
+            }
+        }
+        for _ in 0..self.cfg.candidates / 2 {
+            let c = self.random_config();
+            candidates.push(c);
+        }
+        let pick = candidates
+            .into_iter()
+            .filter(|c| !seen.contains(c))
+            .map(|c| {
+                let (mu, sd) = gp.predict(&self.features(&c));
+                (expected_improvement(mu, sd, best), c)
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0))?;
+        let done = samples.len() >= self.cfg.min_samples && pick.0 < self.cfg.ei_stop;
+        (!done).then_some(pick.1)
+    }
+
+    /// The plan of `c`.
+    fn plan(&self, c: &Config) -> Plan {
+        let shares: BTreeMap<String, Share> = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let f = self.fair[n];
+                (
+                    n.clone(),
+                    Share {
+                        cores: c.cores[i],
+                        ways: c.ways.get(i).copied().unwrap_or(f.ways),
+                        mba_pct: MBA_MAX_PCT,
+                        gpu_pct: f.gpu_pct,
+                    },
+                )
+            })
+            .collect();
+        layout(&self.ctx, &shares, c.mba)
+    }
+
+    /// A new search from `held`: it, the same with each service that misses its target
+    /// given a quarter more cores, and the fair split.
+    fn restart(&mut self, held: &Sample) -> Config {
+        let mut grown = held.config.clone();
+        for (i, r) in held.ratios.iter().enumerate() {
+            if r.is_none_or(|r| r > 1.0) {
+                let more = u32::try_from(whole(f64::from(grown.cores[i]) * 0.25))
+                    .unwrap_or(1)
+                    .max(1);
+                grown.cores[i] += more;
+            }
+        }
+        self.repair(&mut grown);
+        let mut queue = Vec::new();
+        for c in [grown, self.fair_config()] {
+            if c != held.config && !queue.contains(&c) {
+                queue.push(c);
+            }
+        }
+        let current = held.config.clone();
+        self.phase = Phase::Search {
+            queue,
+            samples: Vec::new(),
+            current: current.clone(),
+            held: 0,
+        };
+        current
+    }
+
+    fn reasons(&self, path: DecisionPath, text: &str) -> BTreeMap<String, Reason> {
+        self.names
+            .iter()
+            .map(|n| (n.clone(), Reason::new(path, text)))
+            .collect()
+    }
+}
+
+/// Cuts `v` to sum at most `total` (each at least one), the largest first, never `keep`
+/// while another can give.
+fn fit(v: &mut [u32], total: u32, keep: Option<usize>) {
+    for x in v.iter_mut() {
+        *x = (*x).max(1);
+    }
+    while v.iter().sum::<u32>() > total {
+        let donor = (0..v.len())
+            .filter(|i| v[*i] > 1 && Some(*i) != keep)
+            .max_by_key(|i| v[*i])
+            .or_else(|| keep.filter(|k| v[*k] > 1));
+        match donor {
+            Some(i) => v[i] -= 1,
+            None => break,
+        }
+    }
+}
+
+/// `total` units split at random between `n` parts and the pool (each part at least one
+/// where it can be).
+fn random_split(rng: &mut ChaCha8Rng, total: u32, n: usize) -> Vec<u32> {
+    let w: Vec<f64> = (0..=n).map(|_| -rng.gen::<f64>().max(1e-12).ln()).collect();
+    let sum: f64 = w.iter().sum();
+    w[..n]
+        .iter()
+        .map(|x| {
+            u32::try_from(whole(x / sum * f64::from(total)))
+                .unwrap_or(1)
+                .max(1)
+        })
+        .collect()
+}
+
+fn shift(v: u32, step: i64) -> Option<u32> {
+    u32::try_from(i64::from(v) + step).ok().filter(|x| *x >= 1)
+}
+
+impl Policy for ClitePolicy {
+    fn name(&self) -> &'static str {
+        "clite"
+    }
+
+    fn initial(&mut self) -> Decision {
+        let current = match &self.phase {
+            Phase::Search { current, .. } => current,
+            Phase::Hold { best, .. } => &best.config,
+        };
+        let plan = self.plan(current);
+        Decision::new(
+            plan,
+            self.reasons(DecisionPath::Explore, "sample 1 (fair split)"),
+        )
+    }
+
+    fn decide(&mut self, obs: &Observation, _now_ms: u64) -> Decision {
+        let phase = std::mem::replace(&mut self.phase, Phase::placeholder());
+        match phase {
+            Phase::Search {
+                mut queue,
+                mut samples,
+                current,
+                held,
+            } => {
+                let held = held + 1;
+                // A missing reading is waited for one more interval, once.
+                let waiting = held < self.cfg.sample_ticks
+                    || (held == self.cfg.sample_ticks
+                        && self.names.iter().any(|n| obs.qos_ratio(n).is_none()));
+                if waiting {
+                    let plan = self.plan(&current);
+                    let text = format!("sample {} (held {held})", samples.len() + 1);
+                    self.phase = Phase::Search {
+                        queue,
+                        samples,
+                        current,
+                        held,
+                    };
+                    return Decision::new(plan, self.reasons(DecisionPath::Explore, &text));
+                }
+                samples.push(self.measure(obs, &current));
+                let next = if queue.is_empty() {
+                    self.next_sample(&samples)
+                } else {
+                    Some(queue.remove(0))
+                };
+                match next {
+                    Some(c) => {
+                        let plan = self.plan(&c);
+                        let text = format!("sample {}", samples.len() + 1);
+                        self.phase = Phase::Search {
+                            queue,
+                            samples,
+                            current: c,
+                            held: 0,
+                        };
+                        Decision::new(plan, self.reasons(DecisionPath::Explore, &text))
+                    }
+                    None => {
+                        let scores = self.scores(&samples);
+                        let (i, score) = scores
+                            .iter()
+                            .copied()
+                            .enumerate()
+                            .max_by(|a, b| a.1.total_cmp(&b.1))
+                            .unwrap_or((0, 0.0));
+                        let n = samples.len();
+                        let best = samples.swap_remove(i);
+                        let plan = self.plan(&best.config);
+                        let text = format!("hold the best of {n} samples (score {score:.2})");
+                        self.phase = Phase::Hold {
+                            best,
+                            score,
+                            samples: n,
+                            missed: 0,
+                            moved: 0,
+                        };
+                        Decision::new(plan, self.reasons(DecisionPath::Model, &text))
+                    }
+                }
+            }
+            Phase::Hold {
+                best,
+                score,
+                samples,
+                missed,
+                moved,
+            } => {
+                let now = self.measure(obs, &best.config);
+                let missing = now.ratios.iter().any(|r| r.is_some_and(|r| r > 1.0));
+                let shifted = now.rps.iter().zip(&best.rps).any(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) if *b > 0.0 => (a / b - 1.0).abs() > self.cfg.load_change,
+                    _ => false,
+                });
+                let missed = if missing { missed + 1 } else { 0 };
+                let moved = if shifted { moved + 1 } else { 0 };
+                if missed >= self.cfg.restart_after || moved >= self.cfg.restart_after {
+                    let why = if missed >= self.cfg.restart_after {
+                        "a target missed"
+                    } else {
+                        "a load moved"
+                    };
+                    let mut from = best;
+                    from.ratios = now.ratios;
+                    let c = self.restart(&from);
+                    let plan = self.plan(&c);
+                    let text = format!("search again ({why}): sample 1");
+                    return Decision::new(plan, self.reasons(DecisionPath::Explore, &text));
+                }
+                let plan = self.plan(&best.config);
+                let text = format!("hold the best of {samples} samples (score {score:.2})");
+                self.phase = Phase::Hold {
+                    best,
+                    score,
+                    samples,
+                    missed,
+                    moved,
+                };
+                Decision::new(plan, self.reasons(DecisionPath::Model, &text))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,7 @@
 //! of intervals, and the mean best effort against the oracle's in the same world.
 //!
 //! `cargo run --release -p cohabit-lab --example clite_vs_ml [SCENARIO…]` (simulated; about
-//! three minutes for the five CPU scenarios on a 2-CPU machine).
+//! 20 s for the five CPU scenarios on a 2-CPU machine).
 
 use std::sync::Arc;
 

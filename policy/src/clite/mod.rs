@@ -15,12 +15,15 @@
 //! - A configuration is *sampled*: put in force for `sample_ticks` intervals, so that the
 //!   latency window holds only its own requests (the paper observes each sample for 2 s),
 //!   and scored from the last reading. Every target met: `0.5 + 0.5 ×` the pool's progress
-//!   (instructions per second, IPC × busy cores, against the best sampled; the pool's share
-//!   of cores and ways where the counters are absent). A target missed: under 0.5, the
-//!   priority-weighted mean over services of 1 for one that met its target and
-//!   `0.5 × target / p99` for one that did not. So any configuration meeting every target
-//!   beats any that does not, and among those the one that meets more (weighted) wins: the
-//!   overload rule (docs/DESIGN.md 5), latency-critical before best effort.
+//!   (instructions per second, IPC × busy cores, against the best sampled; where a reading
+//!   was dropped, its share of cores and ways times its MBA share, scaled by the progress per
+//!   share of the other samples; that share alone on a host without counters). A target
+//!   missed: under 0.5, the priority-weighted mean over services of 1 for one that met its
+//!   target (or had no reading: no requests, nothing to miss) and `0.5 × target / p99` for
+//!   one that did not, each priority rank weighing more than all the services of the ranks
+//!   under it. So any configuration meeting every target beats any that does not, and among
+//!   those the one that meets more (weighted) wins: the overload rule (docs/DESIGN.md 5),
+//!   latency-critical before best effort.
 //! - A Gaussian process ([`gp`]) over the configuration scaled to [0, 1] models the
 //!   score; the next sample is the candidate of highest expected improvement among random
 //!   configurations and neighbours of the best sampled ones with one to three of their
@@ -31,10 +34,14 @@
 //!   `max_samples`, or after `min_samples` once no candidate's expected improvement
 //!   reaches `ei_stop`; the best configuration sampled is then held.
 //! - A held configuration is searched again (the paper re-invokes on a change of load or
-//!   mix) when a service misses its target `restart_after` ticks in a row, or when a
-//!   service's load stays more than `load_change` away from the load it was sampled at for
-//!   `restart_after` ticks; the new search starts from the held configuration, the same
-//!   with every service missing its target given a quarter more cores, and the fair split.
+//!   mix) when a service misses a target it met when sampled `restart_after` ticks in a
+//!   row, or when a service's load stays more than `load_change` away from the load it was
+//!   sampled at for `restart_after` ticks; the new search starts from the held
+//!   configuration, the same with every service missing its target given a quarter more
+//!   cores, and the fair split. A target the held sample missed too (a true overload, or a
+//!   search that found no configuration meeting them all: the two look alike) starts a
+//!   search after `retry_after` ticks, twice as long after each such search in a row (up
+//!   to 16 times), so that a true overload settles on the best it found.
 //!
 //! Properties: every sample is a real allocation on the host, so a search pays for its
 //! information in intervals under configurations that miss targets; that is the trade
@@ -54,8 +61,9 @@ use gp::{expected_improvement, Gp};
 /// `clite`'s sampling and search settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CliteConfig {
-    /// Intervals each sampled configuration is held before it is scored (the latency
-    /// window's length, so that its reading is the configuration's own).
+    /// Intervals each sampled configuration is held before it is scored: the daemon's
+    /// default latency window (3), so that its reading is the configuration's own; with a
+    /// longer `latency_window` set this to it.
     pub sample_ticks: u32,
     /// Most configurations one search samples.
     pub max_samples: usize,
@@ -63,11 +71,15 @@ pub struct CliteConfig {
     pub min_samples: usize,
     /// The search stops when no candidate is expected to improve the best score by this.
     pub ei_stop: f64,
-    /// Random configurations scored per step (besides the neighbours of the best ones).
+    /// Configurations drawn per step: half of this at random, and as many neighbours of
+    /// each of the three best samples (fewer where a move does not fit).
     pub candidates: usize,
     /// Ticks in a row of a missed target, or of a moved load, before a held configuration
     /// is searched again.
     pub restart_after: u32,
+    /// Ticks a held configuration that misses a target it was sampled missing is kept before
+    /// a new search, doubled for each such search in a row (up to 16 times).
+    pub retry_after: u32,
     /// Relative change of a service's load (requests per second) that counts as moved.
     pub load_change: f64,
     /// Seed of the candidate draws.
@@ -79,10 +91,11 @@ impl Default for CliteConfig {
         Self {
             sample_ticks: 3,
             max_samples: 30,
-            min_samples: 10,
-            ei_stop: 0.01,
+            min_samples: 12,
+            ei_stop: 0.002,
             candidates: 400,
             restart_after: 3,
+            retry_after: 10,
             load_change: 0.2,
             seed: 7,
         }
@@ -129,6 +142,8 @@ enum Phase {
         samples: usize,
         missed: u32,
         moved: u32,
+        /// Ticks in a row with a target missed that the held sample missed too.
+        short: u32,
     },
 }
 
@@ -151,6 +166,7 @@ impl Phase {
             samples: 0,
             missed: 0,
             moved: 0,
+            short: 0,
         }
     }
 }
@@ -172,6 +188,8 @@ pub struct ClitePolicy {
     fair: BTreeMap<String, Share>,
     rng: ChaCha8Rng,
     phase: Phase,
+    /// Searches in a row that ended with a target missed.
+    retries: u32,
 }
 
 impl ClitePolicy {
@@ -181,11 +199,13 @@ impl ClitePolicy {
         let mut prios: Vec<i32> = ctx.latency_critical().map(|s| s.priority).collect();
         prios.sort_unstable();
         prios.dedup();
+        // Each priority rank weighs more than every service of the ranks under it together.
+        let base = names.len() as f64 + 1.0;
         let weights = ctx
             .latency_critical()
             .map(|s| {
                 let rank = prios.iter().position(|p| *p == s.priority).unwrap_or(0);
-                4f64.powi(i32::try_from(rank).unwrap_or(0))
+                base.powi(i32::try_from(rank).unwrap_or(0))
             })
             .collect();
         let isolated = ctx.isolated_services().min(names.len());
@@ -210,6 +230,7 @@ impl ClitePolicy {
             mba_levels,
             fair,
             phase: Phase::placeholder(),
+            retries: 0,
         };
         let start = policy.fair_config();
         let mut queue = vec![start.clone()];
@@ -296,6 +317,9 @@ impl ClitePolicy {
     fn neighbour(&mut self, base: &Config) -> Option<Config> {
         let mut c = base.clone();
         let dims = c.cores.len() + c.ways.len() + usize::from(self.mba_levels.len() > 1);
+        if dims == 0 {
+            return None;
+        }
         let moves = self.rng.gen_range(1..=3usize.min(dims.max(1)));
         for _ in 0..moves {
             let d = self.rng.gen_range(0..dims);
@@ -340,8 +364,10 @@ impl ClitePolicy {
             };
         }
         let pool = &obs.current.best_effort;
-        let share = f64::from(pool.cores) / f64::from(self.ctx.host.cores.max(1))
-            + 0.1 * f64::from(pool.llc_ways.count) / f64::from(self.ctx.host.llc_ways.max(1));
+        let share = (f64::from(pool.cores) / f64::from(self.ctx.host.cores.max(1))
+            + 0.1 * f64::from(pool.llc_ways.count) / f64::from(self.ctx.host.llc_ways.max(1)))
+            * f64::from(pool.mba_pct)
+            / f64::from(MBA_MAX_PCT);
         Sample {
             config: config.clone(),
             ratios,
@@ -352,22 +378,28 @@ impl ClitePolicy {
     }
 
     /// The scores of `samples` (module docs): the pool's progress is taken against the best
-    /// sampled, by the counters where every sample has them, else by its share.
+    /// sampled. A sample whose counters were missing (a dropped reading) is given its share
+    /// times the mean progress per share of the samples that have both; without any counters
+    /// the share alone is the measure.
     fn scores(&self, samples: &[Sample]) -> Vec<f64> {
-        let counters = samples.iter().all(|s| s.progress.is_some());
-        let be = |s: &Sample| {
-            if counters {
-                s.progress.unwrap_or(0.0)
-            } else {
-                s.share
-            }
+        let rates: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.share > 0.0)
+            .filter_map(|s| Some(s.progress? / s.share))
+            .collect();
+        let per_share = if rates.is_empty() {
+            1.0
+        } else {
+            rates.iter().sum::<f64>() / rates.len() as f64
         };
+        let be = |s: &Sample| s.progress.unwrap_or(s.share * per_share);
         let top = samples.iter().map(be).fold(0.0, f64::max);
         let total: f64 = self.weights.iter().sum::<f64>().max(1e-9);
         samples
             .iter()
             .map(|s| {
-                let met = s.ratios.iter().all(|r| r.is_some_and(|r| r <= 1.0));
+                // A service without a reading (no requests) has nothing to miss.
+                let met = s.ratios.iter().all(|r| r.is_none_or(|r| r <= 1.0));
                 if met {
                     0.5 + 0.5 * if top > 0.0 { be(s) / top } else { 0.0 }
                 } else {
@@ -376,9 +408,8 @@ impl ClitePolicy {
                         .iter()
                         .zip(&self.weights)
                         .map(|(r, w)| match r {
-                            Some(r) if *r <= 1.0 => *w,
-                            Some(r) => w * 0.5 / r.max(1.0),
-                            None => 0.0,
+                            Some(r) if *r > 1.0 => w * 0.5 / r,
+                            _ => *w,
                         })
                         .sum();
                     0.5 * near / total
@@ -450,7 +481,7 @@ impl ClitePolicy {
     fn restart(&mut self, held: &Sample) -> Config {
         let mut grown = held.config.clone();
         for (i, r) in held.ratios.iter().enumerate() {
-            if r.is_none_or(|r| r > 1.0) {
+            if r.is_some_and(|r| r > 1.0) {
                 let more = u32::try_from(whole(f64::from(grown.cores[i]) * 0.25))
                     .unwrap_or(1)
                     .max(1);
@@ -589,6 +620,8 @@ impl Policy for ClitePolicy {
                             .unwrap_or((0, 0.0));
                         let n = samples.len();
                         let best = samples.swap_remove(i);
+                        let all_met = best.ratios.iter().all(|r| r.is_none_or(|r| r <= 1.0));
+                        self.retries = if all_met { 0 } else { self.retries + 1 };
                         let plan = self.plan(&best.config);
                         let text = format!("hold the best of {n} samples (score {score:.2})");
                         self.phase = Phase::Hold {
@@ -597,6 +630,7 @@ impl Policy for ClitePolicy {
                             samples: n,
                             missed: 0,
                             moved: 0,
+                            short: 0,
                         };
                         Decision::new(plan, self.reasons(DecisionPath::Model, &text))
                     }
@@ -608,18 +642,33 @@ impl Policy for ClitePolicy {
                 samples,
                 missed,
                 moved,
+                short,
             } => {
                 let now = self.measure(obs, &best.config);
-                let missing = now.ratios.iter().any(|r| r.is_some_and(|r| r > 1.0));
+                // A target the held sample met and now misses. One it already missed
+                // (the best sampled did not meet every target: overload, or a search that
+                // did not find a layout that meets them all) starts a search only after
+                // `retry_after` ticks, twice as long after each such search in a row.
+                let missing = now
+                    .ratios
+                    .iter()
+                    .zip(&best.ratios)
+                    .any(|(r, was)| r.is_some_and(|r| r > 1.0) && was.is_none_or(|w| w <= 1.0));
+                let still = now.ratios.iter().any(|r| r.is_some_and(|r| r > 1.0));
+                let short = if still && !missing { short + 1 } else { 0 };
+                let patience = self.cfg.retry_after << self.retries.clamp(1, 5).saturating_sub(1);
                 let shifted = now.rps.iter().zip(&best.rps).any(|(a, b)| match (a, b) {
                     (Some(a), Some(b)) if *b > 0.0 => (a / b - 1.0).abs() > self.cfg.load_change,
                     _ => false,
                 });
                 let missed = if missing { missed + 1 } else { 0 };
                 let moved = if shifted { moved + 1 } else { 0 };
-                if missed >= self.cfg.restart_after || moved >= self.cfg.restart_after {
+                let retry = short >= patience;
+                if missed >= self.cfg.restart_after || moved >= self.cfg.restart_after || retry {
                     let why = if missed >= self.cfg.restart_after {
                         "a target missed"
+                    } else if retry {
+                        "targets still missed"
                     } else {
                         "a load moved"
                     };
@@ -638,6 +687,7 @@ impl Policy for ClitePolicy {
                     samples,
                     missed,
                     moved,
+                    short,
                 };
                 Decision::new(plan, self.reasons(DecisionPath::Model, &text))
             }

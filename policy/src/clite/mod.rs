@@ -104,7 +104,7 @@ impl Default for CliteConfig {
 
 /// One configuration: cores per latency-critical service (configuration order), ways per
 /// service within the CLOSID budget (the first ones), and the pool's MBA.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 struct Config {
     cores: Vec<u32>,
     ways: Vec<u32>,
@@ -120,55 +120,42 @@ struct Sample {
     /// The pool's instructions per second over the clock (IPC × busy cores), when every
     /// best-effort job had both counters.
     progress: Option<f64>,
-    /// The pool's share of the host (cores, and a tenth as much for ways).
+    /// The pool's share of the host (cores, and a tenth as much for ways), times its MBA
+    /// share.
     share: f64,
     /// Requests per second per service.
     rps: Vec<Option<f64>>,
 }
 
-#[derive(Debug, Clone)]
-enum Phase {
-    /// Sampling: `queue` first, then by expected improvement.
-    Search {
-        queue: Vec<Config>,
-        samples: Vec<Sample>,
-        current: Config,
-        held: u32,
-    },
-    /// Holding the best configuration found.
-    Hold {
-        best: Sample,
-        score: f64,
-        samples: usize,
-        missed: u32,
-        moved: u32,
-        /// Ticks in a row with a target missed that the held sample missed too.
-        short: u32,
-    },
+/// A search under way: `queue` is sampled first, then by expected improvement.
+#[derive(Debug, Clone, Default)]
+struct Search {
+    queue: Vec<Config>,
+    samples: Vec<Sample>,
+    /// The configuration being sampled, and the intervals it has been held.
+    current: Config,
+    held: u32,
 }
 
-impl Phase {
-    /// An empty phase, in place while the policy builds or decides.
-    fn placeholder() -> Phase {
-        Phase::Hold {
-            best: Sample {
-                config: Config {
-                    cores: Vec::new(),
-                    ways: Vec::new(),
-                    mba: MBA_MAX_PCT,
-                },
-                ratios: Vec::new(),
-                progress: None,
-                share: 0.0,
-                rps: Vec::new(),
-            },
-            score: 0.0,
-            samples: 0,
-            missed: 0,
-            moved: 0,
-            short: 0,
-        }
-    }
+/// The best configuration a search found, held.
+#[derive(Debug, Clone)]
+struct Held {
+    best: Sample,
+    score: f64,
+    /// Samples the search took.
+    samples: usize,
+    /// Ticks in a row with a target missed that the held sample met.
+    missed: u32,
+    /// Ticks in a row with a load moved from the held sample's.
+    moved: u32,
+    /// Ticks in a row with a target missed that the held sample missed too.
+    short: u32,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    Search(Search),
+    Hold(Held),
 }
 
 /// The CLITE policy (module docs).
@@ -229,24 +216,22 @@ impl ClitePolicy {
             lc_ways,
             mba_levels,
             fair,
-            phase: Phase::placeholder(),
+            phase: Phase::Search(Search::default()),
             retries: 0,
         };
         let start = policy.fair_config();
-        let mut queue = vec![start.clone()];
+        let mut queue = Vec::new();
         for i in 0..policy.names.len() {
             let c = policy.doubled(&start, i);
-            if !queue.contains(&c) {
+            if c != start && !queue.contains(&c) {
                 queue.push(c);
             }
         }
-        queue.remove(0);
-        policy.phase = Phase::Search {
+        policy.phase = Phase::Search(Search {
             queue,
-            samples: Vec::new(),
             current: start,
-            held: 0,
-        };
+            ..Search::default()
+        });
         policy
     }
 
@@ -496,13 +481,30 @@ impl ClitePolicy {
             }
         }
         let current = held.config.clone();
-        self.phase = Phase::Search {
+        self.phase = Phase::Search(Search {
             queue,
-            samples: Vec::new(),
             current: current.clone(),
-            held: 0,
-        };
+            ..Search::default()
+        });
         current
+    }
+
+    /// Puts `search` in force: its configuration, with `text` as the reason.
+    fn sampling(&mut self, search: Search, text: &str) -> Decision {
+        let plan = self.plan(&search.current);
+        self.phase = Phase::Search(search);
+        Decision::new(plan, self.reasons(DecisionPath::Explore, text))
+    }
+
+    /// Puts `held` in force: the best configuration its search found.
+    fn holding(&mut self, held: Held) -> Decision {
+        let plan = self.plan(&held.best.config);
+        let text = format!(
+            "hold the best of {} samples (score {:.2})",
+            held.samples, held.score
+        );
+        self.phase = Phase::Hold(held);
+        Decision::new(plan, self.reasons(DecisionPath::Model, &text))
     }
 
     fn reasons(&self, path: DecisionPath, text: &str) -> BTreeMap<String, Reason> {
@@ -557,8 +559,8 @@ impl Policy for ClitePolicy {
 
     fn initial(&mut self) -> Decision {
         let current = match &self.phase {
-            Phase::Search { current, .. } => current,
-            Phase::Hold { best, .. } => &best.config,
+            Phase::Search(search) => &search.current,
+            Phase::Hold(held) => &held.best.config,
         };
         let plan = self.plan(current);
         Decision::new(
@@ -568,83 +570,53 @@ impl Policy for ClitePolicy {
     }
 
     fn decide(&mut self, obs: &Observation, _now_ms: u64) -> Decision {
-        let phase = std::mem::replace(&mut self.phase, Phase::placeholder());
-        match phase {
-            Phase::Search {
-                mut queue,
-                mut samples,
-                current,
-                held,
-            } => {
-                let held = held + 1;
+        match std::mem::replace(&mut self.phase, Phase::Search(Search::default())) {
+            Phase::Search(mut search) => {
+                search.held += 1;
                 // A missing reading is waited for one more interval, once.
-                let waiting = held < self.cfg.sample_ticks
-                    || (held == self.cfg.sample_ticks
+                let waiting = search.held < self.cfg.sample_ticks
+                    || (search.held == self.cfg.sample_ticks
                         && self.names.iter().any(|n| obs.qos_ratio(n).is_none()));
                 if waiting {
-                    let plan = self.plan(&current);
-                    let text = format!("sample {} (held {held})", samples.len() + 1);
-                    self.phase = Phase::Search {
-                        queue,
-                        samples,
-                        current,
-                        held,
-                    };
-                    return Decision::new(plan, self.reasons(DecisionPath::Explore, &text));
+                    let text =
+                        format!("sample {} (held {})", search.samples.len() + 1, search.held);
+                    return self.sampling(search, &text);
                 }
-                samples.push(self.measure(obs, &current));
-                let next = if queue.is_empty() {
-                    self.next_sample(&samples)
+                let sample = self.measure(obs, &search.current);
+                search.samples.push(sample);
+                let next = if search.queue.is_empty() {
+                    self.next_sample(&search.samples)
                 } else {
-                    Some(queue.remove(0))
+                    Some(search.queue.remove(0))
                 };
-                match next {
-                    Some(c) => {
-                        let plan = self.plan(&c);
-                        let text = format!("sample {}", samples.len() + 1);
-                        self.phase = Phase::Search {
-                            queue,
-                            samples,
-                            current: c,
-                            held: 0,
-                        };
-                        Decision::new(plan, self.reasons(DecisionPath::Explore, &text))
-                    }
-                    None => {
-                        let scores = self.scores(&samples);
-                        let (i, score) = scores
-                            .iter()
-                            .copied()
-                            .enumerate()
-                            .max_by(|a, b| a.1.total_cmp(&b.1))
-                            .unwrap_or((0, 0.0));
-                        let n = samples.len();
-                        let best = samples.swap_remove(i);
-                        let all_met = best.ratios.iter().all(|r| r.is_none_or(|r| r <= 1.0));
-                        self.retries = if all_met { 0 } else { self.retries + 1 };
-                        let plan = self.plan(&best.config);
-                        let text = format!("hold the best of {n} samples (score {score:.2})");
-                        self.phase = Phase::Hold {
-                            best,
-                            score,
-                            samples: n,
-                            missed: 0,
-                            moved: 0,
-                            short: 0,
-                        };
-                        Decision::new(plan, self.reasons(DecisionPath::Model, &text))
-                    }
+                if let Some(c) = next {
+                    let text = format!("sample {}", search.samples.len() + 1);
+                    search.current = c;
+                    search.held = 0;
+                    return self.sampling(search, &text);
                 }
+                let scores = self.scores(&search.samples);
+                let (i, score) = scores
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                    .unwrap_or((0, 0.0));
+                let samples = search.samples.len();
+                let best = search.samples.swap_remove(i);
+                let all_met = best.ratios.iter().all(|r| r.is_none_or(|r| r <= 1.0));
+                self.retries = if all_met { 0 } else { self.retries + 1 };
+                self.holding(Held {
+                    best,
+                    score,
+                    samples,
+                    missed: 0,
+                    moved: 0,
+                    short: 0,
+                })
             }
-            Phase::Hold {
-                best,
-                score,
-                samples,
-                missed,
-                moved,
-                short,
-            } => {
-                let now = self.measure(obs, &best.config);
+            Phase::Hold(mut held) => {
+                let now = self.measure(obs, &held.best.config);
                 // A target the held sample met and now misses. One it already missed
                 // (the best sampled did not meet every target: overload, or a search that
                 // did not find a layout that meets them all) starts a search only after
@@ -652,44 +624,38 @@ impl Policy for ClitePolicy {
                 let missing = now
                     .ratios
                     .iter()
-                    .zip(&best.ratios)
+                    .zip(&held.best.ratios)
                     .any(|(r, was)| r.is_some_and(|r| r > 1.0) && was.is_none_or(|w| w <= 1.0));
                 let still = now.ratios.iter().any(|r| r.is_some_and(|r| r > 1.0));
-                let short = if still && !missing { short + 1 } else { 0 };
+                let shifted = now
+                    .rps
+                    .iter()
+                    .zip(&held.best.rps)
+                    .any(|(a, b)| match (a, b) {
+                        (Some(a), Some(b)) if *b > 0.0 => {
+                            (a / b - 1.0).abs() > self.cfg.load_change
+                        }
+                        _ => false,
+                    });
+                held.missed = if missing { held.missed + 1 } else { 0 };
+                held.moved = if shifted { held.moved + 1 } else { 0 };
+                held.short = if still && !missing { held.short + 1 } else { 0 };
                 let patience = self.cfg.retry_after << self.retries.clamp(1, 5).saturating_sub(1);
-                let shifted = now.rps.iter().zip(&best.rps).any(|(a, b)| match (a, b) {
-                    (Some(a), Some(b)) if *b > 0.0 => (a / b - 1.0).abs() > self.cfg.load_change,
-                    _ => false,
-                });
-                let missed = if missing { missed + 1 } else { 0 };
-                let moved = if shifted { moved + 1 } else { 0 };
-                let retry = short >= patience;
-                if missed >= self.cfg.restart_after || moved >= self.cfg.restart_after || retry {
-                    let why = if missed >= self.cfg.restart_after {
-                        "a target missed"
-                    } else if retry {
-                        "targets still missed"
-                    } else {
-                        "a load moved"
-                    };
-                    let mut from = best;
-                    from.ratios = now.ratios;
-                    let c = self.restart(&from);
-                    let plan = self.plan(&c);
-                    let text = format!("search again ({why}): sample 1");
-                    return Decision::new(plan, self.reasons(DecisionPath::Explore, &text));
-                }
-                let plan = self.plan(&best.config);
-                let text = format!("hold the best of {samples} samples (score {score:.2})");
-                self.phase = Phase::Hold {
-                    best,
-                    score,
-                    samples,
-                    missed,
-                    moved,
-                    short,
+                let why = if held.missed >= self.cfg.restart_after {
+                    "a target missed"
+                } else if held.short >= patience {
+                    "targets still missed"
+                } else if held.moved >= self.cfg.restart_after {
+                    "a load moved"
+                } else {
+                    return self.holding(held);
                 };
-                Decision::new(plan, self.reasons(DecisionPath::Model, &text))
+                let mut from = held.best;
+                from.ratios = now.ratios;
+                let c = self.restart(&from);
+                let plan = self.plan(&c);
+                let text = format!("search again ({why}): sample 1");
+                Decision::new(plan, self.reasons(DecisionPath::Explore, &text))
             }
         }
     }

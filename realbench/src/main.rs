@@ -26,8 +26,9 @@ struct Cli {
     #[arg(long, value_delimiter = ',')]
     scenarios: Option<Vec<Scenario>>,
     /// Policies, comma-separated: none, cap, idle (the batch job's cgroup in the kernel's
-    /// idle class, Linux 5.15 or later), static, parties, ml, ml-host (ml with a model
-    /// trained on this host's own logs from an explore phase first).
+    /// idle class, Linux 5.15 or later), static, parties, clite (not in the full run: one
+    /// search takes up to 90 intervals), ml, ml-host (ml with a model trained on this host's
+    /// own logs from an explore phase first).
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<Policy>>,
     /// A service as KIND[:RPS[:P99_MS]] (repeat; default memcached:2000:1 and nginx:500:2).

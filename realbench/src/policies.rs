@@ -1,5 +1,5 @@
 //! The policies compared: no control, two settings an operator would make by hand (a cap,
-//! the kernel's idle class), and cohabit's three policies run by the real daemon with a
+//! the kernel's idle class), and cohabit's policies run by the real daemon with a
 //! generated configuration.
 
 use std::fmt::Write as _;
@@ -25,6 +25,9 @@ pub enum Policy {
     Static,
     /// `cohabit run` with `policy = "parties"`.
     Parties,
+    /// `cohabit run` with `policy = "clite"` (opt-in: one search takes up to 90 intervals,
+    /// longer than the full benchmark's runs).
+    Clite,
     /// `cohabit run` with `policy = "ml"` and the built-in model, trained on the simulator.
     Ml,
     /// `cohabit run` with `policy = "ml"` and a model trained on this host's own logs: the
@@ -43,10 +46,11 @@ impl std::str::FromStr for Policy {
             "idle" => Ok(Policy::Idle),
             "static" => Ok(Policy::Static),
             "parties" => Ok(Policy::Parties),
+            "clite" => Ok(Policy::Clite),
             "ml" => Ok(Policy::Ml),
             "ml-host" => Ok(Policy::MlHost),
             _ => Err(format!(
-                "unknown policy {s:?}: none, cap, idle, static, parties, ml or ml-host"
+                "unknown policy {s:?}: none, cap, idle, static, parties, clite, ml or ml-host"
             )),
         }
     }
@@ -61,6 +65,7 @@ impl Policy {
             Policy::Idle => "idle",
             Policy::Static => "static",
             Policy::Parties => "parties",
+            Policy::Clite => "clite",
             Policy::Ml => "ml",
             Policy::MlHost => "ml-host",
         }
@@ -72,6 +77,7 @@ impl Policy {
             Policy::None | Policy::Cap | Policy::Idle => None,
             Policy::Static => Some("static"),
             Policy::Parties => Some("parties"),
+            Policy::Clite => Some("clite"),
             Policy::Ml | Policy::MlHost => Some("ml"),
         }
     }
@@ -176,7 +182,7 @@ pub struct LcEntry {
 /// What cohabit's configuration says.
 #[derive(Debug, Clone)]
 pub struct CohabitConfig<'a> {
-    /// `static`, `parties` or `ml`.
+    /// `static`, `parties`, `clite` or `ml`.
     pub policy: &'a str,
     /// Control interval.
     pub interval_ms: u64,
@@ -293,6 +299,7 @@ mod tests {
         assert_eq!("ml".parse::<Policy>().unwrap().cohabit(), Some("ml"));
         assert_eq!("ml-host".parse::<Policy>().unwrap().cohabit(), Some("ml"));
         assert_eq!(Policy::MlHost.name(), "ml-host");
+        assert_eq!("clite".parse::<Policy>().unwrap().cohabit(), Some("clite"));
         assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
     }
 

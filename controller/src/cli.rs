@@ -189,15 +189,21 @@ pub struct SimArgs {
     /// built-in model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// One of `ml`'s tunables, as the daemon's `ml = { … }` table has them (repeatable):
+    /// `--ml margin=0.95 --ml shrink_after=3`. Each trades QoS for best effort (README,
+    /// "Tuning ml").
+    #[arg(long = "ml", value_name = "KEY=VALUE")]
+    pub ml: Vec<String>,
 }
 
 impl SimArgs {
-    fn options(&self) -> SimOptions {
-        SimOptions {
+    fn options(&self) -> Result<SimOptions> {
+        Ok(SimOptions {
             platform: self.platform.clone(),
             model: self.model.clone(),
             explore: None,
-        }
+            ml: crate::daemon::config::ml_settings(&self.ml).map_err(anyhow::Error::msg)?,
+        })
     }
 }
 
@@ -216,7 +222,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             explore_margin,
             sim,
         } => {
-            let mut options = sim.options();
+            let mut options = sim.options()?;
             if explore {
                 let cfg = cohabit_policy::ExploreConfig {
                     margin: explore_margin,
@@ -240,7 +246,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             seed,
             format.into(),
             dir.as_deref(),
-            &sim.options(),
+            &sim.options()?,
             out,
         ),
         Command::Bench {

@@ -294,3 +294,48 @@ fn simulate_on_another_platform_and_with_a_model_file() {
         stderr(&o)
     );
 }
+
+#[test]
+fn simulate_runs_ml_with_the_tunables_asked_for_and_refuses_them_without_ml() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let base = ["simulate", "--scenario", "demo", "--out", out];
+    let o = cohabit(&[&base[..], &["--policy", "parties", "--ml", "margin=0.95"]].concat());
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("ml is not among the policies run"),
+        "{}",
+        stderr(&o)
+    );
+    let o = cohabit(&[&base[..], &["--policy", "ml", "--ml", "margin=1.5"]].concat());
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("ml.margin must be between 0.5 and 0.99, got 1.5"),
+        "{}",
+        stderr(&o)
+    );
+    let o = cohabit(
+        &[
+            &base[..],
+            &[
+                "--policy",
+                "ml",
+                "--ml",
+                "margin=0.95",
+                "--ml",
+                "shrink_after=3",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("ml tunables moved from the defaults: margin 0.95, shrink_after 3"),
+        "{}",
+        stdout(&o)
+    );
+    // Without --ml nothing is said of them.
+    let o = cohabit(&[&base[..], &["--policy", "ml"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("ml tunables"), "{}", stdout(&o));
+}

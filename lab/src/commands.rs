@@ -26,6 +26,8 @@ pub struct SimOptions {
     pub model: Option<std::path::PathBuf>,
     /// Explore safely around the policy's plans (`simulate --explore`).
     pub explore: Option<cohabit_policy::ExploreConfig>,
+    /// `ml`'s tunables (`--ml KEY=VALUE`).
+    pub ml: cohabit_policy::MlConfig,
 }
 
 impl SimOptions {
@@ -48,6 +50,35 @@ impl SimOptions {
                     .with_context(|| format!("loading the model for ml from {}", p.display()))
             })
             .transpose()
+    }
+
+    /// How the policies run: exploration and `ml`'s tunables as asked. Tunables moved for
+    /// a run without `ml` are refused (they would change nothing, silently).
+    fn policy_options(&self, policies: &[LabPolicy]) -> Result<simulate::PolicyOptions> {
+        let moved = self.ml.moved_from_default();
+        if !moved.is_empty() && !policies.contains(&LabPolicy::Ml) {
+            bail!(
+                "--ml sets ml's tunables ({}), but ml is not among the policies run",
+                moved.join(", ")
+            );
+        }
+        Ok(simulate::PolicyOptions {
+            explore: self.explore.clone(),
+            ml: self.ml,
+        })
+    }
+
+    /// A line saying which of `ml`'s tunables were moved from the defaults, if any.
+    fn ml_line(&self, out: &mut dyn Write) -> Result<()> {
+        let moved = self.ml.moved_from_default();
+        if !moved.is_empty() {
+            writeln!(
+                out,
+                "ml tunables moved from the defaults: {}",
+                moved.join(", ")
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -164,18 +195,14 @@ pub fn simulate_cmd(
     sim: &SimOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
+    let options = sim.policy_options(&[policy])?;
     let scenario = sim.scenario(name)?;
     let model = sim.model()?;
     let header = LogHeader::new(policy.name(), true, scenario.capacity().clone());
     let mut writer = SingleRunWriter::create(dir, &header)?;
-    let run = simulate::run_policy_with(
-        &scenario,
-        policy,
-        seed,
-        model.as_ref(),
-        sim.explore.as_ref(),
-        |r| writer.record(r),
-    )
+    let run = simulate::run_policy_with(&scenario, policy, seed, model.as_ref(), &options, |r| {
+        writer.record(r)
+    })
     .with_context(|| format!("simulating {} with {policy}", scenario.name))?;
     let explored = run
         .records
@@ -204,6 +231,7 @@ pub fn simulate_cmd(
         summary.seed
     )?;
     write!(out, "{}", table(std::slice::from_ref(&summary), false))?;
+    sim.ml_line(out)?;
     if sim.explore.is_some() {
         writeln!(
             out,
@@ -235,6 +263,7 @@ pub fn compare_cmd(
     if policies.is_empty() {
         bail!("--policies needs at least one policy");
     }
+    let options = sim.policy_options(policies)?;
     let names: Vec<String> = if name == "all" {
         builtin_names()
             .chain(crowded_names())
@@ -254,7 +283,7 @@ pub fn compare_cmd(
     for n in &names {
         progress.set_message(n.clone());
         let scenario = sim.scenario(n)?;
-        let runs = simulate::compare(&scenario, policies, seed, model.as_ref())
+        let runs = simulate::compare_with(&scenario, policies, seed, model.as_ref(), &options)
             .with_context(|| format!("comparing policies on {n}"))?;
         if let Some(dir) = dir {
             for r in &runs {
@@ -287,6 +316,7 @@ pub fn compare_cmd(
                 writeln!(out, "{BANNER}")?;
             }
             write!(out, "{}", table(&all, names.len() > 1))?;
+            sim.ml_line(out)?;
             writeln!(out, "qos_met: share of intervals with every LC service under target (ground truth); conv: intervals to settle after a load change; be_vs_oracle: best-effort throughput over the oracle's; be_mba: mean MBA % of the best-effort pool; mba<100: share of intervals with some group throttled.")?;
             writeln!(out, "\nper-service QoS (share of intervals under target):")?;
             write!(out, "{}", service_table(&all, names.len() > 1))?;

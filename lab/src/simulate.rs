@@ -92,6 +92,16 @@ impl FromStr for LabPolicy {
     }
 }
 
+/// How a policy is run beyond its kind: safe exploration around its plans, and `ml`'s
+/// tunables (`cohabit simulate --explore`, `--ml`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PolicyOptions {
+    /// Explore safely around the policy's plans ([`cohabit_policy::Explore`]).
+    pub explore: Option<cohabit_policy::ExploreConfig>,
+    /// `ml`'s tunables (the other policies ignore them).
+    pub ml: MlConfig,
+}
+
 /// Builds a policy for a scenario. `ml` uses `model`, or else the built-in model of the
 /// scenario's platform, and on a platform with a GPU the built-in GPU model for the GPU
 /// services' shares ([`cohabit_models::builtin_gpu`]).
@@ -99,6 +109,16 @@ pub fn build_policy(
     kind: LabPolicy,
     scenario: &Arc<Scenario>,
     model: Option<&Arc<Model>>,
+) -> Result<Box<dyn Policy>, RunError> {
+    build_policy_with(kind, scenario, model, MlConfig::default())
+}
+
+/// [`build_policy`], `ml` with the tunables `ml`.
+pub fn build_policy_with(
+    kind: LabPolicy,
+    scenario: &Arc<Scenario>,
+    model: Option<&Arc<Model>>,
+    ml: MlConfig,
 ) -> Result<Box<dyn Policy>, RunError> {
     let ctx = HostContext {
         host: scenario.capacity().clone(),
@@ -115,7 +135,7 @@ pub fn build_policy(
         _ => None,
     };
     if let (PolicyKind::Ml, Some(cpu)) = (deployable, &model) {
-        return Ok(Box::new(build_ml(scenario, Arc::clone(cpu))?));
+        return Ok(Box::new(build_ml_with(scenario, Arc::clone(cpu), ml)?));
     }
     Ok(deployable.build(ctx, model)?)
 }
@@ -260,21 +280,21 @@ pub fn run_policy(
     model: Option<&Arc<Model>>,
     sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
 ) -> Result<SimRun, RunError> {
-    run_policy_with(scenario, kind, seed, model, None, sink)
+    run_policy_with(scenario, kind, seed, model, &PolicyOptions::default(), sink)
 }
 
-/// [`run_policy`], exploring around the policy's plans when `explore` is given
-/// ([`cohabit_policy::Explore`]).
+/// [`run_policy`] with `options`: exploring around the policy's plans when asked
+/// ([`cohabit_policy::Explore`]), `ml` with the tunables given.
 pub fn run_policy_with(
     scenario: &Arc<Scenario>,
     kind: LabPolicy,
     seed: Option<u64>,
     model: Option<&Arc<Model>>,
-    explore: Option<&cohabit_policy::ExploreConfig>,
+    options: &PolicyOptions,
     sink: impl FnMut(&DecisionRecord) -> std::io::Result<()>,
 ) -> Result<SimRun, RunError> {
-    let mut policy = build_policy(kind, scenario, model)?;
-    if let Some(cfg) = explore {
+    let mut policy = build_policy_with(kind, scenario, model, options.ml)?;
+    if let Some(cfg) = &options.explore {
         let ctx = HostContext {
             host: scenario.capacity().clone(),
             specs: scenario.specs(),
@@ -320,6 +340,18 @@ pub fn compare(
     seed: Option<u64>,
     model: Option<&Arc<Model>>,
 ) -> Result<Vec<SimRun>, RunError> {
+    compare_with(scenario, kinds, seed, model, &PolicyOptions::default())
+}
+
+/// [`compare`] with `options` for every policy compared (the oracle runs as it is: it is
+/// the reference).
+pub fn compare_with(
+    scenario: &Arc<Scenario>,
+    kinds: &[LabPolicy],
+    seed: Option<u64>,
+    model: Option<&Arc<Model>>,
+    options: &PolicyOptions,
+) -> Result<Vec<SimRun>, RunError> {
     let mut wanted: Vec<LabPolicy> = kinds.to_vec();
     if !wanted.contains(&LabPolicy::Oracle) {
         wanted.push(LabPolicy::Oracle);
@@ -327,7 +359,16 @@ pub fn compare(
     let results: Vec<Result<SimRun, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = wanted
             .iter()
-            .map(|&k| s.spawn(move || run_policy(scenario, k, seed, model, |_| Ok(()))))
+            .map(|&k| {
+                s.spawn(move || {
+                    let options = if k == LabPolicy::Oracle {
+                        &PolicyOptions::default()
+                    } else {
+                        options
+                    };
+                    run_policy_with(scenario, k, seed, model, options, |_| Ok(()))
+                })
+            })
             .collect();
         handles
             .into_iter()

@@ -61,30 +61,41 @@ impl PolicyKind {
         ctx: HostContext,
         model: Option<Arc<Model>>,
     ) -> Result<Box<dyn Policy>, BuildError> {
-        self.build_with_gpu(ctx, model, None)
+        self.build_with_gpu(ctx, model, None, MlConfig::default())
     }
 
-    /// [`PolicyKind::build`], and `ml` with `gpu_model` (schema `qos-gpu`) for the GPU
-    /// services' shares when one is given ([`MlPolicy::with_gpu_model`]; a model of another
-    /// schema is refused). The other policies use no model.
+    /// [`PolicyKind::build`], and `ml` with the tunables `ml` and with `gpu_model` (schema
+    /// `qos-gpu`) for the GPU services' shares when one is given ([`PolicyKind::build_ml`]).
+    /// The other policies use no model and their default settings.
     pub fn build_with_gpu(
         self,
         ctx: HostContext,
         model: Option<Arc<Model>>,
         gpu_model: Option<Arc<Model>>,
+        ml: MlConfig,
     ) -> Result<Box<dyn Policy>, BuildError> {
         Ok(match self {
             PolicyKind::Static => Box::new(StaticPolicy::new(ctx)),
             PolicyKind::Parties => Box::new(PartiesPolicy::new(ctx, PartiesConfig::default())),
             PolicyKind::Clite => Box::new(ClitePolicy::new(ctx, CliteConfig::default())),
-            PolicyKind::Ml => {
-                let ml = MlPolicy::new(ctx, model.ok_or(BuildError::NoModel)?, MlConfig::default());
-                Box::new(match gpu_model {
-                    Some(gpu) => ml.with_gpu_model(gpu).map_err(BuildError::GpuModel)?,
-                    None => ml,
-                })
-            }
+            PolicyKind::Ml => Box::new(Self::build_ml(ctx, model, gpu_model, ml)?),
         })
+    }
+
+    /// `ml` for `ctx` with `model` (required), the tunables `cfg` and, when one is given,
+    /// `gpu_model` for the GPU services' shares ([`MlPolicy::with_gpu_model`]; a model of
+    /// another schema is refused).
+    pub fn build_ml(
+        ctx: HostContext,
+        model: Option<Arc<Model>>,
+        gpu_model: Option<Arc<Model>>,
+        cfg: MlConfig,
+    ) -> Result<MlPolicy, BuildError> {
+        let ml = MlPolicy::new(ctx, model.ok_or(BuildError::NoModel)?, cfg);
+        match gpu_model {
+            Some(gpu) => ml.with_gpu_model(gpu).map_err(BuildError::GpuModel),
+            None => Ok(ml),
+        }
     }
 }
 
@@ -144,18 +155,43 @@ mod tests {
             0,
         ));
         let e = PolicyKind::Ml
-            .build_with_gpu(ctx.clone(), Some(Arc::clone(&cpu)), Some(Arc::clone(&cpu)))
+            .build_with_gpu(
+                ctx.clone(),
+                Some(Arc::clone(&cpu)),
+                Some(Arc::clone(&cpu)),
+                MlConfig::default(),
+            )
             .err();
         assert!(
             matches!(&e, Some(BuildError::GpuModel(m)) if m.contains("qos-gpu-v1")),
             "{e:?}"
         );
         PolicyKind::Ml
-            .build_with_gpu(ctx.clone(), Some(cpu), Some(Arc::clone(&gpu)))
+            .build_with_gpu(
+                ctx.clone(),
+                Some(cpu),
+                Some(Arc::clone(&gpu)),
+                MlConfig::default(),
+            )
             .unwrap();
         // The other policies use no model, a GPU one included.
         PolicyKind::Parties
-            .build_with_gpu(ctx, None, Some(gpu))
+            .build_with_gpu(ctx, None, Some(gpu), MlConfig::default())
             .unwrap();
+    }
+
+    #[test]
+    fn ml_runs_with_the_tunables_it_is_given() {
+        let ctx = crate::tests::ctx(2, true, false, 0);
+        let cpu = Arc::new(Model::synthetic(1, &[], 0));
+        let cfg = MlConfig {
+            margin: 0.95,
+            shrink_after: 3,
+            ..MlConfig::default()
+        };
+        let ml = PolicyKind::build_ml(ctx.clone(), Some(Arc::clone(&cpu)), None, cfg).unwrap();
+        assert_eq!(ml.config(), &cfg);
+        let ml = PolicyKind::build_ml(ctx, Some(cpu), None, MlConfig::default()).unwrap();
+        assert_eq!(ml.config(), &MlConfig::default());
     }
 }

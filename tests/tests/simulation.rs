@@ -247,3 +247,46 @@ fn the_simulator_refuses_a_plan_beyond_the_closids_and_the_loop_keeps_the_last_g
         );
     }
 }
+
+#[test]
+fn mls_tunables_reach_ml_and_leave_the_other_policies_and_the_oracle_as_they_are() {
+    // Two minutes of `demo`: enough for ml to settle, and for a much wider margin to
+    // settle elsewhere.
+    let mut s = (*scenario("demo")).clone();
+    s.duration_s = 120.0;
+    let s = Arc::new(s);
+    let wide = simulate::PolicyOptions {
+        ml: cohabit_policy::MlConfig {
+            margin: 0.6,
+            ..cohabit_policy::MlConfig::default()
+        },
+        ..Default::default()
+    };
+    let kinds = [LabPolicy::Parties, LabPolicy::Ml];
+    let default = simulate::compare(&s, &kinds, None, None).unwrap();
+    let tuned = simulate::compare_with(&s, &kinds, None, None, &wide).unwrap();
+    let cores = |runs: &[simulate::SimRun], policy: &str| -> Vec<u32> {
+        let run = runs.iter().find(|r| r.summary.policy == policy).unwrap();
+        run.records
+            .iter()
+            .map(|r| r.plan.services.values().map(|a| a.cores).sum())
+            .collect()
+    };
+    // parties ignores ml's tunables: the same plans, tick for tick.
+    assert_eq!(cores(&default, "parties"), cores(&tuned, "parties"));
+    // ml aiming at 0.6 of each target keeps more cores for the services than at 0.9.
+    let (d, t) = (cores(&default, "ml"), cores(&tuned, "ml"));
+    let mean = |v: &[u32]| v.iter().map(|c| f64::from(*c)).sum::<f64>() / v.len() as f64;
+    assert!(
+        mean(&t) > mean(&d) + 1.0,
+        "margin 0.6: {:.1} cores for the services, against {:.1} at 0.9",
+        mean(&t),
+        mean(&d)
+    );
+    // The oracle, the reference for both, ran as it is.
+    let be = |runs: &[simulate::SimRun], policy: &str| {
+        let r = runs.iter().find(|r| r.summary.policy == policy).unwrap();
+        r.summary.be_throughput / r.summary.be_throughput_vs_oracle.unwrap()
+    };
+    assert!((be(&default, "parties") - be(&tuned, "parties")).abs() < 1e-9);
+}

@@ -203,15 +203,15 @@ fn explored_logs_on_the_simulator_train_a_host_model_from_the_shipped_one() {
         &LogHeader::new("static", true, sc.capacity().clone()),
     )
     .unwrap();
-    let run = cohabit_lab::simulate::run_policy_with(
-        &sc,
-        LabPolicy::Static,
-        None,
-        None,
-        Some(&cfg),
-        |r| w.write(r),
-    )
-    .unwrap();
+    let options = cohabit_lab::simulate::PolicyOptions {
+        explore: Some(cfg.clone()),
+        ..Default::default()
+    };
+    let run =
+        cohabit_lab::simulate::run_policy_with(&sc, LabPolicy::Static, None, None, &options, |r| {
+            w.write(r)
+        })
+        .unwrap();
     w.flush().unwrap();
     drop(w);
 

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! interval_ms = 1000
-//! policy = "parties"                 # static | parties | ml
+//! policy = "parties"                 # static | parties | clite | ml
 //! model = "/etc/cohabit/qos-v1.json" # ml only: the model (cohabit-train fit writes one)
 //! gpu_model = "/etc/cohabit/qos-gpu-v1.json" # ml only, optional: the GPU services' share
 //!                                    # model (schema qos-gpu; cohabit-train fit --gpu)
@@ -20,6 +20,12 @@
 //! explore = { margin = 0.3 }         # safe exploration around the policy's plans (or --explore);
 //!                                    # also max_cores, max_ways, max_mba_steps, min_cores,
 //!                                    # min_ways, seed (docs: cohabit_policy::ExploreConfig)
+//! ml = { margin = 0.9 }              # ml only: its tunables (defaults as measured); also
+//!                                    # k_sigma, k_sigma_give_back, give_back_headroom,
+//!                                    # unsure_sigma, shrink_after, way_cost, explore_step,
+//!                                    # explore_below, gpu_hysteresis_pct, gpu_shrink_after_ms
+//!                                    # (docs: cohabit_policy::MlConfig; each trades QoS for
+//!                                    # best effort: README, "Tuning ml")
 //!
 //! [paths]
 //! state_dir = "/run/cohabit"         # lock and record of changes (root-owned, 0700)
@@ -76,7 +82,7 @@ use cohabit_collectors::HostPaths;
 use cohabit_core::window::MAX_LATENCY_WINDOW;
 use serde::Deserialize;
 
-use cohabit_policy::{ExploreConfig, PolicyKind};
+use cohabit_policy::{ExploreConfig, MlConfig, PolicyKind};
 
 pub use super::host::layout::{BestEffortCpus, UnmanagedCache};
 
@@ -117,6 +123,7 @@ struct File {
     #[serde(default = "default_model_check")]
     model_check_every_ticks: i64,
     explore: Option<ExploreFile>,
+    ml: Option<MlFile>,
     #[serde(default)]
     host: HostFile,
     #[serde(default)]
@@ -186,6 +193,74 @@ impl ExploreFile {
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+/// `ml = { … }`: `ml`'s tunables an operator may move, every field optional, defaults from
+/// [`MlConfig::default`], checked by [`MlConfig::validate`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MlFile {
+    margin: Option<f64>,
+    k_sigma: Option<f64>,
+    k_sigma_give_back: Option<f64>,
+    give_back_headroom: Option<f64>,
+    unsure_sigma: Option<f64>,
+    shrink_after: Option<u32>,
+    way_cost: Option<f64>,
+    explore_step: Option<f64>,
+    explore_below: Option<f64>,
+    gpu_hysteresis_pct: Option<u8>,
+    gpu_shrink_after_ms: Option<u64>,
+}
+
+impl MlFile {
+    fn config(&self) -> Result<MlConfig, String> {
+        let d = MlConfig::default();
+        let cfg = MlConfig {
+            margin: self.margin.unwrap_or(d.margin),
+            k_sigma: self.k_sigma.unwrap_or(d.k_sigma),
+            k_sigma_give_back: self.k_sigma_give_back.unwrap_or(d.k_sigma_give_back),
+            give_back_headroom: self.give_back_headroom.unwrap_or(d.give_back_headroom),
+            unsure_sigma: self.unsure_sigma.unwrap_or(d.unsure_sigma),
+            shrink_after: self.shrink_after.unwrap_or(d.shrink_after),
+            way_cost: self.way_cost.unwrap_or(d.way_cost),
+            explore_step: self.explore_step.unwrap_or(d.explore_step),
+            explore_below: self.explore_below.unwrap_or(d.explore_below),
+            gpu_hysteresis_pct: self.gpu_hysteresis_pct.unwrap_or(d.gpu_hysteresis_pct),
+            gpu_shrink_after_ms: self.gpu_shrink_after_ms.unwrap_or(d.gpu_shrink_after_ms),
+            ..d
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// `ml`'s tunables from `KEY=VALUE` pairs (`cohabit simulate --ml margin=0.95`), read as
+/// the daemon reads its `ml = { … }` table: the same keys, defaults and checks.
+pub fn ml_settings(pairs: &[String]) -> Result<MlConfig, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Only {
+        ml: MlFile,
+    }
+    let mut fields = Vec::with_capacity(pairs.len());
+    for pair in pairs {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("--ml {pair:?}: expected KEY=VALUE, like margin=0.95"))?;
+        let key = key.trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            return Err(format!("--ml {pair:?}: {key:?} is not a tunable's name"));
+        }
+        let value = value.trim();
+        if value.parse::<f64>().is_err() {
+            return Err(format!("--ml {pair:?}: {value:?} is not a number"));
+        }
+        fields.push(format!("{key} = {value}"));
+    }
+    let text = format!("ml = {{ {} }}", fields.join(", "));
+    let only: Only = toml::from_str(&text).map_err(|e| format!("--ml: {}", e.message()))?;
+    only.ml.config()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -517,6 +592,8 @@ pub struct DaemonConfig {
     pub model_check_every_ticks: u32,
     /// Safe exploration around the policy's plans (`explore = { … }` or `--explore`).
     pub explore: Option<ExploreConfig>,
+    /// `ml`'s tunables (`ml = { … }`; the defaults otherwise).
+    pub ml: MlConfig,
     /// Latency-critical services, then best-effort jobs.
     pub services: Vec<ServiceConfig>,
     /// `[kubernetes]`: more services come from this node's pods.
@@ -608,6 +685,19 @@ impl DaemonConfig {
                 "policy: ml needs model = \"path/to/model.json\" (see cohabit-train fit)".into(),
             ));
         }
+        // A table that would do nothing is a mistake, not a setting: say so.
+        if f.ml.is_some() && policy != PolicyKind::Ml {
+            return Err(err(format!(
+                "ml: these are the tunables of policy = \"ml\", but the policy is {policy:?}; remove the ml table or set policy = \"ml\"",
+                policy = policy.name()
+            )));
+        }
+        let ml =
+            f.ml.as_ref()
+                .map(MlFile::config)
+                .transpose()
+                .map_err(err)?
+                .unwrap_or_default();
         let metrics_addr = if f.metrics_addr.trim().is_empty() {
             None
         } else {
@@ -786,6 +876,7 @@ impl DaemonConfig {
             fail_safe_after_ticks: u32::try_from(f.fail_safe_after_ticks).unwrap_or(u32::MAX),
             model_check_every_ticks,
             explore,
+            ml,
             services,
             kubernetes,
         })
@@ -1964,6 +2055,85 @@ mod tests {
         assert!(e.contains("margins"), "{e}");
         let e = err(&format!("model_check_every_ticks = -1\n{MIN}"));
         assert!(e.contains("model_check_every_ticks"), "{e}");
+    }
+
+    #[test]
+    fn mls_tunables_from_key_value_pairs_are_read_as_the_table_is() {
+        let pairs = |p: &[&str]| ml_settings(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(pairs(&[]), Ok(MlConfig::default()));
+        assert_eq!(
+            pairs(&["margin=0.95", " shrink_after = 3"]),
+            Ok(MlConfig {
+                margin: 0.95,
+                shrink_after: 3,
+                ..MlConfig::default()
+            })
+        );
+        let e = pairs(&["margin"]).unwrap_err();
+        assert!(e.contains("expected KEY=VALUE"), "{e}");
+        let e = pairs(&["margins=0.95"]).unwrap_err();
+        assert!(e.contains("margins"), "{e}");
+        let e = pairs(&["margin=high"]).unwrap_err();
+        assert!(e.contains("\"high\" is not a number"), "{e}");
+        // A whole number where one is wanted, and a fraction where it is not.
+        let e = pairs(&["shrink_after=2.5"]).unwrap_err();
+        assert!(e.starts_with("--ml") && e.contains("expected u32"), "{e}");
+        let e = pairs(&["margin=1.5"]).unwrap_err();
+        assert!(e.contains("ml.margin must be between"), "{e}");
+        // Nothing but a name goes into the table's text.
+        let e = pairs(&["margin = 0.9, z_limit=9.0"]).unwrap_err();
+        assert!(e.contains("is not a number"), "{e}");
+        let e = pairs(&["ml.margin=0.9"]).unwrap_err();
+        assert!(e.contains("not a tunable's name"), "{e}");
+    }
+
+    #[test]
+    fn mls_tunables_default_as_measured_and_are_checked_by_name() {
+        let ml = "policy = \"ml\"\nmodel = \"/etc/cohabit/qos.json\"\n";
+        let d = DaemonConfig::parse(&format!("{ml}{MIN}"), "t.toml").unwrap();
+        assert_eq!(d.ml, MlConfig::default());
+        // Inline or as a table; what is not set keeps its default.
+        for text in [
+            format!(
+                "{ml}ml = {{ margin = 0.95, shrink_after = 3, give_back_headroom = -1 }}\n{MIN}"
+            ),
+            format!("{ml}{MIN}\n[ml]\nmargin = 0.95\nshrink_after = 3\ngive_back_headroom = -1\n"),
+        ] {
+            let c = DaemonConfig::parse(&text, "t.toml").unwrap();
+            assert_eq!(
+                c.ml,
+                MlConfig {
+                    margin: 0.95,
+                    shrink_after: 3,
+                    give_back_headroom: -1.0,
+                    ..MlConfig::default()
+                },
+                "{text}"
+            );
+        }
+        let e = err(&format!("{ml}ml = {{ margin = 1.2 }}\n{MIN}"));
+        assert!(
+            e.contains("ml.margin must be between 0.5 and 0.99, got 1.2"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{ml}ml = {{ margin = 0.7, explore_step = 0.1 }}\n{MIN}"
+        ));
+        assert!(e.contains("ml.explore_below"), "{e}");
+        // Misspelt, or not a tunable an operator may move: refused, naming the key.
+        let e = err(&format!("{ml}ml = {{ margins = 0.95 }}\n{MIN}"));
+        assert!(e.contains("margins"), "{e}");
+        let e = err(&format!("{ml}ml = {{ z_limit = 9.0 }}\n{MIN}"));
+        assert!(e.contains("z_limit"), "{e}");
+        // Beside another policy the table would do nothing: refused.
+        let e = err(&format!(
+            "policy = \"parties\"\nml = {{ margin = 0.95 }}\n{MIN}"
+        ));
+        assert!(
+            e.contains("ml: these are the tunables of policy = \"ml\"")
+                && e.contains("\"parties\""),
+            "{e}"
+        );
     }
 
     #[test]

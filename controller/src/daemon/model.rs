@@ -27,29 +27,31 @@ use std::time::SystemTime;
 
 use anyhow::Context as _;
 use cohabit_models::{Model, Schema, CPU_SCHEMA, GPU_SCHEMA};
-use cohabit_policy::{BuildError, HostContext, Policy, PolicyKind};
+use cohabit_policy::{BuildError, HostContext, MlConfig, Policy, PolicyKind};
 use sha2::{Digest, Sha256};
 
 use super::config::DaemonConfig;
 use super::exporter::Exporter;
 
 /// The models a policy is built with, loaded at start from the files the configuration
-/// names: `ml`'s model (`model`) and its GPU services' share model (`gpu_model`, optional).
-/// The other policies load none.
+/// names: `ml`'s model (`model`) and its GPU services' share model (`gpu_model`, optional),
+/// with `ml`'s tunables (`ml = { … }`). The other policies load none.
 #[derive(Debug, Clone, Default)]
 pub struct Models {
     /// The CPU model (schema `qos`).
     pub cpu: Option<Arc<Model>>,
     /// The GPU services' share model (schema `qos-gpu`).
     pub gpu: Option<Arc<Model>>,
+    /// `ml`'s tunables.
+    pub ml: MlConfig,
 }
 
 impl Models {
     /// Loads the models `cfg` names for `ml` with the hardened loader ([`Model::load_schema`]),
     /// each against its schema: a file that does not load, or that holds a model of another
     /// schema, is an error naming the file, and the start stops before the host is touched.
-    /// Logs the GPU model in force, or its absence where GPU services are configured (one
-    /// line).
+    /// Logs the GPU model in force, or its absence where GPU services are configured, and
+    /// `ml`'s tunables moved from the defaults (a line each).
     pub fn load(cfg: &DaemonConfig) -> anyhow::Result<Self> {
         if cfg.policy != PolicyKind::Ml {
             return Ok(Self::default());
@@ -69,6 +71,7 @@ impl Models {
                 &GPU_SCHEMA,
                 "GPU model (gpu_model)",
             )?,
+            ml: cfg.ml,
         };
         match (&models.gpu, &cfg.gpu_model) {
             (Some(m), Some(path)) => tracing::info!(
@@ -82,12 +85,20 @@ impl Models {
             ),
             _ => {}
         }
+        let moved = cfg.ml.moved_from_default();
+        if !moved.is_empty() {
+            tracing::info!(
+                tunables = %moved.join(", "),
+                "ml tunables moved from the defaults"
+            );
+        }
         Ok(models)
     }
 
-    /// Builds `kind` for `ctx` with these models ([`PolicyKind::build_with_gpu`]).
+    /// Builds `kind` for `ctx` with these models and `ml`'s tunables
+    /// ([`PolicyKind::build_with_gpu`]).
     pub fn build(&self, kind: PolicyKind, ctx: HostContext) -> Result<Box<dyn Policy>, BuildError> {
-        kind.build_with_gpu(ctx, self.cpu.clone(), self.gpu.clone())
+        kind.build_with_gpu(ctx, self.cpu.clone(), self.gpu.clone(), self.ml)
     }
 }
 
@@ -479,6 +490,11 @@ mod tests {
         // Without gpu_model: the CPU model only.
         let models = Models::load(&config("ml", Some(&cpu), None)).unwrap();
         assert!(models.cpu.is_some() && models.gpu.is_none());
+        assert_eq!(models.ml, MlConfig::default());
+        // ml's tunables come with its models.
+        let mut tuned = config("ml", Some(&cpu), None);
+        tuned.ml.margin = 0.95;
+        assert_eq!(Models::load(&tuned).unwrap().ml.margin, 0.95);
 
         // The GPU model where the CPU one belongs is refused too, naming the file.
         let e = Models::load(&config("ml", Some(&gpu), None)).unwrap_err();

@@ -1,4 +1,9 @@
 //! Tunables of the `ml` policy.
+//!
+//! Every tunable has a default that the simulated results (docs/RESULTS.md) were measured
+//! with. An operator may move the ones [`MlConfig::validate`] checks (the daemon's `[ml]`
+//! table): each trades runs meeting QoS for best-effort throughput, as `cargo run --release
+//! -p cohabit-lab --example tradeoff` measures.
 
 /// Tunables of the `ml` policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,5 +85,193 @@ impl Default for MlConfig {
             explore_step: 0.0,
             pool_ways_for_insensitive: true,
         }
+    }
+}
+
+/// `(name, value, least, most)`: a tunable an operator may move and the closed range it
+/// must lie in.
+type Tunable = (&'static str, f64, f64, f64);
+
+impl MlConfig {
+    /// The tunables an operator may move (the daemon's `ml = { … }`, `cohabit simulate
+    /// --ml`), each with its value and the range where `ml` stays meaningful.
+    fn tunables(&self) -> [Tunable; 11] {
+        [
+            ("margin", self.margin, 0.5, 0.99),
+            ("k_sigma", self.k_sigma, 0.0, 3.0),
+            ("k_sigma_give_back", self.k_sigma_give_back, 0.0, 3.0),
+            // Negative turns the headroom off; more than 3 roots of the busy cores is
+            // more than any queue needs.
+            ("give_back_headroom", self.give_back_headroom, -1.0, 3.0),
+            ("unsure_sigma", self.unsure_sigma, 0.1, 5.0),
+            ("shrink_after", f64::from(self.shrink_after), 1.0, 60.0),
+            ("way_cost", self.way_cost, 0.0, 1.0),
+            ("explore_step", self.explore_step, 0.0, 0.5),
+            ("explore_below", self.explore_below, 0.1, 0.99),
+            (
+                "gpu_hysteresis_pct",
+                f64::from(self.gpu_hysteresis_pct),
+                1.0,
+                50.0,
+            ),
+            (
+                "gpu_shrink_after_ms",
+                self.gpu_shrink_after_ms as f64,
+                0.0,
+                3_600_000.0,
+            ),
+        ]
+    }
+
+    /// Checks the tunables an operator may move, each against its range; the error names
+    /// the first one out of range (as `ml.NAME`, the daemon's configuration key). With the
+    /// cut exploration on, its calm bound must also lie under the margin (a service is
+    /// probed only while measured well within it).
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v, lo, hi) in self.tunables() {
+            if !(v.is_finite() && (lo..=hi).contains(&v)) {
+                return Err(format!("ml.{name} must be between {lo} and {hi}, got {v}"));
+            }
+        }
+        if self.explore_step > 0.0 && self.explore_below >= self.margin {
+            return Err(format!(
+                "ml.explore_below ({}) must be under ml.margin ({}): a service is probed only while measured well within its margin",
+                self.explore_below, self.margin
+            ));
+        }
+        Ok(())
+    }
+
+    /// The operator's tunables that differ from the defaults, as `name value` (empty when
+    /// none do), for reports to say what ran.
+    pub fn moved_from_default(&self) -> Vec<String> {
+        let d = Self::default().tunables();
+        self.tunables()
+            .iter()
+            .zip(d.iter())
+            .filter(|(a, b)| a.1 != b.1)
+            .map(|(a, _)| format!("{} {}", a.0, a.1))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(MlConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_tunable_out_of_range_is_refused_by_name() {
+        let d = MlConfig::default();
+        let cases = [
+            (MlConfig { margin: 1.0, ..d }, "ml.margin"),
+            (
+                MlConfig {
+                    margin: f64::NAN,
+                    ..d
+                },
+                "ml.margin",
+            ),
+            (MlConfig { k_sigma: -0.1, ..d }, "ml.k_sigma"),
+            (
+                MlConfig {
+                    k_sigma_give_back: 4.0,
+                    ..d
+                },
+                "ml.k_sigma_give_back",
+            ),
+            (
+                MlConfig {
+                    give_back_headroom: -2.0,
+                    ..d
+                },
+                "ml.give_back_headroom",
+            ),
+            (
+                MlConfig {
+                    unsure_sigma: 0.0,
+                    ..d
+                },
+                "ml.unsure_sigma",
+            ),
+            (
+                MlConfig {
+                    shrink_after: 0,
+                    ..d
+                },
+                "ml.shrink_after",
+            ),
+            (MlConfig { way_cost: 1.5, ..d }, "ml.way_cost"),
+            (
+                MlConfig {
+                    explore_step: 0.6,
+                    ..d
+                },
+                "ml.explore_step",
+            ),
+            (
+                MlConfig {
+                    gpu_hysteresis_pct: 0,
+                    ..d
+                },
+                "ml.gpu_hysteresis_pct",
+            ),
+            (
+                MlConfig {
+                    gpu_shrink_after_ms: 4_000_000,
+                    ..d
+                },
+                "ml.gpu_shrink_after_ms",
+            ),
+        ];
+        for (cfg, name) in cases {
+            let e = cfg.validate().unwrap_err();
+            assert!(e.starts_with(&format!("{name} must be between")), "{e}");
+        }
+        // Negative headroom is the documented way to turn it off.
+        assert_eq!(
+            MlConfig {
+                give_back_headroom: -1.0,
+                ..d
+            }
+            .validate(),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn what_was_moved_from_the_defaults_is_listed() {
+        assert!(MlConfig::default().moved_from_default().is_empty());
+        let cfg = MlConfig {
+            margin: 0.95,
+            shrink_after: 3,
+            ..MlConfig::default()
+        };
+        assert_eq!(cfg.moved_from_default(), ["margin 0.95", "shrink_after 3"]);
+    }
+
+    #[test]
+    fn the_exploration_bound_must_lie_under_the_margin() {
+        let cfg = MlConfig {
+            margin: 0.8,
+            explore_below: 0.85,
+            explore_step: 0.1,
+            ..MlConfig::default()
+        };
+        let e = cfg.validate().unwrap_err();
+        assert!(
+            e.contains("ml.explore_below") && e.contains("ml.margin"),
+            "{e}"
+        );
+        // With the exploration off the bound binds nothing.
+        let off = MlConfig {
+            explore_step: 0.0,
+            ..cfg
+        };
+        assert_eq!(off.validate(), Ok(()));
     }
 }

@@ -334,8 +334,17 @@ fn simulate_runs_ml_with_the_tunables_asked_for_and_refuses_them_without_ml() {
         "{}",
         stdout(&o)
     );
+    // The decision log's header says what ran.
+    let log = std::fs::read_to_string(dir.path().join("decisions.jsonl")).unwrap();
+    let header: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        header["tunables"],
+        serde_json::json!({ "margin": 0.95, "shrink_after": 3.0 })
+    );
     // Without --ml nothing is said of them.
     let o = cohabit(&[&base[..], &["--policy", "ml"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stdout(&o).contains("ml tunables"), "{}", stdout(&o));
+    let log = std::fs::read_to_string(dir.path().join("decisions.jsonl")).unwrap();
+    assert!(!log.lines().next().unwrap().contains("tunables"));
 }

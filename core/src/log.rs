@@ -32,6 +32,7 @@
 //! - A header or a record from a newer version than this build knows is an error that names
 //!   both versions ([`LogError::NewerLog`], [`LogError::NewerRecord`]).
 
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, Write};
 
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,10 @@ pub struct LogHeader {
     pub simulated: bool,
     /// What the host offered; training scales its features by it.
     pub host: HostCapacity,
+    /// The policy's tunables an operator moved from their defaults (`ml`'s `margin`, …),
+    /// so that whoever reads the log knows what decided; absent when none were.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tunables: BTreeMap<String, f64>,
 }
 
 impl LogHeader {
@@ -68,7 +73,17 @@ impl LogHeader {
             policy: policy.into(),
             simulated,
             host,
+            tunables: BTreeMap::new(),
         }
+    }
+
+    /// The header with the policy's moved tunables `tunables`.
+    pub fn with_tunables<'a>(mut self, tunables: impl IntoIterator<Item = (&'a str, f64)>) -> Self {
+        self.tunables = tunables
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        self
     }
 }
 
@@ -580,6 +595,27 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.lines().count(), 1);
+        assert!(
+            !text.contains("tunables"),
+            "none moved, none written: {text}"
+        );
+    }
+
+    #[test]
+    fn moved_tunables_ride_in_the_header_and_a_header_without_them_reads() {
+        let tuned = LogHeader::new("ml", true, host(4))
+            .with_tunables([("margin", 0.95), ("shrink_after", 3.0)]);
+        let bytes = write(&tuned, &[]);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains(r#""tunables":{"margin":0.95,"shrink_after":3.0}"#),
+            "{text}"
+        );
+        assert_eq!(last_header(&bytes[..]).unwrap(), Some(tuned));
+        // A header written before the field existed reads with none.
+        let old = write(&LogHeader::new("ml", true, host(4)), &[]);
+        let h = last_header(&old[..]).unwrap().unwrap();
+        assert!(h.tunables.is_empty());
     }
 
     #[test]

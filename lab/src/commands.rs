@@ -68,6 +68,17 @@ impl SimOptions {
         })
     }
 
+    /// The decision log's header for a run of `policy` on `scenario`, with `ml`'s moved
+    /// tunables when it is `ml`.
+    fn header(&self, policy: &str, scenario: &Scenario) -> LogHeader {
+        let header = LogHeader::new(policy, true, scenario.capacity().clone());
+        if policy == LabPolicy::Ml.name() {
+            header.with_tunables(self.ml.moved_tunables())
+        } else {
+            header
+        }
+    }
+
     /// A line saying which of `ml`'s tunables were moved from the defaults, if any.
     fn ml_line(&self, out: &mut dyn Write) -> Result<()> {
         let moved = self.ml.moved_from_default();
@@ -198,7 +209,7 @@ pub fn simulate_cmd(
     let options = sim.policy_options(&[policy])?;
     let scenario = sim.scenario(name)?;
     let model = sim.model()?;
-    let header = LogHeader::new(policy.name(), true, scenario.capacity().clone());
+    let header = sim.header(policy.name(), &scenario);
     let mut writer = SingleRunWriter::create(dir, &header)?;
     let run = simulate::run_policy_with(&scenario, policy, seed, model.as_ref(), &options, |r| {
         writer.record(r)
@@ -287,7 +298,7 @@ pub fn compare_cmd(
             .with_context(|| format!("comparing policies on {n}"))?;
         if let Some(dir) = dir {
             for r in &runs {
-                let header = LogHeader::new(&*r.summary.policy, true, scenario.capacity().clone());
+                let header = sim.header(&r.summary.policy, &scenario);
                 rundir::write_comparison_run(dir, &r.summary, &header, &r.records)?;
             }
         }

@@ -215,6 +215,12 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
     // A model that does not load stops the start, naming the file: an operator who asked
     // for ml should not silently get something else.
     let models = Models::load(&cfg)?;
+    // What the decision log says ran: ml's tunables moved from the defaults.
+    let tunables = if policy_kind == PolicyKind::Ml {
+        models.ml.moved_tunables()
+    } else {
+        Vec::new()
+    };
     let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
     // Hardware counters take 3 descriptors per CPU per group: before the host sizes their
     // budget from the limit, the soft limit goes up to the hard one.
@@ -254,7 +260,8 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
                 policy.name(),
                 host.simulated(),
                 host.host().capacity().clone(),
-            );
+            )
+            .with_tunables(tunables);
             Some(file.start(&header)?)
         }
         None => None,

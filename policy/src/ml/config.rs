@@ -142,15 +142,23 @@ impl MlConfig {
         Ok(())
     }
 
-    /// The operator's tunables that differ from the defaults, as `name value` (empty when
-    /// none do), for reports to say what ran.
-    pub fn moved_from_default(&self) -> Vec<String> {
+    /// The operator's tunables that differ from the defaults, with their values (empty
+    /// when none do), for logs and reports to say what ran.
+    pub fn moved_tunables(&self) -> Vec<(&'static str, f64)> {
         let d = Self::default().tunables();
         self.tunables()
             .iter()
             .zip(d.iter())
             .filter(|(a, b)| a.1 != b.1)
-            .map(|(a, _)| format!("{} {}", a.0, a.1))
+            .map(|(a, _)| (a.0, a.1))
+            .collect()
+    }
+
+    /// [`MlConfig::moved_tunables`] as `name value` words.
+    pub fn moved_from_default(&self) -> Vec<String> {
+        self.moved_tunables()
+            .iter()
+            .map(|(name, v)| format!("{name} {v}"))
             .collect()
     }
 }

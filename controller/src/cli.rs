@@ -202,7 +202,11 @@ impl SimArgs {
             platform: self.platform.clone(),
             model: self.model.clone(),
             explore: None,
-            ml: crate::daemon::config::ml_settings(&self.ml).map_err(anyhow::Error::msg)?,
+            ml: if self.ml.is_empty() {
+                None
+            } else {
+                Some(crate::daemon::config::ml_settings(&self.ml).map_err(anyhow::Error::msg)?)
+            },
         })
     }
 }

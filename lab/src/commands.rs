@@ -26,8 +26,8 @@ pub struct SimOptions {
     pub model: Option<std::path::PathBuf>,
     /// Explore safely around the policy's plans (`simulate --explore`).
     pub explore: Option<cohabit_policy::ExploreConfig>,
-    /// `ml`'s tunables (`--ml KEY=VALUE`).
-    pub ml: cohabit_policy::MlConfig,
+    /// `ml`'s tunables (`--ml KEY=VALUE`; `None`: none given, the defaults).
+    pub ml: Option<cohabit_policy::MlConfig>,
 }
 
 impl SimOptions {
@@ -52,20 +52,22 @@ impl SimOptions {
             .transpose()
     }
 
-    /// How the policies run: exploration and `ml`'s tunables as asked. Tunables moved for
-    /// a run without `ml` are refused (they would change nothing, silently).
+    /// How the policies run: exploration and `ml`'s tunables as asked. Tunables given for
+    /// a run without `ml` are refused (they would change nothing, silently), as the
+    /// daemon refuses an `ml` table beside another policy.
     fn policy_options(&self, policies: &[LabPolicy]) -> Result<simulate::PolicyOptions> {
-        let moved = self.ml.moved_from_default();
-        if !moved.is_empty() && !policies.contains(&LabPolicy::Ml) {
-            bail!(
-                "--ml sets ml's tunables ({}), but ml is not among the policies run",
-                moved.join(", ")
-            );
+        if self.ml.is_some() && !policies.contains(&LabPolicy::Ml) {
+            bail!("--ml sets ml's tunables, but ml is not among the policies run");
         }
         Ok(simulate::PolicyOptions {
             explore: self.explore.clone(),
-            ml: self.ml,
+            ml: self.ml.unwrap_or_default(),
         })
+    }
+
+    /// `ml`'s tunables moved from the defaults.
+    fn moved(&self) -> Vec<(&'static str, f64)> {
+        self.ml.map(|m| m.moved_tunables()).unwrap_or_default()
     }
 
     /// The decision log's header for a run of `policy` on `scenario`, with `ml`'s moved
@@ -73,7 +75,7 @@ impl SimOptions {
     fn header(&self, policy: &str, scenario: &Scenario) -> LogHeader {
         let header = LogHeader::new(policy, true, scenario.capacity().clone());
         if policy == LabPolicy::Ml.name() {
-            header.with_tunables(self.ml.moved_tunables())
+            header.with_tunables(self.moved())
         } else {
             header
         }
@@ -81,7 +83,7 @@ impl SimOptions {
 
     /// A line saying which of `ml`'s tunables were moved from the defaults, if any.
     fn ml_line(&self, out: &mut dyn Write) -> Result<()> {
-        let moved = self.ml.moved_from_default();
+        let moved = self.ml.map(|m| m.moved_from_default()).unwrap_or_default();
         if !moved.is_empty() {
             writeln!(
                 out,

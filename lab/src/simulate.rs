@@ -157,13 +157,13 @@ pub fn build_ml_with(
         host: scenario.capacity().clone(),
         specs: scenario.specs(),
     };
-    let ml = MlPolicy::new(ctx, cpu, cfg);
-    match cohabit_models::builtin_gpu(scenario.host.preset) {
-        Some(gpu) => ml
-            .with_gpu_model(Arc::new(gpu.map_err(RunError::Model)?))
-            .map_err(RunError::GpuModel),
-        None => Ok(ml),
-    }
+    let gpu = cohabit_models::builtin_gpu(scenario.host.preset)
+        .transpose()?
+        .map(Arc::new);
+    PolicyKind::build_ml(ctx, Some(cpu), gpu, cfg).map_err(|e| match e {
+        BuildError::GpuModel(m) => RunError::GpuModel(m),
+        other => RunError::Build(other),
+    })
 }
 
 /// The built-in model of a platform preset.

@@ -71,7 +71,7 @@
 //! # token_file = "/etc/cohabit/token", ca_file = "/etc/cohabit/ca.pem"
 //! ```
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use cohabit_collectors::cgroup::CpuList;
@@ -123,7 +123,9 @@ struct File {
     #[serde(default = "default_model_check")]
     model_check_every_ticks: i64,
     explore: Option<ExploreFile>,
-    ml: Option<MlFile>,
+    /// `ml = { … }`: names checked by [`MlConfig::with_tunables`], not by serde, so that
+    /// the table and `--ml` refuse the same things with the same words.
+    ml: Option<BTreeMap<String, f64>>,
     #[serde(default)]
     host: HostFile,
     #[serde(default)]
@@ -195,72 +197,22 @@ impl ExploreFile {
     }
 }
 
-/// `ml = { … }`: `ml`'s tunables an operator may move, every field optional, defaults from
-/// [`MlConfig::default`], checked by [`MlConfig::validate`].
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MlFile {
-    margin: Option<f64>,
-    k_sigma: Option<f64>,
-    k_sigma_give_back: Option<f64>,
-    give_back_headroom: Option<f64>,
-    unsure_sigma: Option<f64>,
-    shrink_after: Option<u32>,
-    way_cost: Option<f64>,
-    explore_step: Option<f64>,
-    explore_below: Option<f64>,
-    gpu_hysteresis_pct: Option<u8>,
-    gpu_shrink_after_ms: Option<u64>,
-}
-
-impl MlFile {
-    fn config(&self) -> Result<MlConfig, String> {
-        let d = MlConfig::default();
-        let cfg = MlConfig {
-            margin: self.margin.unwrap_or(d.margin),
-            k_sigma: self.k_sigma.unwrap_or(d.k_sigma),
-            k_sigma_give_back: self.k_sigma_give_back.unwrap_or(d.k_sigma_give_back),
-            give_back_headroom: self.give_back_headroom.unwrap_or(d.give_back_headroom),
-            unsure_sigma: self.unsure_sigma.unwrap_or(d.unsure_sigma),
-            shrink_after: self.shrink_after.unwrap_or(d.shrink_after),
-            way_cost: self.way_cost.unwrap_or(d.way_cost),
-            explore_step: self.explore_step.unwrap_or(d.explore_step),
-            explore_below: self.explore_below.unwrap_or(d.explore_below),
-            gpu_hysteresis_pct: self.gpu_hysteresis_pct.unwrap_or(d.gpu_hysteresis_pct),
-            gpu_shrink_after_ms: self.gpu_shrink_after_ms.unwrap_or(d.gpu_shrink_after_ms),
-            ..d
-        };
-        cfg.validate()?;
-        Ok(cfg)
-    }
-}
-
-/// `ml`'s tunables from `KEY=VALUE` pairs (`cohabit simulate --ml margin=0.95`), read as
-/// the daemon reads its `ml = { … }` table: the same keys, defaults and checks.
+/// `cohabit simulate --ml KEY=VALUE`: `ml`'s tunables from `KEY=VALUE` pairs, read as the
+/// daemon reads its `ml = { … }` table ([`MlConfig::with_tunables`]: the same names,
+/// defaults and checks; a later pair over an earlier one).
 pub fn ml_settings(pairs: &[String]) -> Result<MlConfig, String> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Only {
-        ml: MlFile,
-    }
-    let mut fields = Vec::with_capacity(pairs.len());
+    let mut settings = Vec::with_capacity(pairs.len());
     for pair in pairs {
         let (key, value) = pair
             .split_once('=')
             .ok_or_else(|| format!("--ml {pair:?}: expected KEY=VALUE, like margin=0.95"))?;
-        let key = key.trim();
-        if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-            return Err(format!("--ml {pair:?}: {key:?} is not a tunable's name"));
-        }
-        let value = value.trim();
-        if value.parse::<f64>().is_err() {
-            return Err(format!("--ml {pair:?}: {value:?} is not a number"));
-        }
-        fields.push(format!("{key} = {value}"));
+        let value: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("--ml {pair:?}: {:?} is not a number", value.trim()))?;
+        settings.push((key.trim(), value));
     }
-    let text = format!("ml = {{ {} }}", fields.join(", "));
-    let only: Only = toml::from_str(&text).map_err(|e| format!("--ml: {}", e.message()))?;
-    only.ml.config()
+    MlConfig::with_tunables(settings).map_err(|e| format!("--ml: {e}"))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -692,12 +644,12 @@ impl DaemonConfig {
                 policy = policy.name()
             )));
         }
-        let ml =
-            f.ml.as_ref()
-                .map(MlFile::config)
-                .transpose()
-                .map_err(err)?
-                .unwrap_or_default();
+        let ml = match &f.ml {
+            Some(table) => {
+                MlConfig::with_tunables(table.iter().map(|(k, v)| (k.as_str(), *v))).map_err(err)?
+            }
+            None => MlConfig::default(),
+        };
         let metrics_addr = if f.metrics_addr.trim().is_empty() {
             None
         } else {
@@ -2062,29 +2014,36 @@ mod tests {
         let pairs = |p: &[&str]| ml_settings(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert_eq!(pairs(&[]), Ok(MlConfig::default()));
         assert_eq!(
-            pairs(&["margin=0.95", " shrink_after = 3"]),
+            pairs(&["margin=0.95", " shrink_after = 3", "margin=.9"]),
             Ok(MlConfig {
-                margin: 0.95,
+                margin: 0.9,
                 shrink_after: 3,
                 ..MlConfig::default()
-            })
+            }),
+            "the later margin wins"
         );
-        let e = pairs(&["margin"]).unwrap_err();
-        assert!(e.contains("expected KEY=VALUE"), "{e}");
-        let e = pairs(&["margins=0.95"]).unwrap_err();
-        assert!(e.contains("margins"), "{e}");
-        let e = pairs(&["margin=high"]).unwrap_err();
-        assert!(e.contains("\"high\" is not a number"), "{e}");
-        // A whole number where one is wanted, and a fraction where it is not.
-        let e = pairs(&["shrink_after=2.5"]).unwrap_err();
-        assert!(e.starts_with("--ml") && e.contains("expected u32"), "{e}");
-        let e = pairs(&["margin=1.5"]).unwrap_err();
-        assert!(e.contains("ml.margin must be between"), "{e}");
-        // Nothing but a name goes into the table's text.
-        let e = pairs(&["margin = 0.9, z_limit=9.0"]).unwrap_err();
-        assert!(e.contains("is not a number"), "{e}");
-        let e = pairs(&["ml.margin=0.9"]).unwrap_err();
-        assert!(e.contains("not a tunable's name"), "{e}");
+        let refused = |p: &[&str], want: &str| {
+            let e = pairs(p).unwrap_err();
+            assert!(e.contains(want), "{p:?}: {e}");
+        };
+        refused(&["margin"], "expected KEY=VALUE");
+        refused(&["margin=high"], "\"high\" is not a number");
+        refused(&["margin = 0.9, z_limit=9.0"], "is not a number");
+        refused(&["margins=0.95"], "--ml: ml.margins is not a tunable");
+        refused(&["z_limit=9"], "--ml: ml.z_limit is not a tunable");
+        refused(
+            &["margin=1.5"],
+            "--ml: ml.margin must be between 0.5 and 0.99, got 1.5",
+        );
+        refused(&["margin=NaN"], "--ml: ml.margin must be between");
+        refused(
+            &["shrink_after=2.5"],
+            "--ml: ml.shrink_after must be a whole number, got 2.5",
+        );
+        refused(
+            &["gpu_hysteresis_pct=300"],
+            "--ml: ml.gpu_hysteresis_pct must be between 1 and 50, got 300",
+        );
     }
 
     #[test]
@@ -2092,25 +2051,36 @@ mod tests {
         let ml = "policy = \"ml\"\nmodel = \"/etc/cohabit/qos.json\"\n";
         let d = DaemonConfig::parse(&format!("{ml}{MIN}"), "t.toml").unwrap();
         assert_eq!(d.ml, MlConfig::default());
-        // Inline or as a table; what is not set keeps its default.
+        // Every tunable, inline or as a table, reaches its own field; the same through --ml.
+        let all = "margin = 0.8, k_sigma = 0.4, k_sigma_give_back = 0.6, give_back_headroom = 0.25, unsure_sigma = 1.5, shrink_after = 7, way_cost = 0.2, explore_step = 0.1, explore_below = 0.7, gpu_hysteresis_pct = 20, gpu_shrink_after_ms = 60000";
+        let want = MlConfig {
+            margin: 0.8,
+            k_sigma: 0.4,
+            k_sigma_give_back: 0.6,
+            give_back_headroom: 0.25,
+            unsure_sigma: 1.5,
+            shrink_after: 7,
+            way_cost: 0.2,
+            explore_step: 0.1,
+            explore_below: 0.7,
+            gpu_hysteresis_pct: 20,
+            gpu_shrink_after_ms: 60_000,
+            ..MlConfig::default()
+        };
+        let table = all.replace(", ", "\n");
         for text in [
-            format!(
-                "{ml}ml = {{ margin = 0.95, shrink_after = 3, give_back_headroom = -1 }}\n{MIN}"
-            ),
-            format!("{ml}{MIN}\n[ml]\nmargin = 0.95\nshrink_after = 3\ngive_back_headroom = -1\n"),
+            format!("{ml}ml = {{ {all} }}\n{MIN}"),
+            format!("{ml}{MIN}\n[ml]\n{table}\n"),
         ] {
-            let c = DaemonConfig::parse(&text, "t.toml").unwrap();
             assert_eq!(
-                c.ml,
-                MlConfig {
-                    margin: 0.95,
-                    shrink_after: 3,
-                    give_back_headroom: -1.0,
-                    ..MlConfig::default()
-                },
+                DaemonConfig::parse(&text, "t.toml").unwrap().ml,
+                want,
                 "{text}"
             );
         }
+        let pairs: Vec<String> = all.split(", ").map(|p| p.replace(' ', "")).collect();
+        assert_eq!(ml_settings(&pairs), Ok(want));
+        // Refused by name, with the words --ml uses.
         let e = err(&format!("{ml}ml = {{ margin = 1.2 }}\n{MIN}"));
         assert!(
             e.contains("ml.margin must be between 0.5 and 0.99, got 1.2"),
@@ -2120,11 +2090,14 @@ mod tests {
             "{ml}ml = {{ margin = 0.7, explore_step = 0.1 }}\n{MIN}"
         ));
         assert!(e.contains("ml.explore_below"), "{e}");
-        // Misspelt, or not a tunable an operator may move: refused, naming the key.
         let e = err(&format!("{ml}ml = {{ margins = 0.95 }}\n{MIN}"));
-        assert!(e.contains("margins"), "{e}");
+        assert!(e.contains("ml.margins is not a tunable"), "{e}");
         let e = err(&format!("{ml}ml = {{ z_limit = 9.0 }}\n{MIN}"));
-        assert!(e.contains("z_limit"), "{e}");
+        assert!(e.contains("ml.z_limit is not a tunable"), "{e}");
+        let e = err(&format!("{ml}ml = {{ shrink_after = 2.5 }}\n{MIN}"));
+        assert!(e.contains("ml.shrink_after must be a whole number"), "{e}");
+        let e = err(&format!("{ml}ml = {{ margin = \"high\" }}\n{MIN}"));
+        assert!(e.contains("high"), "{e}");
         // Beside another policy the table would do nothing: refused.
         let e = err(&format!(
             "policy = \"parties\"\nml = {{ margin = 0.95 }}\n{MIN}"

@@ -122,7 +122,7 @@ impl RotatingLog {
         if self.len > 0 && last.as_ref() != Some(header) {
             tracing::info!(
                 log = %self.path.display(),
-                "the decision log was written by another policy, host or version; continuing it under a new header"
+                "the decision log was written by another policy, its settings, host or version; continuing it under a new header"
             );
         }
         self.file.write_all(&self.header)?;

@@ -123,6 +123,61 @@ impl MlConfig {
         ]
     }
 
+    /// The defaults with the tunables `settings` (name, value) set in order, a later one
+    /// over an earlier one, then checked ([`MlConfig::validate`]): the one reading of the
+    /// daemon's `ml = { … }` table and of `cohabit simulate --ml`. A name that is not an
+    /// operator's tunable, or a fraction where a whole number goes, is refused by name.
+    pub fn with_tunables<'a>(
+        settings: impl IntoIterator<Item = (&'a str, f64)>,
+    ) -> Result<MlConfig, String> {
+        let mut cfg = MlConfig::default();
+        for (name, v) in settings {
+            cfg.set(name, v)?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Sets the tunable `name` to `v` (see [`MlConfig::with_tunables`]).
+    fn set(&mut self, name: &str, v: f64) -> Result<(), String> {
+        let Some((_, _, lo, hi)) = self.tunables().into_iter().find(|t| t.0 == name) else {
+            let names: Vec<&str> = self.tunables().iter().map(|t| t.0).collect();
+            return Err(format!(
+                "ml.{name} is not a tunable an operator may set; choose from {}",
+                names.join(", ")
+            ));
+        };
+        if !(v.is_finite() && (lo..=hi).contains(&v)) {
+            return Err(format!("ml.{name} must be between {lo} and {hi}, got {v}"));
+        }
+        // In range and whole, so the conversions below are exact (and cannot fail).
+        let whole = || {
+            if v.fract() == 0.0 {
+                Ok(cohabit_core::whole(v))
+            } else {
+                Err(format!("ml.{name} must be a whole number, got {v}"))
+            }
+        };
+        let narrow = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        match name {
+            "margin" => self.margin = v,
+            "k_sigma" => self.k_sigma = v,
+            "k_sigma_give_back" => self.k_sigma_give_back = v,
+            "give_back_headroom" => self.give_back_headroom = v,
+            "unsure_sigma" => self.unsure_sigma = v,
+            "shrink_after" => self.shrink_after = narrow(whole()?),
+            "way_cost" => self.way_cost = v,
+            "explore_step" => self.explore_step = v,
+            "explore_below" => self.explore_below = v,
+            "gpu_hysteresis_pct" => {
+                self.gpu_hysteresis_pct = u8::try_from(whole()?).unwrap_or(u8::MAX)
+            }
+            "gpu_shrink_after_ms" => self.gpu_shrink_after_ms = whole()?,
+            _ => unreachable!("every tunable is listed in MlConfig::tunables"),
+        }
+        Ok(())
+    }
+
     /// Checks the tunables an operator may move, each against its range; the error names
     /// the first one out of range (as `ml.NAME`, the daemon's configuration key). With the
     /// cut exploration on, its calm bound must also lie under the margin (a service is
@@ -248,6 +303,63 @@ mod tests {
             }
             .validate(),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn every_tunable_is_set_by_name_and_checked() {
+        let all = [
+            ("margin", 0.8),
+            ("k_sigma", 0.4),
+            ("k_sigma_give_back", 0.6),
+            ("give_back_headroom", 0.25),
+            ("unsure_sigma", 1.5),
+            ("shrink_after", 7.0),
+            ("way_cost", 0.2),
+            ("explore_step", 0.1),
+            ("explore_below", 0.7),
+            ("gpu_hysteresis_pct", 20.0),
+            ("gpu_shrink_after_ms", 60_000.0),
+        ];
+        let cfg = MlConfig::with_tunables(all).unwrap();
+        let want = MlConfig {
+            margin: 0.8,
+            k_sigma: 0.4,
+            k_sigma_give_back: 0.6,
+            give_back_headroom: 0.25,
+            unsure_sigma: 1.5,
+            shrink_after: 7,
+            way_cost: 0.2,
+            explore_step: 0.1,
+            explore_below: 0.7,
+            gpu_hysteresis_pct: 20,
+            gpu_shrink_after_ms: 60_000,
+            ..MlConfig::default()
+        };
+        assert_eq!(cfg, want);
+        // Every one was moved, and each reads back under its own name.
+        let moved: Vec<(&str, f64)> = cfg.moved_tunables();
+        assert_eq!(moved, all);
+        // A later setting wins.
+        let cfg = MlConfig::with_tunables([("margin", 0.8), ("margin", 0.95)]).unwrap();
+        assert_eq!(cfg.margin, 0.95);
+        let refused = |name: &str, v: f64| MlConfig::with_tunables([(name, v)]).unwrap_err();
+        let e = refused("z_limit", 9.0);
+        assert!(
+            e.contains("ml.z_limit is not a tunable") && e.contains("margin, k_sigma"),
+            "{e}"
+        );
+        let e = refused("shrink_after", 2.5);
+        assert_eq!(e, "ml.shrink_after must be a whole number, got 2.5");
+        let e = refused("gpu_hysteresis_pct", 300.0);
+        assert_eq!(e, "ml.gpu_hysteresis_pct must be between 1 and 50, got 300");
+        let e = refused("margin", f64::NAN);
+        assert!(e.starts_with("ml.margin must be between"), "{e}");
+        assert_eq!(
+            MlConfig::with_tunables([("shrink_after", 3.0)])
+                .unwrap()
+                .shrink_after,
+            3
         );
     }
 

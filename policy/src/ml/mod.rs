@@ -310,12 +310,12 @@ impl LevelPlan {
 }
 
 impl MlPolicy {
-    /// The `ml` policy managing the host in `ctx` with `model`.
     /// The tunables in force.
     pub fn config(&self) -> &MlConfig {
         &self.cfg
     }
 
+    /// The `ml` policy managing the host in `ctx` with `model`.
     pub fn new(ctx: HostContext, model: Arc<Model>, cfg: MlConfig) -> Self {
         let state = ctx
             .latency_critical()

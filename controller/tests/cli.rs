@@ -300,20 +300,19 @@ fn simulate_runs_ml_with_the_tunables_asked_for_and_refuses_them_without_ml() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
     let base = ["simulate", "--scenario", "demo", "--out", out];
+    let refused = |args: &[&str], want: &str| {
+        let o = cohabit(&[&base[..], args].concat());
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    };
     // Refused beside another policy even at a default value: it would change nothing.
-    let o = cohabit(&[&base[..], &["--policy", "parties", "--ml", "margin=0.9"]].concat());
-    assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("--ml sets ml's tunables, but ml is not among the policies run"),
-        "{}",
-        stderr(&o)
+    refused(
+        &["--policy", "parties", "--ml", "margin=0.9"],
+        "--ml sets ml's tunables, but ml is not among the policies run",
     );
-    let o = cohabit(&[&base[..], &["--policy", "ml", "--ml", "margin=1.5"]].concat());
-    assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("ml.margin must be between 0.5 and 0.99, got 1.5"),
-        "{}",
-        stderr(&o)
+    refused(
+        &["--policy", "ml", "--ml", "margin=1.5"],
+        "ml.margin must be between 0.5 and 0.99, got 1.5",
     );
     let o = cohabit(
         &[

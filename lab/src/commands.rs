@@ -65,20 +65,14 @@ impl SimOptions {
         })
     }
 
-    /// `ml`'s tunables moved from the defaults.
-    fn moved(&self) -> Vec<(&'static str, f64)> {
-        self.ml.map(|m| m.moved_tunables()).unwrap_or_default()
-    }
-
-    /// The decision log's header for a run of `policy` on `scenario`, with `ml`'s moved
-    /// tunables when it is `ml`.
-    fn header(&self, policy: &str, scenario: &Scenario) -> LogHeader {
-        let header = LogHeader::new(policy, true, scenario.capacity().clone());
-        if policy == LabPolicy::Ml.name() {
-            header.with_tunables(self.moved())
-        } else {
-            header
-        }
+    /// The decision log's header for a run of `policy` on `scenario`, with the tunables
+    /// moved for it ([`cohabit_policy::PolicyKind::moved_tunables`]; the oracle has none).
+    fn header(&self, policy: LabPolicy, scenario: &Scenario) -> LogHeader {
+        let moved = match (policy.deployable(), &self.ml) {
+            (Some(kind), Some(ml)) => kind.moved_tunables(ml),
+            _ => Vec::new(),
+        };
+        LogHeader::new(policy.name(), true, scenario.capacity().clone()).with_tunables(moved)
     }
 
     /// A line saying which of `ml`'s tunables were moved from the defaults, if any.
@@ -211,7 +205,7 @@ pub fn simulate_cmd(
     let options = sim.policy_options(&[policy])?;
     let scenario = sim.scenario(name)?;
     let model = sim.model()?;
-    let header = sim.header(policy.name(), &scenario);
+    let header = sim.header(policy, &scenario);
     let mut writer = SingleRunWriter::create(dir, &header)?;
     let run = simulate::run_policy_with(&scenario, policy, seed, model.as_ref(), &options, |r| {
         writer.record(r)
@@ -300,7 +294,8 @@ pub fn compare_cmd(
             .with_context(|| format!("comparing policies on {n}"))?;
         if let Some(dir) = dir {
             for r in &runs {
-                let header = sim.header(&r.summary.policy, &scenario);
+                let policy: LabPolicy = r.summary.policy.parse().map_err(anyhow::Error::msg)?;
+                let header = sim.header(policy, &scenario);
                 rundir::write_comparison_run(dir, &r.summary, &header, &r.records)?;
             }
         }

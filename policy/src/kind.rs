@@ -82,6 +82,16 @@ impl PolicyKind {
         })
     }
 
+    /// The tunables this policy runs with that an operator moved from their defaults, given
+    /// `ml`'s (the only policy with operator tunables; empty for the others): what a
+    /// decision log's header records ([`cohabit_core::LogHeader::with_tunables`]).
+    pub fn moved_tunables(self, ml: &MlConfig) -> Vec<(&'static str, f64)> {
+        match self {
+            PolicyKind::Ml => ml.moved_tunables(),
+            PolicyKind::Static | PolicyKind::Parties | PolicyKind::Clite => Vec::new(),
+        }
+    }
+
     /// `ml` for `ctx` with `model` (required), the tunables `cfg` and, when one is given,
     /// `gpu_model` for the GPU services' shares ([`MlPolicy::with_gpu_model`]; a model of
     /// another schema is refused).
@@ -178,6 +188,21 @@ mod tests {
         PolicyKind::Parties
             .build_with_gpu(ctx, None, Some(gpu), MlConfig::default())
             .unwrap();
+    }
+
+    #[test]
+    fn only_ml_reports_moved_tunables() {
+        let tuned = MlConfig {
+            margin: 0.95,
+            ..MlConfig::default()
+        };
+        assert_eq!(PolicyKind::Ml.moved_tunables(&tuned), [("margin", 0.95)]);
+        assert!(PolicyKind::Ml
+            .moved_tunables(&MlConfig::default())
+            .is_empty());
+        for other in [PolicyKind::Static, PolicyKind::Parties, PolicyKind::Clite] {
+            assert!(other.moved_tunables(&tuned).is_empty(), "{other}");
+        }
     }
 
     #[test]

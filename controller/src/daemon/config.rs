@@ -2053,20 +2053,14 @@ mod tests {
         assert_eq!(d.ml, MlConfig::default());
         // Every tunable, inline or as a table, reaches its own field; the same through --ml.
         let all = "margin = 0.8, k_sigma = 0.4, k_sigma_give_back = 0.6, give_back_headroom = 0.25, unsure_sigma = 1.5, shrink_after = 7, way_cost = 0.2, explore_step = 0.1, explore_below = 0.7, gpu_hysteresis_pct = 20, gpu_shrink_after_ms = 60000";
-        let want = MlConfig {
-            margin: 0.8,
-            k_sigma: 0.4,
-            k_sigma_give_back: 0.6,
-            give_back_headroom: 0.25,
-            unsure_sigma: 1.5,
-            shrink_after: 7,
-            way_cost: 0.2,
-            explore_step: 0.1,
-            explore_below: 0.7,
-            gpu_hysteresis_pct: 20,
-            gpu_shrink_after_ms: 60_000,
-            ..MlConfig::default()
-        };
+        // Which field each name sets is pinned by the policy's own test; here, that the
+        // table hands every name and value on (all moved from the defaults).
+        let want = MlConfig::with_tunables(all.split(", ").map(|p| {
+            let (k, v) = p.split_once(" = ").unwrap();
+            (k, v.parse::<f64>().unwrap())
+        }))
+        .unwrap();
+        assert_eq!(want.moved_tunables().len(), 11);
         let table = all.replace(", ", "\n");
         for text in [
             format!("{ml}ml = {{ {all} }}\n{MIN}"),

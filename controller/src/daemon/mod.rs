@@ -189,24 +189,6 @@ fn take_over(cfg: &DaemonConfig, opts: RunOptions) -> Result<(StateDir, Box<dyn 
     Ok((state, Box::new(log)))
 }
 
-/// The decision log's header for `policy` (named `name`) on a host of `capacity`: with
-/// `ml`'s tunables moved from their defaults when the policy is `ml`, so that whoever reads
-/// the log knows what decided.
-fn log_header(
-    name: &str,
-    simulated: bool,
-    capacity: cohabit_core::HostCapacity,
-    policy: PolicyKind,
-    ml: &cohabit_policy::MlConfig,
-) -> LogHeader {
-    let header = LogHeader::new(name, simulated, capacity);
-    if policy == PolicyKind::Ml {
-        header.with_tunables(ml.moved_tunables())
-    } else {
-        header
-    }
-}
-
 /// Start-up step 5: the decision log, the model, the host, the policy and its initial plan
 /// (checked against the host).
 fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Result<Loop> {
@@ -269,13 +251,12 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
     }
     let log = match log {
         Some(file) => {
-            let header = log_header(
+            let header = LogHeader::new(
                 policy.name(),
                 host.simulated(),
                 host.host().capacity().clone(),
-                policy_kind,
-                &ml_tunables,
-            );
+            )
+            .with_tunables(policy_kind.moved_tunables(&ml_tunables));
             Some(file.start(&header)?)
         }
         None => None,
@@ -735,44 +716,6 @@ fn clean_leftovers(cfg: &DaemonConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_logs_header_names_mls_moved_tunables_and_no_other_policys() {
-        let capacity = cohabit_core::HostCapacity {
-            name: "t".into(),
-            cores: 4,
-            freq_ghz: 2.0,
-            llc_ways: 1,
-            llc_way_bytes: 1 << 20,
-            mem_bw_bytes_per_s: 1e10,
-            gpus: vec![],
-            closids: 4,
-            mba_min_pct: 10,
-            mba_gran_pct: 10,
-            min_cbm_bits: 1,
-            shareable_bits: 0,
-        };
-        let tuned = cohabit_policy::MlConfig {
-            margin: 0.95,
-            ..Default::default()
-        };
-        let h = log_header("ml", false, capacity.clone(), PolicyKind::Ml, &tuned);
-        assert_eq!(
-            h.tunables,
-            std::collections::BTreeMap::from([("margin".to_string(), 0.95)])
-        );
-        let h = log_header(
-            "ml",
-            false,
-            capacity.clone(),
-            PolicyKind::Ml,
-            &Default::default(),
-        );
-        assert!(h.tunables.is_empty());
-        let h = log_header("parties", false, capacity, PolicyKind::Parties, &tuned);
-        assert!(h.tunables.is_empty());
-        assert_eq!((h.policy.as_str(), h.simulated), ("parties", false));
-    }
 
     #[test]
     fn ml_with_a_model_that_does_not_load_stops_before_touching_the_host() {

@@ -120,6 +120,9 @@ pub struct Options {
     pub probe_timeout_ms: u64,
     /// cohabit's `[host] best_effort_cpus` (`None`: not written, cohabit's default).
     pub best_effort_cpus: Option<BestEffortCpus>,
+    /// `ml`'s tunables as `KEY=VALUE` pairs, written into `ml = { … }` for the `ml` and
+    /// `ml-host` runs (cohabit checks them and refuses a bad one by name at start).
+    pub ml: Vec<String>,
     /// The cohabit binary (default: beside this one, then `PATH`).
     pub cohabit: Option<PathBuf>,
     /// The model for `ml` (default: the built-in one, written into `out`); `ml-host` is
@@ -165,6 +168,7 @@ impl Options {
             probe_rate_hz: 200,
             probe_timeout_ms: 100,
             best_effort_cpus: None,
+            ml: Vec::new(),
             cohabit: None,
             model: None,
             explore_s: 60,
@@ -604,6 +608,7 @@ fn start_daemon(
         probe_rate_hz: ctx.opts.probe_rate_hz,
         probe_timeout_ms: ctx.opts.probe_timeout_ms,
         best_effort_cpus: ctx.opts.best_effort_cpus,
+        ml: if name == "ml" { &ctx.opts.ml } else { &[] },
     });
     std::fs::write(&config, text).map_err(crate::io_err("writing", &config))?;
     let output = dir.join("cohabit.log");

@@ -53,6 +53,10 @@ struct Cli {
     /// own default).
     #[arg(long)]
     best_effort_cpus: Option<BestEffortCpus>,
+    /// One of cohabit's `ml` tunables for the ml and ml-host runs, as `cohabit simulate
+    /// --ml` takes them (repeatable): `--ml margin=0.95` (README, "Tuning ml").
+    #[arg(long = "ml", value_name = "KEY=VALUE", value_parser = cohabit_realbench::policies::ml_pair)]
+    ml: Vec<String>,
     /// The cohabit binary (default: beside this one, then PATH).
     #[arg(long)]
     cohabit: Option<PathBuf>,
@@ -103,6 +107,7 @@ fn options(cli: Cli) -> Options {
     o.probe_rate_hz = cli.probe_rate_hz.unwrap_or(o.probe_rate_hz);
     o.probe_timeout_ms = cli.probe_timeout_ms.unwrap_or(o.probe_timeout_ms);
     o.best_effort_cpus = cli.best_effort_cpus;
+    o.ml = cli.ml;
     o.cohabit = cli.cohabit;
     o.model = cli.model;
     o.explore_s = cli.explore_s.unwrap_or(o.explore_s);

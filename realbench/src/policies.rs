@@ -179,6 +179,23 @@ pub struct LcEntry {
     pub p99_target_ms: f64,
 }
 
+/// One of `ml`'s tunables, `KEY=VALUE` (`--ml margin=0.95`), as the `key = value` entry
+/// cohabit's `ml = { … }` table takes: a name of lower-case letters and `_`, a number. Which
+/// names and values are allowed is cohabit's to say: it refuses a bad one at start, by name.
+pub fn ml_pair(s: &str) -> Result<String, String> {
+    let (key, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE, like margin=0.95"))?;
+    let (key, value) = (key.trim(), value.trim());
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        return Err(format!("{s:?}: {key:?} is not a tunable's name"));
+    }
+    if value.parse::<f64>().map_or(true, |v| !v.is_finite()) {
+        return Err(format!("{s:?}: {value:?} is not a number"));
+    }
+    Ok(format!("{key} = {value}"))
+}
+
 /// What cohabit's configuration says.
 #[derive(Debug, Clone)]
 pub struct CohabitConfig<'a> {
@@ -203,6 +220,9 @@ pub struct CohabitConfig<'a> {
     pub probe_timeout_ms: u64,
     /// `[host] best_effort_cpus`; `None` leaves cohabit's default.
     pub best_effort_cpus: Option<BestEffortCpus>,
+    /// `ml`'s tunables as `key = value` entries ([`ml_pair`]; `ml = { … }`; empty: none
+    /// written).
+    pub ml: &'a [String],
 }
 
 fn quoted(s: &str) -> String {
@@ -219,6 +239,9 @@ pub fn cohabit_toml(c: &CohabitConfig<'_>) -> String {
     let _ = writeln!(t, "policy = {}", quoted(c.policy));
     if let Some(m) = c.model {
         let _ = writeln!(t, "model = {}", quoted(&m.display().to_string()));
+    }
+    if !c.ml.is_empty() {
+        let _ = writeln!(t, "ml = {{ {} }}", c.ml.join(", "));
     }
     let _ = writeln!(t, "log = {}", quoted(&c.log.display().to_string()));
     let _ = writeln!(t, "metrics_addr = \"\"");
@@ -285,6 +308,7 @@ mod tests {
             probe_rate_hz: 200,
             probe_timeout_ms: 100,
             best_effort_cpus: None,
+            ml: &[],
         });
         assert!(t.contains("policy = \"parties\""));
         assert!(t.contains(
@@ -301,6 +325,42 @@ mod tests {
         assert_eq!(Policy::MlHost.name(), "ml-host");
         assert_eq!("clite".parse::<Policy>().unwrap().cohabit(), Some("clite"));
         assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
+    }
+
+    #[test]
+    fn mls_tunables_are_written_into_an_ml_table_only_when_given() {
+        assert_eq!(ml_pair(" margin=0.95"), Ok("margin = 0.95".into()));
+        assert!(ml_pair("margin")
+            .unwrap_err()
+            .contains("expected KEY=VALUE"));
+        assert!(ml_pair("margin=high").unwrap_err().contains("not a number"));
+        assert!(ml_pair("margin=0.9 }")
+            .unwrap_err()
+            .contains("not a number"));
+        assert!(ml_pair("log.path=1")
+            .unwrap_err()
+            .contains("not a tunable's name"));
+        let pairs = [
+            ml_pair("margin=0.95").unwrap(),
+            ml_pair("shrink_after=3").unwrap(),
+        ];
+        let config = |ml| {
+            cohabit_toml(&CohabitConfig {
+                policy: "ml",
+                interval_ms: 1000,
+                model: None,
+                log: Path::new("/tmp/run/decisions.jsonl"),
+                state_dir: Path::new("/tmp/run/cohabit-state"),
+                services: &[],
+                batch_names: &[],
+                probe_rate_hz: 200,
+                probe_timeout_ms: 100,
+                best_effort_cpus: None,
+                ml,
+            })
+        };
+        assert!(config(&pairs).contains("\nml = { margin = 0.95, shrink_after = 3 }\n"));
+        assert!(!config(&[]).contains("ml = {"));
     }
 
     #[test]
@@ -336,6 +396,7 @@ mod tests {
                 probe_rate_hz: 200,
                 probe_timeout_ms: 100,
                 best_effort_cpus: b,
+                ml: &[],
             })
         };
         assert!(!config(None).contains("best_effort_cpus"));

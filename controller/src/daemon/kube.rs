@@ -18,9 +18,20 @@
 //!    of their own are left out, and a pod with nothing else is skipped;
 //! 2. gives the host the configured services plus the pods' ([`RealHost::reconfigure`]),
 //!    and the CPUs left once the exclusive ones are taken out;
-//! 3. builds the policy again for the new set and applies its first plan: the cgroups of
-//!    pods that left get their recorded original values back in that apply (the record of
-//!    changes and its give-back, `host::apply`).
+//! 3. builds the policy again for the new set, which takes over the old one's state for
+//!    the services that did not change ([`Policy::adopt`]), and applies its first plan: the
+//!    cgroups of pods that left get their recorded original values back in that apply (the
+//!    record of changes and its give-back, `host::apply`).
+//!
+//! Churn: whoever can patch a pod changes the view at will, so neither the policy's
+//! learning nor the host's configuration may hang on a quiet view. A service whose spec
+//! (target, priority, GPU) is the same before and after a change keeps its online state
+//! (`parties`' phase and share, `ml`'s corrections, measured cliffs and hysteresis; `clite`
+//! keeps its search only while the latency-critical services are all the same, and starts
+//! again otherwise; see each policy's `adopt`); a new or changed one starts afresh. And the
+//! services follow the pods at once on a quiet node (up to three changes back to back), then
+//! at most once per 10 s while the changes keep coming, with the latest view at the end of
+//! each hold-off ([`RebuildLimit`]); a change of the exclusive CPUs is never held.
 //!
 //! A pod whose annotation cannot be used (a latency source that does not parse, or cannot
 //! be bound) gets a Warning Event and a log line and is skipped; the other pods go on. While
@@ -253,6 +264,10 @@ pub struct Pods {
     state: Option<CpuManagerState>,
     status: PodStatus,
     last_logged: std::collections::HashMap<&'static str, Instant>,
+    /// Ticks counted so far (the rebuild limit's clock).
+    ticks: u64,
+    /// How often the services may follow the pods while they keep changing.
+    limit: RebuildLimit,
 }
 
 impl std::fmt::Debug for Pods {
@@ -291,6 +306,8 @@ impl Pods {
             state: None,
             status: PodStatus::default(),
             last_logged: std::collections::HashMap::new(),
+            ticks: 0,
+            limit: RebuildLimit::new(REBUILD_BURST, hold_off_ticks(cfg.interval_ms)),
         }
     }
 
@@ -352,6 +369,7 @@ impl Pods {
         fair_share: &mut Plan,
         dry_run: bool,
     ) -> bool {
+        self.ticks += 1;
         let view = self.source.view();
         self.status.api_reachable = view.api_reachable;
         self.status.synced = view.synced;
@@ -374,6 +392,9 @@ impl Pods {
         let Some(tree) = self.tree() else {
             return false;
         };
+        if !self.rebuild_due(&exclusive) {
+            return false;
+        }
         let services = self.services(&view, &tree);
         let cpus: Vec<u32> = self
             .base_cpus
@@ -463,9 +484,27 @@ impl Pods {
             .collect()
     }
 
-    /// Builds the policy for the host's services now and applies the first plan: what is
-    /// in force carried over to the new set of services ([`cohabit_policy::carry_over`]),
-    /// or the policy's fair share when nothing is in force yet.
+    /// Whether the services may follow a change now ([`RebuildLimit`]): a change of the
+    /// exclusive CPUs (the kubelet's, and never to be handed out) always may.
+    fn rebuild_due(&mut self, exclusive: &CpuList) -> bool {
+        let cpus_moved = self.in_force.as_ref().is_none_or(|(_, e)| e != exclusive);
+        if self.limit.allow(self.ticks, cpus_moved) {
+            return true;
+        }
+        if self.log_due("held") {
+            tracing::info!(
+                every_ticks = self.limit.every_ticks,
+                "the pods keep changing; the services follow them at most once per hold-off, the latest view at its end (logged once a minute)"
+            );
+        }
+        false
+    }
+
+    /// Builds the policy for the host's services now, hands it the one it replaces to take
+    /// over the state of the services that did not change ([`Policy::adopt`]), and applies
+    /// the first plan: what is in force carried over to the new set of services
+    /// ([`cohabit_policy::carry_over`]), or the policy's fair share when nothing is in
+    /// force yet.
     fn rebuild(
         &mut self,
         host: &mut Checked<RealHost>,
@@ -477,12 +516,21 @@ impl Pods {
             host: host.host().capacity().clone(),
             specs: host.host().specs(),
         };
-        *policy = (self.factory)(ctx.clone()).unwrap_or_else(|e| {
+        let mut built = (self.factory)(ctx.clone()).unwrap_or_else(|e| {
             tracing::error!(error = %e, "the policy could not be built for the new services; using static until the next change");
             Box::new(StaticPolicy::new(ctx.clone()))
         });
-        let initial = policy.initial();
+        // The fail-safe's fair share is the new policy's own start, taken before it adopts.
+        let initial = built.initial();
         *fair_share = initial.plan.clone();
+        let previous = std::mem::replace(policy, built);
+        let adopted = policy.adopt(previous);
+        tracing::info!(
+            kept = adopted.services.len(),
+            services = ctx.latency_critical().count(),
+            host = adopted.host,
+            "the policy's state carried over for the services that did not change"
+        );
         // The services that stay keep what they have; only the new ones start fair.
         let first = match host.host().plan_in_force() {
             Some(in_force) => cohabit_policy::carry_over(&ctx, in_force),
@@ -493,6 +541,73 @@ impl Pods {
         }
         if let Err(e) = host.apply(&first, &[]) {
             tracing::warn!(error = %e, "the first plan for the new services was refused; the next tick tries again");
+        }
+    }
+}
+
+/// Rebuilds the services may follow back to back before the hold-off applies.
+const REBUILD_BURST: u32 = 3;
+
+/// While the pods keep changing, the services follow them at most once per this long.
+const REBUILD_HOLD_OFF_MS: u64 = 10_000;
+
+/// [`REBUILD_HOLD_OFF_MS`] in ticks of `interval_ms` (at least one).
+fn hold_off_ticks(interval_ms: u64) -> u64 {
+    REBUILD_HOLD_OFF_MS.div_ceil(interval_ms.max(1)).max(1)
+}
+
+/// How often the services follow the pods while the pods keep changing: a token bucket of
+/// `burst` rebuilds, one more every `every_ticks` ticks.
+///
+/// Problem: whoever can patch a pod changes the view at will (an annotation every tick, a
+/// crash-looping container), and each rebuild reconfigures the host and rebinds latency
+/// sources. Rule: on a quiet node a change is followed at once (a new pod is managed at the
+/// next tick, and so are the next two changes); while changes keep coming, at most one
+/// rebuild per hold-off, and a change held back is followed when the hold-off ends, with
+/// the view then (never lost: the generation in force stays behind). A change the limit
+/// must not hold (the kubelet's exclusive CPUs) is followed at once, and spends a token if
+/// one is left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RebuildLimit {
+    burst: u32,
+    every_ticks: u64,
+    tokens: u32,
+    /// The tick the bucket last gained a token (or was last seen full).
+    since: u64,
+}
+
+impl RebuildLimit {
+    fn new(burst: u32, every_ticks: u64) -> Self {
+        Self {
+            burst: burst.max(1),
+            every_ticks: every_ticks.max(1),
+            tokens: burst.max(1),
+            since: 0,
+        }
+    }
+
+    /// Whether a rebuild may happen at tick `now` (counted when it may); `urgent` always
+    /// may.
+    fn allow(&mut self, now: u64, urgent: bool) -> bool {
+        if self.tokens >= self.burst {
+            self.since = now;
+        } else {
+            let gained = now.saturating_sub(self.since) / self.every_ticks;
+            if gained > 0 {
+                let gained = u32::try_from(gained).unwrap_or(u32::MAX);
+                self.tokens = self.tokens.saturating_add(gained).min(self.burst);
+                self.since = if self.tokens >= self.burst {
+                    now
+                } else {
+                    self.since + u64::from(gained) * self.every_ticks
+                };
+            }
+        }
+        if self.tokens > 0 {
+            self.tokens -= 1;
+            true
+        } else {
+            urgent
         }
     }
 }

@@ -162,7 +162,10 @@ use std::sync::Arc;
 use cohabit_core::{DecisionPath, Observation, Plan, Prediction, Reason, WayRange, MBA_MAX_PCT};
 use cohabit_models::{log_qos_ratio, Model, Neighbours};
 
-use crate::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
+use crate::{
+    downcast, fair_shares, layout, same_pool, slack, unchanged_services, Adopted, Decision,
+    HostContext, Policy, Share,
+};
 
 mod config;
 mod cpu;
@@ -343,6 +346,41 @@ impl MlPolicy {
             pool_bw_stale: 0,
             throttle: mba::ThrottleCurve::default(),
             raise_ticks: 0,
+        }
+    }
+
+    /// What [`Policy::adopt`] takes from the `ml` policy this one replaces: the model in
+    /// force (a version reloaded since the start); each unchanged service's state (its
+    /// online correction and spread, measurement noise, measured cliffs and safe
+    /// allocations, fallback hold, hysteresis, GPU share model); and, where the host and
+    /// the best-effort jobs are the same ([`same_pool`]), what was learnt of the pool (its
+    /// bandwidth under each MBA limit, its MBA cliff for the services still here, the
+    /// hysteresis of a raise).
+    fn take_over(&mut self, mut previous: MlPolicy) -> Adopted {
+        self.model = Arc::clone(&previous.model);
+        let kept = unchanged_services(&previous.ctx, &self.ctx);
+        for name in &kept {
+            if let Some(st) = previous.state.remove(name) {
+                self.state.insert(name.clone(), st);
+            }
+        }
+        let host = same_pool(&previous.ctx, &self.ctx);
+        if host {
+            let here: BTreeSet<&str> = self.state.keys().map(String::as_str).collect();
+            self.mba_cliff = previous.mba_cliff.take().and_then(|mut c| {
+                c.hurt.retain(|(name, _)| here.contains(name.as_str()));
+                (!c.hurt.is_empty()).then_some(c)
+            });
+            self.pool = previous.pool;
+            self.pool_level = previous.pool_level;
+            self.last_degraded = previous.last_degraded;
+            self.pool_bw_stale = previous.pool_bw_stale;
+            self.throttle = previous.throttle;
+            self.raise_ticks = previous.raise_ticks;
+        }
+        Adopted {
+            services: kept,
+            host,
         }
     }
 
@@ -919,8 +957,13 @@ impl Policy for MlPolicy {
 
     /// A reloaded model: its predictions start afresh (the online bias, the spread factors
     /// and the last prediction were the old model's errors); the measurement noise, the
-    /// fallback holds and the hysteresis stay, they are the host's.
+    /// fallback holds and the hysteresis stay, they are the host's. The model already in
+    /// force (the same `Arc`) changes nothing.
     fn replace_model(&mut self, model: Arc<Model>) -> bool {
+        if Arc::ptr_eq(&self.model, &model) {
+            // The model in force already (taken over from the policy this one replaced).
+            return true;
+        }
         self.model = model;
         for st in self.state.values_mut() {
             st.bias = 0.0;
@@ -929,6 +972,10 @@ impl Policy for MlPolicy {
             st.last = None;
         }
         true
+    }
+
+    fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
+        downcast::<Self>(previous).map_or_else(Adopted::default, |p| self.take_over(*p))
     }
 
     fn initial(&mut self) -> Decision {
@@ -1846,5 +1893,76 @@ pub(super) mod tests {
                 "give back (cheaper allocation safe for 5 intervals)".to_string()
             )
         );
+    }
+
+    #[test]
+    fn a_rebuilt_ml_keeps_an_unchanged_services_corrections_and_drops_a_changed_ones() {
+        let c = ctx(2, 16);
+        let w = [(col("cores_cand"), -1.8)];
+        let model = Arc::new(linear_model(&[(0.0, &w), (0.0, &w)]));
+        let mut ml = MlPolicy::new(c.clone(), Arc::clone(&model), MlConfig::default());
+        let mut plan = ml.initial().plan;
+        for (t, p99) in [0.5, 0.6, 0.45, 0.55, 0.5].into_iter().enumerate() {
+            let t = u64::try_from(t).unwrap() + 1;
+            plan = ml
+                .decide(&observe(&c, &plan, &sample(Some(p99))), t * 1_000)
+                .plan;
+        }
+        let learnt = ml.state["lc0"].clone();
+        assert!(
+            learnt.bias_samples > 0 && learnt.bias != 0.0,
+            "lc0 has a correction: {learnt:?}"
+        );
+
+        // The same services, the policy built from the start's model (another Arc): it takes
+        // the model in force and every service's state, and decides as the old one goes on to;
+        // the daemon's handing it the model in force again restarts nothing.
+        let start_model = Arc::new(linear_model(&[(0.0, &w), (0.0, &w)]));
+        let mut rebuilt = MlPolicy::new(c.clone(), start_model, MlConfig::default());
+        let adopted = rebuilt.adopt(Box::new(ml.clone()));
+        assert_eq!(
+            adopted,
+            Adopted {
+                services: ["lc0", "lc1"].map(String::from).into(),
+                host: true
+            }
+        );
+        assert!(Arc::ptr_eq(&rebuilt.model, &model));
+        assert!(rebuilt.replace_model(Arc::clone(&model)));
+        let mut old = ml.clone();
+        for t in 6..9 {
+            let o = observe(&c, &plan, &sample(Some(0.6)));
+            let (a, b) = (rebuilt.decide(&o, t * 1_000), old.decide(&o, t * 1_000));
+            assert_eq!(a, b, "tick {t}");
+            plan = a.plan;
+        }
+
+        // lc1's target changed and a best-effort job came: lc1 and the pool start afresh,
+        // lc0 keeps its correction.
+        let mut changed = c.clone();
+        changed.specs[1].class = ServiceClass::LatencyCritical { p99_target_ms: 2.0 };
+        changed.specs.push(ServiceSpec {
+            name: "be2".into(),
+            ..c.specs[2].clone()
+        });
+        let mut rebuilt = MlPolicy::new(changed, Arc::clone(&model), MlConfig::default());
+        let adopted = rebuilt.adopt(Box::new(old.clone()));
+        assert_eq!(
+            adopted,
+            Adopted {
+                services: ["lc0".to_string()].into(),
+                host: false
+            }
+        );
+        let (kept, was) = (&rebuilt.state["lc0"], &old.state["lc0"]);
+        assert_eq!(
+            (kept.bias, kept.bias_samples, kept.z2, kept.noise2),
+            (was.bias, was.bias_samples, was.z2, was.noise2)
+        );
+        assert_eq!(rebuilt.state["lc1"].bias_samples, 0);
+        assert!(rebuilt.state["lc1"].last.is_none());
+        // A model reloaded for real (another Arc) still restarts the corrections.
+        assert!(rebuilt.replace_model(Arc::new(linear_model(&[(0.0, &w)]))));
+        assert_eq!(rebuilt.state["lc0"].bias_samples, 0);
     }
 }

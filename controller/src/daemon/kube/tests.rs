@@ -12,7 +12,7 @@ use cohabit_collectors::cgroup::{testing, CpuList};
 use cohabit_collectors::kubepods::testing::KubepodsTree;
 use cohabit_collectors::kubepods::Driver;
 use cohabit_collectors::resctrl::fake::FakeResctrl;
-use cohabit_core::ServiceClass;
+use cohabit_core::{Actuator as _, ServiceClass};
 use cohabit_kube::{ContainerRef, ManagedPod, PodClass, PodKey, PodView, QosClass};
 use cohabit_policy::control;
 
@@ -333,6 +333,16 @@ struct Daemon {
 
 impl Daemon {
     fn open(cfg: &DaemonConfig, resctrl: Option<&FakeResctrl>, script: &Script) -> Self {
+        Self::open_with(cfg, resctrl, script, static_factory())
+    }
+
+    /// [`Daemon::open`] building the policy with `factory` whenever the pods change.
+    fn open_with(
+        cfg: &DaemonConfig,
+        resctrl: Option<&FakeResctrl>,
+        script: &Script,
+        factory: PolicyFactory,
+    ) -> Self {
         let host = match resctrl {
             Some(r) => RealHost::open_with(cfg.clone(), false, Arc::new(r.clone())),
             None => RealHost::open(cfg.clone(), false),
@@ -348,7 +358,7 @@ impl Daemon {
             cfg,
             cfg.kubernetes.clone().unwrap(),
             host.host().cpus().to_vec(),
-            static_factory(),
+            factory,
         );
         Self {
             host,
@@ -636,6 +646,262 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
         "{:?}",
         d.host.host().changes()
     );
+}
+
+/// The fake node of [`fake_node`] with the pinned container's CPUs exclusive, and a
+/// daemon configuration for it ticking every `interval_ms`: what the fixtures are kept
+/// alive by, and the configuration.
+struct Node {
+    _cgroups: FakeCgroup2,
+    resctrl: FakeResctrl,
+    _kubelet: tempfile::TempDir,
+    cfg: DaemonConfig,
+}
+
+impl Node {
+    fn new(interval_ms: u64) -> Self {
+        let f = FakeCgroup2::builder().cpus(8).build().unwrap();
+        let resctrl = FakeResctrl::builder().ways(12).build().unwrap();
+        fake_node(&f);
+        for pid in [40, 50, 60, 70] {
+            resctrl.add_task(pid).unwrap();
+        }
+        let kubelet = tempfile::tempdir().unwrap();
+        std::fs::write(
+            kubelet.path().join("cpu_manager_state"),
+            format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
+        )
+        .unwrap();
+        let text = format!(
+            "interval_ms = {interval_ms}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
+            f.base().join("proc").display(),
+            f.base().join("sys/fs/cgroup").display(),
+            resctrl.root().display(),
+            kubelet.path().join("state").display(),
+            kubelet.path().display(),
+        );
+        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+        Self {
+            _cgroups: f,
+            resctrl,
+            _kubelet: kubelet,
+            cfg,
+        }
+    }
+}
+
+/// kv (latency-critical, target 2 ms, no latency source: the test measures it) and the
+/// batch job, whose `cohabit.io/priority` annotation is `job_priority`.
+fn kv_and_job(job_priority: Option<i32>) -> Vec<ManagedPod> {
+    let mut job = pod(
+        ("batch", "job"),
+        JOB,
+        QosClass::BestEffort,
+        PodClass::BestEffort,
+        &[("main", "bb")],
+    );
+    job.priority = job_priority;
+    let kv = pod(
+        ("default", "kv"),
+        KV,
+        QosClass::Burstable,
+        lc(2.0, None),
+        &[("main", "aa")],
+    );
+    vec![job, kv]
+}
+
+/// What the daemon decided for kv at one tick.
+type KvDecision = (
+    cohabit_core::Allocation,
+    cohabit_core::Reason,
+    Option<cohabit_core::Prediction>,
+);
+
+/// `ticks` one-second ticks of the daemon on the fake node with the policy `factory`
+/// builds, kv measured at a p99 that moves around half its target (every other service
+/// unmeasured), and, when `churn`, the batch job's priority annotation added and removed
+/// every tick: kv's decision at each tick and how many times the services followed the
+/// pods.
+fn kv_under_churn(factory: PolicyFactory, churn: bool, ticks: u64) -> (Vec<KvDecision>, usize) {
+    let node = Node::new(1000);
+    let script = Script::default();
+    let mut d = Daemon::open_with(&node.cfg, Some(&node.resctrl), &script, factory);
+    let (mut seen, mut rebuilds) = (Vec::new(), 0);
+    for t in 1..=ticks {
+        let annotated = churn && t % 2 == 0;
+        script.set(kv_and_job(annotated.then_some(0)), true);
+        if d.pods
+            .tick(&mut d.host, &mut d.policy, &mut d.fair_share, false)
+        {
+            rebuilds += 1;
+        }
+        let current = d.host.host().plan_in_force().unwrap().clone();
+        let p99_ms = [1.0, 1.2, 0.9, 1.1][usize::try_from(t % 4).unwrap()];
+        let obs = cohabit_core::Observation {
+            t_ms: t * 1000,
+            services: d
+                .host
+                .host()
+                .specs()
+                .into_iter()
+                .map(|spec| cohabit_core::ServiceObservation {
+                    sample: cohabit_core::Sample {
+                        p99_ms: (spec.name == "default.kv").then_some(p99_ms),
+                        requests_per_s: Some(50.0),
+                        cpu_busy_cores: Some(1.0),
+                        ..cohabit_core::Sample::default()
+                    },
+                    spec,
+                    gpu_mps_effective_pct: None,
+                })
+                .collect(),
+            current,
+        };
+        let decision = d.policy.decide(&obs, t * 1000);
+        d.host.apply(&decision.plan, &[]).unwrap();
+        seen.push((
+            decision.plan.services["default.kv"],
+            decision.reasons["default.kv"].clone(),
+            decision.predictions.get("default.kv").cloned(),
+        ));
+    }
+    d.host.host_mut().restore();
+    drop(node);
+    (seen, rebuilds)
+}
+
+fn parties_factory() -> PolicyFactory {
+    Box::new(|ctx| {
+        let p = cohabit_policy::PartiesPolicy::new(ctx, cohabit_policy::PartiesConfig::default());
+        Ok(Box::new(p) as Box<dyn Policy>)
+    })
+}
+
+/// `ml` with a model whose members are linear in the candidate's cores (a core more is
+/// -0.05 in ln(p99/target)), as in the policy crate's tests.
+fn ml_factory() -> PolicyFactory {
+    let mut model = cohabit_models::Model::synthetic(2, &[], 0);
+    let cores = cohabit_models::FEATURE_NAMES
+        .iter()
+        .position(|n| *n == "cores_cand")
+        .unwrap();
+    for member in &mut model.ensemble.members {
+        member.layers.truncate(1);
+        let layer = &mut member.layers[0];
+        layer.weight.fill(0.0);
+        layer.weight[[0, cores]] = -1.8;
+        layer.bias.fill(0.0);
+    }
+    let model = Arc::new(model);
+    Box::new(move |ctx| {
+        let ml = cohabit_policy::MlPolicy::new(
+            ctx,
+            Arc::clone(&model),
+            cohabit_policy::MlConfig::default(),
+        );
+        Ok(Box::new(ml) as Box<dyn Policy>)
+    })
+}
+
+#[test]
+fn annotation_churn_on_one_pod_leaves_an_unchanged_services_parties_state_as_without_it() {
+    let (quiet, once) = kv_under_churn(parties_factory(), false, 30);
+    let (churned, rebuilds) = kv_under_churn(parties_factory(), true, 30);
+    assert_eq!(once, 1, "without churn the services follow the pods once");
+    assert!(
+        rebuilds >= 4,
+        "the churn rebuilt the policy {rebuilds} times"
+    );
+    // kv's allocation moved (parties cut it and rotated its resource: the state mattered) ...
+    let mut allocs: Vec<_> = quiet.iter().map(|d| d.0).collect();
+    allocs.dedup();
+    assert!(allocs.len() > 2, "{quiet:?}");
+    // ... and every decision for it is the one it got without the churn.
+    for (t, (q, c)) in quiet.iter().zip(&churned).enumerate() {
+        assert_eq!(q, c, "tick {}", t + 1);
+    }
+}
+
+#[test]
+fn annotation_churn_on_one_pod_leaves_an_unchanged_services_ml_corrections_as_without_it() {
+    let (quiet, _) = kv_under_churn(ml_factory(), false, 30);
+    let (churned, rebuilds) = kv_under_churn(ml_factory(), true, 30);
+    assert!(
+        rebuilds >= 4,
+        "the churn rebuilt the policy {rebuilds} times"
+    );
+    // kv is decided by the model, whose corrected predictions differ from tick to tick.
+    let predicted: Vec<f64> = quiet
+        .iter()
+        .filter_map(|d| d.2.as_ref().map(|p| p.log_qos_ratio))
+        .collect();
+    assert!(predicted.len() > 20, "{quiet:?}");
+    assert!(predicted.windows(2).any(|w| w[0] != w[1]), "{predicted:?}");
+    for (t, (q, c)) in quiet.iter().zip(&churned).enumerate() {
+        assert_eq!(q, c, "tick {}", t + 1);
+    }
+}
+
+#[test]
+fn the_services_follow_churning_pods_at_most_once_per_hold_off_and_a_new_pod_at_once() {
+    let node = Node::new(1000);
+    let hold_off = hold_off_ticks(1000);
+    assert_eq!(hold_off, 10);
+    let script = Script::default();
+    let mut d = Daemon::open(&node.cfg, Some(&node.resctrl), &script);
+    // The job's annotation changes every tick for 45 ticks.
+    let mut at = Vec::new();
+    for t in 1..=45u64 {
+        script.set(kv_and_job((t % 2 == 0).then_some(0)), true);
+        if d.tick() {
+            at.push(t);
+        }
+    }
+    // The first changes at once (the burst), then one per hold-off.
+    assert_eq!(at, vec![1, 2, 3, 11, 21, 31, 41], "rebuilt at ticks {at:?}");
+    // The view changed at tick 44 and 45 too: it is in force once the hold-off ends,
+    // although nothing changes any more.
+    let last = script.view().generation;
+    let mut t = 45;
+    while d.pods.in_force.as_ref().map(|(g, _)| *g) != Some(last) {
+        t += 1;
+        assert!(t <= 45 + hold_off, "the last view was lost");
+        d.tick();
+    }
+    assert_eq!(t, 51, "at the end of the hold-off");
+    // A quiet node: a new pod is followed at the next tick.
+    for _ in 0..3 * hold_off {
+        assert!(!d.tick());
+    }
+    let mut with_web = kv_and_job(None);
+    with_web.push(pod(
+        ("default", "web"),
+        BAD,
+        QosClass::Burstable,
+        lc(1.0, None),
+        &[("main", "dd")],
+    ));
+    script.set(with_web, true);
+    assert!(d.tick(), "a new pod on a quiet node is followed at once");
+    assert!(d.services().contains_key("default.web"));
+    d.host.host_mut().restore();
+}
+
+#[test]
+fn the_rebuild_limit_is_a_bucket_of_three_refilled_once_per_hold_off() {
+    let mut l = RebuildLimit::new(3, 10);
+    let allowed: Vec<u64> = (1..=40).filter(|t| l.allow(*t, false)).collect();
+    assert_eq!(allowed, vec![1, 2, 3, 11, 21, 31]);
+    // Urgent changes go through with the bucket empty.
+    assert!(!l.allow(32, false));
+    assert!(l.allow(33, true));
+    // Quiet for long enough, the bucket is full again: three at once.
+    let allowed: Vec<u64> = (100..=103).filter(|t| l.allow(*t, false)).collect();
+    assert_eq!(allowed, vec![100, 101, 102]);
+    // A hold-off shorter than a tick is one tick.
+    assert_eq!(hold_off_ticks(60_000), 1);
+    assert_eq!(hold_off_ticks(100), 100);
 }
 
 /// Kills and reaps a child when dropped.

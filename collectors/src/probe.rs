@@ -12,7 +12,9 @@
 //! a request rate and the histogram itself (to merge over ticks, [`crate::window`]), as it
 //! does for pushed latencies ([`crate::latency::PushListener`]). [`Probe::start`] only
 //! spawns that thread: a service that does not answer shows as time-outs and errors in the
-//! windows (violations), never as a start that waits.
+//! windows (violations), never as a start that waits. Whoever wants the service to answer
+//! before going on asks for the first request's outcome ([`Probe::first_answer`]); the
+//! daemon does so only for the services of its configuration file, at start.
 //!
 //! Algorithm: request `k` is due at `start + k / rate_hz` (the first at once). Its latency
 //! is measured from that due time, not from when it was actually sent, so a slow response
@@ -39,7 +41,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -72,6 +74,14 @@ pub enum ProbeError {
         url: String,
         /// What is wrong.
         reason: String,
+    },
+    /// The service did not answer the first request ([`Probe::first_answer`]).
+    #[error("probe {url} does not answer: {detail}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// What happened.
+        detail: String,
     },
     /// The probe thread could not be started.
     #[error("starting the probe thread for {url}: {source}")]
@@ -625,6 +635,17 @@ pub struct ProbeWindow {
     pub hist: Histogram<u64>,
 }
 
+/// The outcome of the first request (`None` until it has one), and its waiters.
+#[derive(Debug, Default)]
+struct First {
+    outcome: Mutex<Option<Result<(), String>>>,
+    known: Condvar,
+}
+
+/// How much longer than its time-out [`Probe::first_answer`] waits for the first outcome
+/// (the thread records a time-out at the deadline; this covers its scheduling).
+pub const FIRST_ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 struct Window {
     hist: Histogram<u64>,
@@ -637,7 +658,9 @@ struct Window {
 #[derive(Debug)]
 pub struct Probe {
     url: ProbeUrl,
+    timeout: Duration,
     window: Arc<Mutex<Window>>,
+    first: Arc<First>,
     cpu_ns: Arc<AtomicU64>,
     cpu_taken_ns: u64,
     stop: Arc<AtomicBool>,
@@ -692,11 +715,13 @@ impl Probe {
         }));
         let cpu_ns = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let first = Arc::new(First::default());
         let worker = Worker {
             url: url.clone(),
             period: Duration::from_secs(1) / settings.rate_hz,
             timeout: settings.timeout,
             window: Arc::clone(&window),
+            first: Arc::clone(&first),
             cpu_ns: Arc::clone(&cpu_ns),
             stop: Arc::clone(&stop),
         };
@@ -709,7 +734,9 @@ impl Probe {
             })?;
         Ok(Self {
             url: url.clone(),
+            timeout: settings.timeout,
             window,
+            first,
             cpu_ns,
             cpu_taken_ns: 0,
             stop,
@@ -720,6 +747,32 @@ impl Probe {
     /// The target.
     pub fn url(&self) -> &ProbeUrl {
         &self.url
+    }
+
+    /// Waits for the outcome of the first request, at most the time-out and
+    /// [`FIRST_ANSWER_GRACE`]: `Ok` when it was answered, why not otherwise (errors name
+    /// the URL). For whoever wants a service to answer before going on (the daemon, for
+    /// the services of its configuration file, at start); nothing else waits on a probe.
+    pub fn first_answer(&self) -> Result<(), ProbeError> {
+        let guard = self
+            .first
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = self
+            .first
+            .known
+            .wait_timeout_while(guard, self.timeout + FIRST_ANSWER_GRACE, |o| o.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        let detail = match &*guard {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(detail)) => detail.clone(),
+            None => format!("no outcome within {} ms", self.timeout.as_millis()),
+        };
+        Err(ProbeError::Unreachable {
+            url: self.url.to_string(),
+            detail,
+        })
     }
 
     /// The requests due since the last call, and the thread's CPU time in that span;
@@ -771,6 +824,7 @@ struct Worker {
     period: Duration,
     timeout: Duration,
     window: Arc<Mutex<Window>>,
+    first: Arc<First>,
     cpu_ns: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
@@ -814,6 +868,7 @@ impl Worker {
     }
 
     fn record(&self, outcome: Result<Duration, Miss>) {
+        self.note_first(&outcome);
         let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
         let latency = match outcome {
             Ok(d) => d,
@@ -830,6 +885,25 @@ impl Worker {
         };
         let us = u64::try_from(latency.as_micros()).unwrap_or(MAX_US);
         let _ = w.hist.record(us.clamp(1, MAX_US));
+    }
+
+    /// Keeps the first request's outcome for [`Probe::first_answer`].
+    fn note_first(&self, outcome: &Result<Duration, Miss>) {
+        let mut first = self
+            .first
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if first.is_some() {
+            return;
+        }
+        *first = Some(match outcome {
+            Ok(_) => Ok(()),
+            Err(Miss::TimedOut) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
+            Err(Miss::Failed(e)) => Err(e.clone()),
+            Err(Miss::Stopped) => return,
+        });
+        self.first.known.notify_all();
     }
 }
 
@@ -1084,6 +1158,14 @@ mod tests {
         assert!(w.timeouts >= 3 && w.errors == 0, "{w:?}");
         let p99 = w.p99_ms.unwrap();
         assert!((99.0..=101.0).contains(&p99), "at the time-out: {w:?}");
+        // Asked for, the first outcome says why.
+        let e = gone.first_answer().unwrap_err().to_string();
+        assert!(
+            e.contains(&u) && e.contains("does not answer") && e.contains("refused"),
+            "{e}"
+        );
+        let e = mute.first_answer().unwrap_err().to_string();
+        assert!(e.contains("no answer within 100 ms"), "{e}");
         let w = gone.take();
         assert!(w.errors >= 3, "{w:?}");
         assert!(
@@ -1165,6 +1247,7 @@ mod tests {
             timeout: Duration::from_millis(500),
         };
         let mut p = Probe::start(&u, &settings).unwrap();
+        p.first_answer().unwrap();
         let _ = p.take();
         let t = Instant::now();
         std::thread::sleep(Duration::from_millis(500));

@@ -212,8 +212,9 @@ const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 
 impl RealHost {
     /// Opens the host: finds what it offers (logging each missing resource once) and binds
-    /// the latency sources. Nothing is written before [`Self::launch`], so a record a
-    /// crashed run left can be restored first ([`Self::restore_changes`]).
+    /// the latency sources (a probe must answer its first request). Nothing is written
+    /// before [`Self::launch`], so a record a crashed run left can be restored first
+    /// ([`Self::restore_changes`]).
     pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
         Self::open_with(cfg, dry_run, Arc::new(RealFs))
     }
@@ -240,6 +241,18 @@ impl RealHost {
             .iter()
             .map(|s| Service::bind(s, timeout, cfg.latency_window))
             .collect::<Result<Vec<_>, HostError>>()?;
+        // The configuration file's services answer their probes before the daemon starts
+        // (a wrong port or a service that is down is an error the operator sees now). The
+        // probes run at once, so this waits at most the longest time-out; pods' probes,
+        // bound inside the tick, are never waited for.
+        for s in &services {
+            s.telemetry
+                .first_probe_answer()
+                .map_err(|error| HostError::Probe {
+                    service: s.spec.name.clone(),
+                    error,
+                })?;
+        }
         let ways = found.facts.capacity.llc_ways;
         let now = Instant::now();
         let host = Self {
@@ -1104,10 +1117,11 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let cfg = two_services(&fake, &probe(refused, 100), &probe(mute, 100), 100);
+        let push = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
+        let cfg = two_services(&fake, push, push, 100);
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
-        // `z`'s probe again with a time-out of 5 s: its first request alone would take that
-        // long, and so would each reconfiguration that binds it.
+        // Probes that are refused, and that are never answered with a time-out of 5 s: the
+        // first request alone would take that long, and the reconfiguration would wait for it.
         let cfgs = two_services(&fake, &probe(refused, 100), &probe(mute, 5000), 100).services;
         let cpus = host.cpus().to_vec();
         let t = Instant::now();
@@ -1124,6 +1138,32 @@ mod tests {
             "refused: {a:?}"
         );
         host.restore();
+    }
+
+    #[test]
+    fn a_configured_probe_that_does_not_answer_stops_the_start_naming_it() {
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let refused = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mute = mute_endpoint();
+        let push = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
+        for (port, why) in [(refused, "refused"), (mute, "no answer within 200 ms")] {
+            let probe = format!("{{ probe = \"redis://127.0.0.1:{port}\", timeout_ms = 200 }}");
+            let cfg = two_services(&fake, push, &probe, 100);
+            let e = RealHost::open_with(cfg, false, Arc::new(fake.clone()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("latency probe of z")
+                    && e.contains(&format!("redis://127.0.0.1:{port}"))
+                    && e.contains("does not answer")
+                    && e.contains(why),
+                "{e}"
+            );
+        }
     }
 
     /// Moves an MBA limit to another of 50 and 60 %.

@@ -28,7 +28,7 @@ use cohabit_collectors::nvml::GpuReading;
 use cohabit_collectors::perf::{
     fds_needed, CounterOpener, CounterSet, FdBudget, KernelCounters, PerfTotals,
 };
-use cohabit_collectors::probe::{Probe, ProbeSettings};
+use cohabit_collectors::probe::{Probe, ProbeError, ProbeSettings};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl};
 use cohabit_collectors::window::{
@@ -517,6 +517,16 @@ impl Telemetry {
             Some(LatencyReader::Push(_, w) | LatencyReader::Probe(_, w)) => Some(w.len()),
             Some(LatencyReader::Prom(_, w)) => Some(w.len()),
             None => None,
+        }
+    }
+
+    /// Waits for a probe's first answer ([`Probe::first_answer`]: at most its time-out and
+    /// a second); `Ok` at once for any other source. Only for the services of the
+    /// configuration file, at start: nothing waits on a pod's probe.
+    pub fn first_probe_answer(&self) -> Result<(), ProbeError> {
+        match &self.latency {
+            Some(LatencyReader::Probe(p, _)) => p.first_answer(),
+            _ => Ok(()),
         }
     }
 

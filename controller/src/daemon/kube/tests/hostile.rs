@@ -48,7 +48,7 @@ fn hostile_pods(i: usize, probe_port: u16, metrics_port: u16) -> Vec<ManagedPod>
     );
     let metrics = format!(
         "{{ prometheus = \"http://127.0.0.1:{metrics_port}/metrics\", metric = \"lat\", unit_seconds = {} }}",
-        if i % 2 == 0 { "1.0" } else { "0.001" }
+        if i.is_multiple_of(2) { "1.0" } else { "0.001" }
     );
     let mut pods = vec![
         pod(

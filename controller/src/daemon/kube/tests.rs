@@ -18,6 +18,8 @@ use cohabit_policy::control;
 
 use super::*;
 
+mod hostile;
+
 fn key(ns: &str, name: &str, uid: &str) -> PodKey {
     PodKey {
         namespace: ns.into(),

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -179,9 +179,20 @@ pub struct DecisionRecord {
     /// Simulator only: the ground truth of the interval the observation describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truth: Option<GroundTruth>,
+    /// The services made from Kubernetes pods' annotations (`[kubernetes]`): their targets
+    /// and latencies are the word of whoever created the pod, not the operator's, so fleet
+    /// retraining can leave them out ([`Self::from_pod`]). Empty (and absent from the line)
+    /// when every service came from the configuration, and in logs older than this field.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub from_pods: BTreeSet<String>,
 }
 
 impl DecisionRecord {
+    /// True when `service` was made from a pod's annotations rather than configured.
+    pub fn from_pod(&self, service: &str) -> bool {
+        self.from_pods.contains(service)
+    }
+
     /// The p99 this record is judged by for `service`: the simulator's ground truth where
     /// the record has it, else the measurement. `None` when neither is known.
     pub fn judged_p99_ms(&self, service: &str) -> Option<f64> {
@@ -258,13 +269,34 @@ mod tests {
             decision_us: 1.0,
             predictions: Default::default(),
             truth: None,
+            from_pods: Default::default(),
         };
         let mut v = serde_json::to_value(&rec).unwrap();
         let obj = v.as_object_mut().unwrap();
-        assert!(!obj.contains_key("truth") && !obj.contains_key("predictions"));
+        assert!(
+            !obj.contains_key("truth")
+                && !obj.contains_key("predictions")
+                && !obj.contains_key("from_pods")
+        );
         obj.remove("reasons");
         let back: DecisionRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back, rec);
+    }
+
+    #[test]
+    fn a_record_says_which_services_came_from_pods_and_older_ones_read_as_none() {
+        let line = r#"{"schema_version":2,"policy":"parties","simulated":false,
+            "observation":{"t_ms":0,"services":[],"current":{"services":{},"best_effort":
+            {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}}},
+            "plan":{"services":{},"best_effort":{"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
+            "changes":[],"decision_us":1.0}"#;
+        let mut r: DecisionRecord = serde_json::from_str(line).unwrap();
+        assert!(r.from_pods.is_empty() && !r.from_pod("shop.kv"));
+        r.from_pods.insert("shop.kv".into());
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["from_pods"], serde_json::json!(["shop.kv"]));
+        let back: DecisionRecord = serde_json::from_value(v).unwrap();
+        assert!(back.from_pod("shop.kv") && !back.from_pod("memcached"));
     }
 }
 

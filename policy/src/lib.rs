@@ -577,6 +577,45 @@ pub(crate) mod tests {
         }
     }
 
+    /// The fail-safe puts the fair share in force: it must validate on every host that can
+    /// hold its services at all (one core each), whatever the cores, ways, CLOSIDs, MBA,
+    /// GPUs, priorities and best-effort jobs.
+    #[test]
+    fn the_fair_share_validates_whenever_every_service_can_have_a_core() {
+        let mut checked = 0;
+        for cores in 1..=9 {
+            for n_lc in 1..=cores as usize {
+                for ways in [1, 2, 3, 11, 20] {
+                    for closids in [2, 3, 4, 16] {
+                        for (be_cpu, be_gpu, gpus) in [
+                            (false, false, 0),
+                            (true, false, 0),
+                            (true, true, 1),
+                            (false, true, 3),
+                        ] {
+                            let mut c = ctx(n_lc, be_cpu, be_gpu, gpus.min(n_lc));
+                            c.host.cores = cores;
+                            c.host.llc_ways = ways;
+                            c.host.closids = closids;
+                            if ways == 1 {
+                                c.host = c.host.without_allocation();
+                            }
+                            for (i, s) in c.specs.iter_mut().enumerate() {
+                                s.priority = i32::try_from(i % 3).unwrap() - 1;
+                            }
+                            let plan = layout(&c, &fair_shares(&c), MBA_MAX_PCT);
+                            if let Err(e) = plan.validate(&c.host, &c.specs) {
+                                panic!("{cores} cores, {n_lc} services, {ways} ways, {closids} CLOSIDs, be {be_cpu}/{be_gpu}, gpus {gpus}: {e}\n{plan:?}");
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
+
     #[test]
     fn a_service_is_unchanged_only_with_the_same_target_priority_and_gpu() {
         let before = ctx(3, true, false, 0);

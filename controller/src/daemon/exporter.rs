@@ -1018,6 +1018,7 @@ mod tests {
             )]
             .into(),
             truth: None,
+            from_pods: Default::default(),
         }
     }
 

@@ -368,6 +368,7 @@ mod tests {
             decision_us: 1.0,
             predictions: BTreeMap::new(),
             truth: None,
+            from_pods: Default::default(),
         }
     }
 

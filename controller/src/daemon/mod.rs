@@ -368,10 +368,14 @@ impl Loop {
                 ex.kubernetes(s.managed, s.skipped, s.api_reachable);
             }
         }
-        let record = match control::step(&mut self.host, self.policy.as_mut(), self.dry_run) {
+        let mut record = match control::step(&mut self.host, self.policy.as_mut(), self.dry_run) {
             Ok(r) => r,
             Err(e) => return TickEnd::Failed(e.to_string()),
         };
+        if let Some(pods) = &self.pods {
+            // Which services are the pods' word, so that fleet retraining can tell.
+            record.from_pods = pods.from_pods().clone();
+        }
         let mut logged = Ok(());
         if let Some(log) = &mut self.log {
             logged = log.write(&record).and_then(|()| log.flush());

@@ -872,7 +872,7 @@ impl Node {
         )
         .unwrap();
         let text = format!(
-            "interval_ms = {interval_ms}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
+            "interval_ms = {interval_ms}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
             f.base().join("proc").display(),
             f.base().join("sys/fs/cgroup").display(),
             resctrl.root().display(),

@@ -19,8 +19,9 @@ use crate::daemon::{Loop, Ticker};
 const INTERVAL: Duration = Duration::from_millis(200);
 /// Ticks run (about 5 s).
 const TICKS: usize = 25;
-/// The largest `latency.timeout_ms` the configuration takes (`config::latency`).
-const LARGEST_TIMEOUT_MS: u64 = 600_000;
+/// The daemon's `collect_timeout_ms`: the largest `timeout_ms` a pod's probe may ask for
+/// (a larger one is refused: `config::pod_latency`).
+const LARGEST_TIMEOUT_MS: u64 = 50;
 
 /// A TCP endpoint that accepts every connection, reads what comes and never answers or
 /// closes, until the test process ends.
@@ -103,7 +104,7 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
     }
     let kubelet = tempfile::tempdir().unwrap();
     let text = format!(
-        "interval_ms = {}\ncollect_timeout_ms = 50\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
+        "interval_ms = {}\ncollect_timeout_ms = {LARGEST_TIMEOUT_MS}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"a\"]\n",
         INTERVAL.as_millis(),
         f.base().join("proc").display(),
         f.base().join("sys/fs/cgroup").display(),

@@ -514,8 +514,9 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
     )
     .unwrap();
     let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
+        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
         f.base().join("proc").display(),
+        f.base().join("sys").display(),
         f.base().join("sys/fs/cgroup").display(),
         resctrl.root().display(),
         kubelet.path().join("state").display(),

@@ -411,7 +411,7 @@ mod tests {
         let e = super::super::RealHost::open(cfg.clone(), false).unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("config: service kv: match.process_name without match.user"),
+                .starts_with("service kv: match.process_name without match.user"),
             "{e}"
         );
         super::super::RealHost::open(cfg, true).unwrap();

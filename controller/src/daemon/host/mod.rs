@@ -108,10 +108,10 @@ pub enum HostError {
     #[error("saving the record of changes: {0}")]
     ChangeLog(std::io::Error),
     /// A service is found by process name or pid file without `match.user` (not a dry run).
-    #[error("config: {0}")]
+    #[error(transparent)]
     Unbound(#[from] super::config::UnboundMatcher),
     /// `[host] cpus` or the services do not fit the host's CPUs.
-    #[error("config: {0}")]
+    #[error(transparent)]
     Cpus(#[from] discover::CpuError),
 }
 

@@ -1558,7 +1558,7 @@ http_request_duration_seconds_count{handler="a"} 100
     #[test]
     fn only_allowed_users_are_counted_as_root() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to start senders under other uids");
+            crate::cgroup::testing::skip("needs root to start senders under other uids");
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -31,7 +31,7 @@
 //! state_dir = "/run/cohabit"         # lock and record of changes (root-owned, 0700)
 //!
 //! [host]
-//! cpus = "0-35"                      # CPUs cohabit manages; default: all online
+//! cpus = "0-35"                      # CPUs cohabit manages (online ones); default: all online
 //! mem_bw_gbps = 76.8                 # peak memory bandwidth (MBA in MBps mode, telemetry sanity)
 //! unmanaged_cache = "shared"         # or "pool": processes cohabit does not manage (the root
 //!                                    # resctrl group) get the pool's cache ways, not every way
@@ -42,7 +42,8 @@
 //! name = "memcached"
 //! p99_target_ms = 0.6
 //! match = { process_name = "memcached",   # or cgroup / systemd_unit / pid_file
-//!           user = "memcache",             # only processes running as this user (name or uid)
+//!           user = "memcache",             # only processes running as this user (name or uid;
+//!                                          # needed by process_name and pid_file)
 //!           exe = "/usr/bin/memcached" }   # … and this executable
 //! latency = { unix = "/run/cohabit/memcached.sock",  # datagrams of one latency (µs) per line
 //!             group = "memcache", mode = "0660",     # socket owner/group/mode (owner: root)
@@ -497,6 +498,62 @@ pub struct ServiceConfig {
     pub gpu: Option<GpuConfig>,
     /// Overload priority (higher wins; 0 unless a pod's `cohabit.io/priority` says).
     pub priority: i32,
+}
+
+/// A matcher any local user could satisfy, given without `match.user` to say whose
+/// processes are the service's (security review 2026-12, row 2). Refused outside
+/// `--dry-run` ([`ServiceConfig::unbound_matcher`]; `host::find::require_users`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("service {service}: match.{key} without match.user: {}; set match.user to the user the service runs as (a name or uid), or run with --dry-run to only watch", .key.risk())]
+pub struct UnboundMatcher {
+    /// The service.
+    pub service: String,
+    /// Its matcher.
+    pub key: MatcherKey,
+}
+
+/// The matchers that need `match.user`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatcherKey {
+    /// `match.process_name`.
+    ProcessName,
+    /// `match.pid_file`.
+    PidFile,
+}
+
+impl MatcherKey {
+    /// What could go wrong without `match.user`.
+    fn risk(self) -> &'static str {
+        match self {
+            MatcherKey::ProcessName => "any user can give a process that name and have it managed as the service (its cgroup given the service's CPUs, its latency believed)",
+            MatcherKey::PidFile => "only a root-owned file naming a root process would be believed, so a service that runs as another user is never found",
+        }
+    }
+}
+
+impl std::fmt::Display for MatcherKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MatcherKey::ProcessName => "process_name",
+            MatcherKey::PidFile => "pid_file",
+        })
+    }
+}
+
+impl ServiceConfig {
+    /// The service's matcher, if it is found by process name or pid file without
+    /// `match.user`.
+    pub fn unbound_matcher(&self) -> Option<UnboundMatcher> {
+        let key = match self.matcher {
+            Matcher::ProcessName(_) => MatcherKey::ProcessName,
+            Matcher::PidFile(_) => MatcherKey::PidFile,
+            _ => return None,
+        };
+        self.constraint.user.is_none().then(|| UnboundMatcher {
+            service: self.name.clone(),
+            key,
+        })
+    }
 }
 
 /// A validated daemon configuration.

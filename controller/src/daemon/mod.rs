@@ -806,7 +806,7 @@ mod tests {
             let pid_file = dir.join("kv.pid");
             std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
             let text = format!(
-                "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ prometheus = \"http://127.0.0.1:1/metrics\", metric = \"x\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+                "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ prometheus = \"http://127.0.0.1:1/metrics\", metric = \"x\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\", user = 0 }}\n",
                 fake.root().display(),
                 fake.base().join("proc").display(),
                 dir.join("state").display(),

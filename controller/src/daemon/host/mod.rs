@@ -107,6 +107,12 @@ pub enum HostError {
     /// The record of changes could not be saved, so the write it describes was not made.
     #[error("saving the record of changes: {0}")]
     ChangeLog(std::io::Error),
+    /// A service is found by process name or pid file without `match.user` (not a dry run).
+    #[error(transparent)]
+    Unbound(#[from] super::config::UnboundMatcher),
+    /// `[host] cpus` or the services do not fit the host's CPUs.
+    #[error(transparent)]
+    Cpus(#[from] discover::CpuError),
 }
 
 /// How often a warning that could fire every tick is repeated.
@@ -161,11 +167,9 @@ impl Service {
             telemetry: Telemetry::bind(s, timeout, window)?,
             missing_logged: false,
             unplaced_logged: BTreeSet::new(),
-            vetting: find::Vetting::new(&s.name, &s.matcher, &s.constraint).map_err(|source| {
-                HostError::User {
-                    service: s.name.clone(),
-                    source,
-                }
+            vetting: find::Vetting::new(&s.constraint).map_err(|source| HostError::User {
+                service: s.name.clone(),
+                source,
             })?,
             runs_under: None,
             after_mixed: false,
@@ -226,6 +230,7 @@ impl RealHost {
         dry_run: bool,
         resctrl_fs: Arc<dyn KernelFs>,
     ) -> Result<Self, HostError> {
+        find::require_users(&cfg.services, dry_run)?;
         let mut found = discover::discover(&cfg, resctrl_fs)?;
         let gpu = super::gpu::GpuActuator::with_probe(&cfg.services, found.mps);
         // Policies weigh what a share change costs on this host.
@@ -920,7 +925,7 @@ mod tests {
     /// is touched, never this machine's cgroups.
     fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
         let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\", user = 0 }}\n",
             fake.root().display(),
             fake.base().join("proc").display(),
             pid_file.display()
@@ -948,7 +953,7 @@ mod tests {
             pid_files.insert(name, f.display().to_string());
         }
         let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ pid_file = \"{}\" }}\n[[best_effort]]\nname = \"etl\"\nmatch = {{ pid_file = \"{}\" }}\n",
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ pid_file = \"{}\", user = 0 }}\n[[best_effort]]\nname = \"etl\"\nmatch = {{ pid_file = \"{}\", user = 0 }}\n",
             fake.root().display(),
             proc_root.display(),
             pid_files["kv"],
@@ -1177,10 +1182,10 @@ mod tests {
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
         let lc = |name: &str| {
-            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n")
+            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n")
         };
         let text = format!(
-            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-batch\" }}\n",
+            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-batch\", user = 0 }}\n",
             fake.root().display(),
             proc_root.display(),
             lc("kv"),
@@ -1261,7 +1266,7 @@ mod tests {
         std::fs::create_dir_all(&proc_root).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
-            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"llm\"\np99_target_ms = 50\nmatch = {{ process_name = \"no-such-llm\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\ngpu = {{ env_file = \"{}\", restart = \"true\", min_restart_interval_ms = 100 }}\n",
+            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"llm\"\np99_target_ms = 50\nmatch = {{ process_name = \"no-such-llm\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\ngpu = {{ env_file = \"{}\", restart = \"true\", min_restart_interval_ms = 100 }}\n",
             fake.root().display(),
             proc_root.display(),
             dir.path().join("llm.env").display(),

@@ -723,8 +723,9 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
     )
     .unwrap();
     let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
+        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
         f.base().join("proc").display(),
+        f.base().join("sys").display(),
         f.base().join("sys/fs/cgroup").display(),
         resctrl.root().display(),
         kubelet.path().join("state").display(),
@@ -872,8 +873,9 @@ impl Node {
         )
         .unwrap();
         let text = format!(
-            "interval_ms = {interval_ms}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
+            "interval_ms = {interval_ms}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
             f.base().join("proc").display(),
+            f.base().join("sys").display(),
             f.base().join("sys/fs/cgroup").display(),
             resctrl.root().display(),
             kubelet.path().join("state").display(),
@@ -1260,8 +1262,9 @@ fn fake_daemon(
     }
     let kubelet = tempfile::tempdir().unwrap();
     let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"{cpus}\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n{extra}",
+        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"{cpus}\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n{extra}",
         f.base().join("proc").display(),
+        f.base().join("sys").display(),
         f.base().join("sys/fs/cgroup").display(),
         resctrl.root().display(),
         kubelet.path().join("state").display(),

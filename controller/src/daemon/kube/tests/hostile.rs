@@ -104,9 +104,10 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
     }
     let kubelet = tempfile::tempdir().unwrap();
     let text = format!(
-        "interval_ms = {}\ncollect_timeout_ms = {LARGEST_TIMEOUT_MS}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"a\"]\n",
+        "interval_ms = {}\ncollect_timeout_ms = {LARGEST_TIMEOUT_MS}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"a\"]\n",
         INTERVAL.as_millis(),
         f.base().join("proc").display(),
+        f.base().join("sys").display(),
         f.base().join("sys/fs/cgroup").display(),
         resctrl.root().display(),
         kubelet.path().join("state").display(),

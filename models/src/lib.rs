@@ -19,7 +19,7 @@ pub mod gpu_features;
 pub mod mlp;
 pub mod schema;
 
-pub use artifact::{Model, ModelError, ModelMetadata};
+pub use artifact::{LoadRules, LoadedFiles, Model, ModelError, ModelMetadata};
 pub use builtin::{builtin, builtin_gpu, builtin_platforms};
 pub use features::{
     features, log_qos_ratio, present, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION,

@@ -912,7 +912,7 @@ impl Actuator for RealHost {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use cohabit_collectors::resctrl::fake::FakeResctrl;
     use cohabit_collectors::resctrl::GROUP_PREFIX;
 
@@ -1004,7 +1004,7 @@ mod tests {
     }
 
     /// A TCP endpoint that accepts every connection and never answers or closes.
-    fn mute_endpoint() -> u16 {
+    pub(crate) fn mute_endpoint() -> u16 {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         std::thread::spawn(move || {
@@ -1056,7 +1056,7 @@ mod tests {
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
         let lc = |name: &str, latency: &str| {
-            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\" }}\nlatency = {latency}\n")
+            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\", user = 0 }}\nlatency = {latency}\n")
         };
         let text = format!(
             "interval_ms = 1000\ncollect_timeout_ms = {timeout_ms}\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}",

@@ -21,6 +21,27 @@ use super::*;
 
 mod hostile;
 
+/// The daemon's configuration for a fake node: `head` (top-level keys), `cpus`, the fixture
+/// trees' roots, the kubelet's directory and `kube_extra` (more `[kubernetes]` keys).
+fn node_config(
+    f: &FakeCgroup2,
+    resctrl: &FakeResctrl,
+    kubelet: &Path,
+    head: &str,
+    cpus: &str,
+    kube_extra: &str,
+) -> String {
+    format!(
+        "{head}metrics_addr = \"\"\n[host]\ncpus = \"{cpus}\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n{kube_extra}",
+        f.base().join("proc").display(),
+        f.base().join("sys").display(),
+        f.base().join("sys/fs/cgroup").display(),
+        resctrl.root().display(),
+        kubelet.join("state").display(),
+        kubelet.display(),
+    )
+}
+
 fn key(ns: &str, name: &str, uid: &str) -> PodKey {
     PodKey {
         namespace: ns.into(),
@@ -722,14 +743,13 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
         format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
     )
     .unwrap();
-    let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
-        f.base().join("proc").display(),
-        f.base().join("sys").display(),
-        f.base().join("sys/fs/cgroup").display(),
-        resctrl.root().display(),
-        kubelet.path().join("state").display(),
-        kubelet.path().display(),
+    let text = node_config(
+        &f,
+        &resctrl,
+        kubelet.path(),
+        "interval_ms = 100\n",
+        "0-7",
+        "latency_critical_namespaces = [\"default\"]\n",
     );
     let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
     let script = Script::default();
@@ -872,14 +892,13 @@ impl Node {
             format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
         )
         .unwrap();
-        let text = format!(
-            "interval_ms = {interval_ms}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"default\"]\n",
-            f.base().join("proc").display(),
-            f.base().join("sys").display(),
-            f.base().join("sys/fs/cgroup").display(),
-            resctrl.root().display(),
-            kubelet.path().join("state").display(),
-            kubelet.path().display(),
+        let text = node_config(
+            &f,
+            &resctrl,
+            kubelet.path(),
+            &format!("interval_ms = {interval_ms}\n"),
+            "0-7",
+            "latency_critical_namespaces = [\"default\"]\n",
         );
         let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
         Self {
@@ -1261,14 +1280,13 @@ fn fake_daemon(
         resctrl.add_task(pid).unwrap();
     }
     let kubelet = tempfile::tempdir().unwrap();
-    let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"{cpus}\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n{extra}",
-        f.base().join("proc").display(),
-        f.base().join("sys").display(),
-        f.base().join("sys/fs/cgroup").display(),
-        resctrl.root().display(),
-        kubelet.path().join("state").display(),
-        kubelet.path().display(),
+    let text = node_config(
+        &f,
+        &resctrl,
+        kubelet.path(),
+        "interval_ms = 100\n",
+        cpus,
+        extra,
     );
     let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
     let script = Script::default();

@@ -5,7 +5,7 @@
 //! Every tick must still end within its interval and `/healthz` must answer 200 throughout.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::*;
 use crate::daemon::exporter::{self, Exporter, UNHEALTHY_AFTER_TICKS};
+use crate::daemon::host::tests::mute_endpoint;
 use crate::daemon::{Loop, Ticker};
 
 /// The control interval: a tick that waited on a pod would overrun it many times over.
@@ -22,23 +23,6 @@ const TICKS: usize = 25;
 /// The daemon's `collect_timeout_ms`: the largest `timeout_ms` a pod's probe may ask for
 /// (a larger one is refused: `config::pod_latency`).
 const LARGEST_TIMEOUT_MS: u64 = 50;
-
-/// A TCP endpoint that accepts every connection, reads what comes and never answers or
-/// closes, until the test process ends.
-fn mute_endpoint() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for s in l.incoming() {
-            match s {
-                Ok(s) => held.push(s),
-                Err(_) => return,
-            }
-        }
-    });
-    port
-}
 
 /// The pods of tick `i`: the probe and the scrape that never answer, their annotations
 /// changed from one tick to the next, and a best-effort job.
@@ -103,15 +87,16 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
         resctrl.add_task(pid).unwrap();
     }
     let kubelet = tempfile::tempdir().unwrap();
-    let text = format!(
-        "interval_ms = {}\ncollect_timeout_ms = {LARGEST_TIMEOUT_MS}\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\nlatency_critical_namespaces = [\"a\"]\n",
-        INTERVAL.as_millis(),
-        f.base().join("proc").display(),
-        f.base().join("sys").display(),
-        f.base().join("sys/fs/cgroup").display(),
-        resctrl.root().display(),
-        kubelet.path().join("state").display(),
-        kubelet.path().display(),
+    let text = node_config(
+        &f,
+        &resctrl,
+        kubelet.path(),
+        &format!(
+            "interval_ms = {}\ncollect_timeout_ms = {LARGEST_TIMEOUT_MS}\n",
+            INTERVAL.as_millis()
+        ),
+        "0-7",
+        "latency_critical_namespaces = [\"a\"]\n",
     );
     let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
     let (probe_port, metrics_port) = (mute_endpoint(), mute_endpoint());

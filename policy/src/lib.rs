@@ -19,6 +19,7 @@ use cohabit_core::{
     Allocation, HostCapacity, Observation, Plan, Prediction, Reason, ServiceSpec, WayRange,
     MBA_MAX_PCT,
 };
+use cohabit_models::posterior::PosteriorSet;
 use cohabit_models::Model;
 
 mod clite;
@@ -71,6 +72,17 @@ pub trait Policy: Send {
     fn replace_model(&mut self, model: Arc<Model>) -> bool {
         let _ = model;
         false
+    }
+    /// What the policy learnt of this host that is worth keeping across restarts (`ml`'s
+    /// per-service posteriors); `None` when it learns nothing of the kind (the default).
+    fn learned(&self) -> Option<PosteriorSet> {
+        None
+    }
+    /// Resumes from what an earlier run on this host learnt ([`Policy::learned`]): the
+    /// services taken back, by name (none by default).
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        let _ = learned;
+        Vec::new()
     }
 }
 

@@ -32,6 +32,7 @@ pub mod host;
 pub mod kube;
 pub mod log;
 pub mod model;
+pub mod posterior;
 pub mod probe;
 pub mod signals;
 pub mod state;
@@ -71,6 +72,8 @@ struct Loop {
     model_watch: Option<ModelWatch>,
     /// `[kubernetes]`: services also come from this node's pods ([`kube`]).
     pods: Option<kube::Pods>,
+    /// `state_dir/posterior.json`: what the policy learnt of this host ([`posterior`]).
+    posterior: posterior::PosteriorStore,
 }
 
 /// How `cohabit run` was asked to run.
@@ -217,6 +220,7 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
     let models = Models::load(&cfg)?;
     let ml_tunables = models.ml;
     let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
+    let (state_dir, services) = (cfg.state_dir.clone(), cfg.services.clone());
     // Hardware counters take 3 descriptors per CPU per group: before the host sizes their
     // budget from the limit, the soft limit goes up to the hard one.
     match cohabit_collectors::perf::raise_fd_limit() {
@@ -249,6 +253,8 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         );
         policy = Box::new(Explore::new(policy, ctx, e));
     }
+    let posterior = posterior::PosteriorStore::new(&state_dir, host.host().capacity(), &services);
+    posterior::resume_logged(&posterior, policy.as_mut());
     let log = match log {
         Some(file) => {
             let header = LogHeader::new(
@@ -280,6 +286,7 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         fair_share: initial.plan,
         model_watch,
         pods,
+        posterior,
     })
 }
 
@@ -372,6 +379,7 @@ impl Loop {
             Ok(r) => r,
             Err(e) => return TickEnd::Failed(e.to_string()),
         };
+        posterior::tick_logged(&mut self.posterior, self.policy.as_ref());
         let mut logged = Ok(());
         if let Some(log) = &mut self.log {
             logged = log.write(&record).and_then(|()| log.flush());
@@ -572,6 +580,7 @@ impl Ticker {
             if let Some(log) = &mut guard.log {
                 let _ = log.flush();
             }
+            posterior::save_logged(&guard.posterior, guard.policy.as_ref());
             let host = guard.host.host_mut();
             std::panic::catch_unwind(AssertUnwindSafe(|| host.restore()))
                 .map_err(|p| panic_message(p.as_ref()))
@@ -817,6 +826,11 @@ mod tests {
 
         fn ticker(mut host: RealHost, policy: Box<dyn Policy>, fair_share: Plan) -> Ticker {
             host.launch(&fair_share).unwrap();
+            let posterior = posterior::PosteriorStore::new(
+                &std::env::temp_dir().join("cohabit-test-no-posterior"),
+                host.capacity(),
+                &[],
+            );
             Ticker {
                 state: Arc::new(Mutex::new(Loop {
                     host: Checked::real(host),
@@ -826,6 +840,7 @@ mod tests {
                     fair_share,
                     model_watch: None,
                     pods: None,
+                    posterior,
                 })),
                 exporter: Arc::new(Mutex::new(Exporter::default())),
                 stopping: Arc::new(AtomicBool::new(false)),

@@ -167,38 +167,47 @@ pub fn model_digest(model: &Model) -> String {
 /// The Cholesky factor `L` of a symmetric positive definite `a`, `None` when it is not.
 fn cholesky(a: &Array2<f64>) -> Option<Array2<f64>> {
     let n = a.nrows();
-    let mut l = Array2::<f64>::zeros((n, n));
+    let a = a.as_standard_layout();
+    let a = a.as_slice()?;
+    let mut l = vec![0.0; n * n];
     for i in 0..n {
         for j in 0..=i {
-            let mut s = a[[i, j]];
-            for k in 0..j {
-                s -= l[[i, k]] * l[[j, k]];
-            }
+            let (ri, rj) = (&l[i * n..i * n + j], &l[j * n..j * n + j]);
+            let s = a[i * n + j] - ri.iter().zip(rj).map(|(x, y)| x * y).sum::<f64>();
             if i == j {
                 if !(s.is_finite() && s > 0.0) {
                     return None;
                 }
-                l[[i, i]] = s.sqrt();
+                l[i * n + i] = s.sqrt();
             } else {
-                l[[i, j]] = s / l[[j, j]];
+                l[i * n + j] = s / l[j * n + j];
             }
         }
     }
-    Some(l)
+    Array2::from_shape_vec((n, n), l).ok()
 }
 
-/// `L⁻¹` of a lower-triangular `l` with a positive diagonal (forward substitution).
+/// `L⁻¹` of a lower-triangular `l` with a positive diagonal (forward substitution, row by
+/// row: row `i` of `L⁻¹` from the rows above it).
 fn invert_lower(l: &Array2<f64>) -> Array2<f64> {
     let n = l.nrows();
     let mut inv = Array2::<f64>::zeros((n, n));
-    for c in 0..n {
-        inv[[c, c]] = 1.0 / l[[c, c]];
-        for i in c + 1..n {
-            let mut s = 0.0;
-            for k in c..i {
-                s -= l[[i, k]] * inv[[k, c]];
+    for i in 0..n {
+        let d = 1.0 / l[[i, i]];
+        inv[[i, i]] = d;
+        // (L⁻¹)[i, c] = -(Σ_{k=c..i-1} L[i, k] (L⁻¹)[k, c]) / L[i, i], for c < i.
+        let mut row = vec![0.0; i];
+        for k in 0..i {
+            let lik = l[[i, k]];
+            if lik != 0.0 {
+                let rk = inv.row(k);
+                for (c, r) in row.iter_mut().enumerate().take(k + 1) {
+                    *r -= lik * rk[c];
+                }
             }
-            inv[[i, c]] = s / l[[i, i]];
+        }
+        for (c, r) in row.into_iter().enumerate() {
+            inv[[i, c]] = r * d;
         }
     }
     inv
@@ -323,10 +332,8 @@ impl Blr {
             precision[[i, i]] += (1.0 - forget) / self.prior_var[i];
         }
         let z = Array1::from(z.to_vec());
-        for i in 0..d {
-            for j in 0..d {
-                precision[[i, j]] += w * z[i] * z[j];
-            }
+        for (mut row, zi) in precision.rows_mut().into_iter().zip(&z) {
+            row.scaled_add(w * zi, &z);
         }
         let shift = self.shift.mapv(|v| v * forget) + &(z * (w * y));
         let factor = factor(&precision, &shift)

@@ -94,6 +94,8 @@ struct Factor {
     inv_chol: Array2<f64>,
     /// The posterior mean.
     mean: Array1<f64>,
+    /// `(L⁻¹)ᵀ` without its last row, in f32: [`Blr::predict_changes`]'s one product.
+    inv_chol_head_t: Array2<f32>,
 }
 
 /// Bayesian linear regression with a diagonal Gaussian prior centred on 0, a known noise
@@ -219,9 +221,15 @@ fn factor(precision: &Array2<f64>, shift: &Array1<f64>) -> Option<Factor> {
     let inv_chol = invert_lower(&l);
     // mean = A⁻¹ shift = L⁻ᵀ L⁻¹ shift.
     let mean = inv_chol.t().dot(&inv_chol.dot(shift));
-    mean.iter()
-        .all(|v| v.is_finite())
-        .then_some(Factor { inv_chol, mean })
+    let d = inv_chol.nrows();
+    #[allow(clippy::cast_possible_truncation)] // a variance's factor: f32 is enough
+    let inv_chol_head_t =
+        Array2::from_shape_fn((d.saturating_sub(1), d), |(j, i)| inv_chol[[i, j]] as f32);
+    mean.iter().all(|v| v.is_finite()).then_some(Factor {
+        inv_chol,
+        mean,
+        inv_chol_head_t,
+    })
 }
 
 /// Checks that `v` has `n` finite values.
@@ -359,6 +367,33 @@ impl Blr {
         mean.iter()
             .zip(u.rows())
             .map(|(m, r)| (*m, r.dot(&r)))
+            .collect()
+    }
+
+    /// For regressors `[delta, 1]` (the last coefficient a constant), one per row of `delta`
+    /// (n × (d - 1)): the mean of `θ · [delta, 1]` and the variance of `θ · [delta, 0]` (the
+    /// constant's left out). One f32 matrix product; what `ml` asks of every candidate.
+    pub fn predict_changes(&self, delta: ArrayView2<'_, f32>) -> Vec<(f64, f64)> {
+        let d = self.dim();
+        if d == 0 || delta.ncols() + 1 != d {
+            return vec![(0.0, 0.0); delta.nrows()];
+        }
+        let u = delta.dot(&self.factor.inv_chol_head_t);
+        let mean = &self.factor.mean;
+        delta
+            .rows()
+            .into_iter()
+            .zip(u.rows())
+            .map(|(z, u)| {
+                let m = z
+                    .iter()
+                    .zip(mean.iter())
+                    .map(|(a, b)| f64::from(*a) * b)
+                    .sum::<f64>()
+                    + mean[d - 1];
+                let v = u.iter().map(|x| f64::from(*x) * f64::from(*x)).sum();
+                (m, v)
+            })
             .collect()
     }
 
@@ -605,6 +640,22 @@ mod tests {
         for (i, (m, v)) in batch.iter().enumerate() {
             let (m1, v1) = blr.predict(rows.row(i).as_slice().unwrap());
             assert!((m - m1).abs() < 1e-12 && (v - v1).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn changes_predict_as_regressors_with_a_constant_whose_variance_is_left_out() {
+        let mut blr = Blr::new(&[0.3, 0.7, 0.05]).unwrap();
+        let mut r = lcg(5);
+        for _ in 0..20 {
+            blr.observe(&[r(), r(), 1.0], r(), 0.1, 0.99).unwrap();
+        }
+        let delta = Array2::from_shape_fn((4, 2), |(i, j)| (i as f32 - 1.5) * 0.2 + j as f32);
+        for (i, (m, v)) in blr.predict_changes(delta.view()).into_iter().enumerate() {
+            let (a, b) = (f64::from(delta[[i, 0]]), f64::from(delta[[i, 1]]));
+            let (m1, _) = blr.predict(&[a, b, 1.0]);
+            let (_, v1) = blr.predict(&[a, b, 0.0]);
+            assert!((m - m1).abs() < 1e-9 && (v - v1).abs() < 1e-5 * v1.max(1e-3));
         }
     }
 

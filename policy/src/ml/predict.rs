@@ -245,30 +245,12 @@ impl Predictor<'_> {
         if delta.nrows() != n || delta.ncols() + 1 != blr.dim() {
             return None;
         }
-        let regressors: Vec<Option<Regressor>> =
-            delta.rows().into_iter().map(Regressor::of_change).collect();
-        // The mean with the constant, the change's variance without it.
-        let with = Array2::from_shape_fn((n, blr.dim()), |(i, j)| {
-            if j < delta.ncols() {
-                f64::from(delta[[i, j]])
-            } else {
-                1.0
-            }
-        });
-        let without = Array2::from_shape_fn((n, blr.dim()), |(i, j)| {
-            if j < delta.ncols() {
-                f64::from(delta[[i, j]])
-            } else {
-                0.0
-            }
-        });
-        let means = with.dot(blr.mean());
-        let vars = blr.predict_rows(without.view());
+        let regressors = delta.rows().into_iter().map(Regressor::of_change);
+        let fit = blr.predict_changes(delta.view());
         Some(
             regressors
-                .into_iter()
-                .zip(means.iter().zip(vars))
-                .map(|(r, (m, (_, v)))| r.map(|r| ((*m, v), r)))
+                .zip(fit)
+                .map(|(r, f)| r.map(|r| (f, r)))
                 .collect(),
         )
     }

@@ -62,7 +62,7 @@ pub struct MlConfig {
     /// own, so that the ways go to the services that need them (`ml` module docs, step 5).
     pub pool_ways_for_insensitive: bool,
     /// Keep a per-host posterior per service on the model's output layer
-    /// ([`super::posterior`]): its mean corrects the anchored predictions and its spread
+    /// (`policy/src/ml/posterior.rs`): its mean corrects the anchored predictions and its spread
     /// replaces the ensemble's in the search and the fallback's "model unsure" test. Off:
     /// the ensemble's spread, a bias and a spread factor per service, as before issue 45.
     pub posterior: bool,

@@ -16,7 +16,11 @@
 //!    allocation in force plus the ensemble's predicted *change* to the candidate (and the
 //!    bias); its spread is the members' disagreement on that change, calibrated
 //!    ([`cohabit_models::ModelMetadata::change_sigma_scale`]), and the measurement noise.
-//!    Past saturation or without a reading the model's level is used instead.
+//!    Past saturation or without a reading the model's level is used instead. With a
+//!    per-host posterior ([`posterior`], [`MlConfig::posterior`]), the change is corrected
+//!    by the posterior's mean on the change of the members' last hidden layer, and the
+//!    members' part of the spread is the posterior's, which narrows as the host shows how
+//!    changes land (step 1 teaches it the anchored prediction's error).
 //! 3. **Choose a path.** *Fallback* (grow-only feedback steps) when an input is more than
 //!    `z_limit` training standard deviations from the training mean, when no candidate is
 //!    admissible and certain (spread ≤ `unsure_sigma`), or for `fallback_hold_ms` after
@@ -151,7 +155,8 @@
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
-//! (steps 2–4 for one CPU service and the fallback step), [`search`] (step 4's frontier),
+//! (steps 2–4 for one CPU service and the fallback step), [`posterior`] (the per-host
+//! correction of the model), [`search`] (step 4's frontier),
 //! [`pack`] (steps 5–6), [`mba`] (step 7), [`gpu`] (GPU services' MPS shares). `pack` and `search` are pure
 //! functions over plain data; this file runs the steps in order.
 

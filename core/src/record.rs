@@ -135,6 +135,46 @@ pub struct Prediction {
     pub log_qos_ratio: f64,
     /// Spread of the prediction (standard deviation, same units).
     pub log_qos_sigma: f64,
+    /// The shipped model's own prediction, before this host's posterior, where the policy
+    /// keeps one (`ml`; absent in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prior: Option<Estimate>,
+    /// This host's posterior prediction (the model's corrected by what the host showed),
+    /// where the policy keeps one (absent in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub posterior: Option<PosteriorEstimate>,
+}
+
+impl Prediction {
+    /// A prediction of `log_qos_ratio` with spread `log_qos_sigma`, without a posterior.
+    pub fn new(log_qos_ratio: f64, log_qos_sigma: f64) -> Self {
+        Self {
+            log_qos_ratio,
+            log_qos_sigma,
+            prior: None,
+            posterior: None,
+        }
+    }
+}
+
+/// One prediction of ln(p99 / target): its mean and spread.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Predicted log(p99 / target).
+    pub log_qos_ratio: f64,
+    /// Spread (standard deviation, same units).
+    pub log_qos_sigma: f64,
+}
+
+/// A posterior's prediction and the evidence it rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PosteriorEstimate {
+    /// Predicted log(p99 / target).
+    pub log_qos_ratio: f64,
+    /// Spread (standard deviation, same units).
+    pub log_qos_sigma: f64,
+    /// Readings the posterior has learnt from, each weighted by what forgetting left of it.
+    pub samples: f64,
 }
 
 /// Ground truth of the simulator for one interval. Absent on real
@@ -320,6 +360,29 @@ mod reason_tests {
         );
         let old: Reason = serde_json::from_str(r#""initial fair share""#).unwrap();
         assert_eq!(old, Reason::new(DecisionPath::Static, "initial fair share"));
+    }
+
+    #[test]
+    fn a_prediction_without_prior_or_posterior_parses_and_is_written_without_them() {
+        let old = r#"{"log_qos_ratio":-0.2,"log_qos_sigma":0.1}"#;
+        let p: Prediction = serde_json::from_str(old).unwrap();
+        assert_eq!(p, Prediction::new(-0.2, 0.1));
+        assert_eq!(serde_json::to_string(&p).unwrap(), old);
+        let with = Prediction {
+            prior: Some(Estimate {
+                log_qos_ratio: -0.1,
+                log_qos_sigma: 0.3,
+            }),
+            posterior: Some(PosteriorEstimate {
+                log_qos_ratio: -0.2,
+                log_qos_sigma: 0.1,
+                samples: 12.5,
+            }),
+            ..p
+        };
+        let json = serde_json::to_string(&with).unwrap();
+        assert!(json.contains(r#""prior":{"log_qos_ratio":-0.1"#), "{json}");
+        assert_eq!(serde_json::from_str::<Prediction>(&json).unwrap(), with);
     }
 
     #[test]

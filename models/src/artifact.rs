@@ -699,13 +699,30 @@ impl Model {
         reference: ArrayView1<'_, f32>,
         rows: ArrayView2<'_, f32>,
     ) -> (Array1<f32>, Array1<f32>) {
+        let (mean, spread, _) = self.score_change_basis(reference, rows);
+        (mean, spread)
+    }
+
+    /// [`Model::score_change`] and the change of the members' mean basis (the input of
+    /// their output layers, [`crate::mlp::Ensemble::basis_width`]) from the reference to
+    /// each row, rows × width (`None` when the members' widths differ): what a per-host
+    /// posterior on the output layer regresses a change on ([`crate::posterior`]).
+    pub fn score_change_basis(
+        &self,
+        reference: ArrayView1<'_, f32>,
+        rows: ArrayView2<'_, f32>,
+    ) -> (Array1<f32>, Array1<f32>, Option<Array2<f32>>) {
         let n = rows.nrows();
         let mut all = Array2::<f32>::zeros((n + 1, rows.ncols()));
         all.row_mut(0).assign(&reference);
         all.slice_mut(ndarray::s![1.., ..]).assign(&rows);
-        let out = self
+        let (out, basis) = self
             .ensemble
-            .members_predict_shared(all.view(), self.schema().candidate);
+            .members_predict_shared_basis(all.view(), self.schema().candidate);
+        let delta = basis.map(|b| {
+            let r = b.row(0).to_owned();
+            b.slice(ndarray::s![1.., ..]).to_owned() - &r
+        });
         let k = out.nrows().max(1) as f32;
         let mut mean = Array1::<f32>::zeros(n);
         let mut var = Array1::<f32>::zeros(n);
@@ -721,7 +738,7 @@ impl Model {
             .meta
             .change_sigma_scale
             .unwrap_or(self.meta.sigma_scale);
-        (mean, spread * scale)
+        (mean, spread * scale, delta)
     }
 }
 

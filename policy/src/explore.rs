@@ -44,6 +44,7 @@ use std::sync::Arc;
 use cohabit_core::{
     Allocation, DecisionPath, Observation, Plan, Reason, BEST_EFFORT_GROUP, MBA_MAX_PCT,
 };
+use cohabit_models::posterior::PosteriorSet;
 use cohabit_models::Model;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -434,6 +435,14 @@ impl Policy for Explore {
         self.stopped = previous.stopped;
         self.explored_ticks = previous.explored_ticks;
         self.base.adopt(previous.base)
+    }
+
+    fn learned(&self) -> Option<PosteriorSet> {
+        self.base.learned()
+    }
+
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        self.base.resume(learned)
     }
 }
 

@@ -20,6 +20,7 @@ use cohabit_core::{
     Allocation, HostCapacity, Observation, Plan, Prediction, Reason, ServiceSpec, WayRange,
     MBA_MAX_PCT,
 };
+use cohabit_models::posterior::PosteriorSet;
 use cohabit_models::Model;
 
 mod clite;
@@ -84,6 +85,17 @@ pub trait Policy: Send + AsAny {
     fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
         let _ = previous;
         Adopted::default()
+    }
+    /// What the policy learnt of this host that is worth keeping across restarts (`ml`'s
+    /// per-service posteriors); `None` when it learns nothing of the kind (the default).
+    fn learned(&self) -> Option<PosteriorSet> {
+        None
+    }
+    /// Resumes from what an earlier run on this host learnt ([`Policy::learned`]): the
+    /// services taken back, by name (none by default).
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        let _ = learned;
+        Vec::new()
     }
 }
 

@@ -4,6 +4,7 @@
 //!   [`dataset`]: rows on disk (JSON Lines).
 //! - [`fit`]: the tch MLP ensemble (with warm start) and the linfa ridge baseline.
 //! - [`eval`]: in-distribution, per-service and leave-one-service-out errors, calibration.
+//! - [`fold`]: a fleet's per-host posteriors folded back into the model's output layer.
 //!
 //! Only this crate links libtorch (set `LIBTORCH`; `scripts/setup-libtorch.sh` makes one);
 //! the daemon scores with `cohabit-models` alone.
@@ -12,6 +13,7 @@ pub mod dataset;
 pub mod drawn;
 pub mod eval;
 pub mod fit;
+pub mod fold;
 pub mod gen;
 pub mod gen_gpu;
 pub mod logs;

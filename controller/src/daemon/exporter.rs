@@ -1027,14 +1027,7 @@ mod tests {
             .into(),
             apply: None,
             decision_us: 10.0,
-            predictions: [(
-                "kv".to_string(),
-                Prediction {
-                    log_qos_ratio: -0.2,
-                    log_qos_sigma: 0.1,
-                },
-            )]
-            .into(),
+            predictions: [("kv".to_string(), Prediction::new(-0.2, 0.1))].into(),
             truth: None,
             from_pods: Default::default(),
         }

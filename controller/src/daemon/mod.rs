@@ -43,6 +43,7 @@ pub mod host;
 pub mod kube;
 pub mod log;
 pub mod model;
+pub mod posterior;
 pub mod probe;
 pub mod signals;
 pub mod state;
@@ -82,6 +83,8 @@ struct Loop {
     model_watch: Option<ModelWatch>,
     /// `[kubernetes]`: services also come from this node's pods ([`kube`]).
     pods: Option<kube::Pods>,
+    /// `state_dir/posterior.json`: what the policy learnt of this host ([`posterior`]).
+    posterior: posterior::PosteriorStore,
 }
 
 /// How `cohabit run` was asked to run.
@@ -362,6 +365,7 @@ fn start(
     let explore = cfg.explore.clone();
     let ml_tunables = models.ml;
     let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
+    let (state_dir, services) = (cfg.state_dir.clone(), cfg.services.clone());
     raise_fd_limit();
     anyhow::ensure!(
         !stopping.load(Ordering::Acquire),
@@ -386,6 +390,8 @@ fn start(
         );
         policy = Box::new(Explore::new(policy, ctx, e));
     }
+    let posterior = posterior::PosteriorStore::new(&state_dir, host.host().capacity(), &services);
+    posterior::resume_logged(&posterior, policy.as_mut());
     let log = match log {
         Some(file) => {
             let header = LogHeader::new(
@@ -421,6 +427,7 @@ fn start(
         fair_share: initial.plan,
         model_watch,
         pods,
+        posterior,
     })
 }
 
@@ -533,6 +540,7 @@ impl Loop {
             // Which services are the pods' word, so that fleet retraining can tell.
             record.from_pods = pods.from_pods().clone();
         }
+        posterior::tick_logged(&mut self.posterior, self.policy.as_ref());
         let mut logged = Ok(());
         if let Some(log) = &mut self.log {
             logged = log.write(&record).and_then(|()| log.flush());
@@ -733,6 +741,7 @@ impl Ticker {
             if let Some(log) = &mut guard.log {
                 let _ = log.flush();
             }
+            posterior::save_logged(&guard.posterior, guard.policy.as_ref());
             let host = guard.host.host_mut();
             std::panic::catch_unwind(AssertUnwindSafe(|| host.restore()))
                 .map_err(|p| panic_message(p.as_ref()))
@@ -1065,6 +1074,11 @@ mod tests {
 
         fn ticker(mut host: RealHost, policy: Box<dyn Policy>, fair_share: Plan) -> Ticker {
             host.launch(&fair_share).unwrap();
+            let posterior = posterior::PosteriorStore::new(
+                &std::env::temp_dir().join("cohabit-test-no-posterior"),
+                host.capacity(),
+                &[],
+            );
             Ticker {
                 state: Arc::new(Mutex::new(Loop {
                     host: Checked::real(host),
@@ -1074,6 +1088,7 @@ mod tests {
                     fair_share,
                     model_watch: None,
                     pods: None,
+                    posterior,
                 })),
                 exporter: Arc::new(Mutex::new(Exporter::default())),
                 stopping: Arc::new(AtomicBool::new(false)),

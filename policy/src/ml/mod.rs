@@ -16,7 +16,11 @@
 //!    allocation in force plus the ensemble's predicted *change* to the candidate (and the
 //!    bias); its spread is the members' disagreement on that change, calibrated
 //!    ([`cohabit_models::ModelMetadata::change_sigma_scale`]), and the measurement noise.
-//!    Past saturation or without a reading the model's level is used instead.
+//!    Past saturation or without a reading the model's level is used instead. With a
+//!    per-host posterior ([`posterior`], [`MlConfig::posterior`]), the change is corrected
+//!    by the posterior's mean on the change of the members' last hidden layer, and the
+//!    members' part of the spread is the posterior's, which narrows as the host shows how
+//!    changes land (step 1 teaches it the anchored prediction's error).
 //! 3. **Choose a path.** *Fallback* (grow-only feedback steps) when an input is more than
 //!    `z_limit` training standard deviations from the training mean, when no candidate is
 //!    admissible and certain (spread ≤ `unsure_sigma`), or for `fallback_hold_ms` after
@@ -151,7 +155,8 @@
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
-//! (steps 2–4 for one CPU service and the fallback step), [`search`] (step 4's frontier),
+//! (steps 2–4 for one CPU service and the fallback step), [`posterior`] (the per-host
+//! correction of the model), [`search`] (step 4's frontier),
 //! [`pack`] (steps 5–6), [`mba`] (step 7), [`gpu`] (GPU services' MPS shares). `pack` and `search` are pure
 //! functions over plain data; this file runs the steps in order.
 
@@ -159,7 +164,13 @@ use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use cohabit_core::{DecisionPath, Observation, Plan, Prediction, Reason, WayRange, MBA_MAX_PCT};
+use cohabit_core::{
+    DecisionPath, Estimate, Observation, Plan, PosteriorEstimate, Prediction, Reason, WayRange,
+    MBA_MAX_PCT,
+};
+use cohabit_models::posterior::{
+    model_digest, Blr, PosteriorSet, PosteriorSnapshot, MAX_BASIS_WIDTH,
+};
 use cohabit_models::{log_qos_ratio, Model, Neighbours};
 
 use crate::{
@@ -172,6 +183,7 @@ mod cpu;
 mod gpu;
 mod mba;
 mod pack;
+mod posterior;
 mod predict;
 mod search;
 mod state;
@@ -179,7 +191,7 @@ mod state;
 pub use config::MlConfig;
 use mba::PoolBw;
 use pack::{Costs, Demand, Need, Packing, Room};
-use predict::{Pred, Predictor};
+use predict::{Pred, Predictor, Reference};
 use state::{unconfirmed_saturation, LastPrediction, Measurement, Reading, ServiceState};
 
 /// Costs closer than this are equal (sums of the same terms in another order differ in the
@@ -240,7 +252,10 @@ pub struct MlPolicy {
     last_degraded: bool,
     /// This tick's reference outputs per CPU service ([`Predictor::reference_out`]), shared
     /// by every pool level planned.
-    references: BTreeMap<String, OnceCell<Vec<f32>>>,
+    references: BTreeMap<String, OnceCell<Reference>>,
+    /// [`model_digest`] of the model, when the services keep a posterior on it
+    /// ([`MlConfig::posterior`], a basis at most [`MAX_BASIS_WIDTH`] wide).
+    posterior_model: Option<String>,
     /// The CPU services running on the pool's ways in a group of their own this tick
     /// ([`on_pool_ways`]).
     on_pool: BTreeSet<String>,
@@ -267,6 +282,12 @@ fn on_pool_ways(ctx: &HostContext, plan: &Plan) -> BTreeSet<String> {
         .filter(|(name, a)| a.llc_ways == plan.best_effort.llc_ways && !ctx.shares_pool_group(name))
         .map(|(name, _)| name.clone())
         .collect()
+}
+
+/// [`model_digest`] of `model` when `cfg` keeps posteriors and its basis is narrow enough.
+fn posterior_model(model: &Model, cfg: &MlConfig) -> Option<String> {
+    let width = model.ensemble.basis_width()?;
+    (cfg.posterior && width <= MAX_BASIS_WIDTH).then(|| model_digest(model))
 }
 
 /// `plan` as the model is asked about it: a service on the pool's ways has one way (it
@@ -324,6 +345,7 @@ impl MlPolicy {
             .latency_critical()
             .map(|s| (s.name.clone(), ServiceState::default()))
             .collect();
+        let posterior_model = posterior_model(&model, &cfg);
         let pool = PoolBw {
             mba_now: MBA_MAX_PCT,
             bw_now: None,
@@ -341,6 +363,7 @@ impl MlPolicy {
             pool_growth: 1.0,
             last_degraded: false,
             references: BTreeMap::new(),
+            posterior_model,
             on_pool: BTreeSet::new(),
             mba_cliff: None,
             pool_bw_stale: 0,
@@ -899,6 +922,16 @@ impl MlPolicy {
         let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
         let cand_neighbours = self.planned_neighbours(neighbours);
         let basis = self.state.get(name).map(|s| s.basis).unwrap_or_default();
+        let known = self.state.get_mut(name).and_then(|st| {
+            let key = (cand.cores, cand.llc_ways.count);
+            let hit = (cand.mba_pct == st.scored_mba)
+                .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
+                .flatten();
+            st.scored.clear();
+            hit
+        });
+        let posterior = self.state.get(name).and_then(|s| s.posterior.as_ref());
+        let samples = posterior.map(Blr::samples);
         let predictor = Predictor {
             model: &self.model,
             host: &self.ctx.host,
@@ -914,25 +947,21 @@ impl MlPolicy {
                 .services
                 .get(name)
                 .and(self.references.get(name)),
+            posterior,
         };
-        let known = self.state.get_mut(name).and_then(|st| {
-            let key = (cand.cores, cand.llc_ways.count);
-            let hit = (cand.mba_pct == st.scored_mba)
-                .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
-                .flatten();
-            st.scored.clear();
-            hit
-        });
         let Pred {
             mean,
             sigma,
             model_sigma,
+            prior,
+            regressor,
+            irreducible,
         } = known.or_else(|| predictor.predict_many(&[cand]).first().copied())?;
         let bias = basis.bias;
         if let Some(st) = self.state.get_mut(name) {
             st.last = Some(LastPrediction {
                 alloc: cand,
-                base: mean - bias,
+                base: prior.0 - bias,
                 corrected: mean,
                 sigma,
                 model_sigma,
@@ -941,12 +970,70 @@ impl MlPolicy {
                     && cand.llc_ways.count <= current.llc_ways.count
                     && (cand.cores, cand.llc_ways.count) != (current.cores, current.llc_ways.count),
                 anchored: basis.anchor.is_some(),
+                regressor,
+                prior_mean: prior.0,
+                irreducible,
             });
         }
-        Some(Prediction {
-            log_qos_ratio: mean,
-            log_qos_sigma: sigma,
-        })
+        let mut p = Prediction::new(mean, sigma);
+        if let (Some(samples), Some(_)) = (samples, regressor) {
+            p.prior = Some(Estimate {
+                log_qos_ratio: prior.0,
+                log_qos_sigma: prior.1,
+            });
+            p.posterior = Some(PosteriorEstimate {
+                log_qos_ratio: mean,
+                log_qos_sigma: sigma,
+                samples,
+            });
+        }
+        Some(p)
+    }
+
+    /// The services' posteriors, for keeping across restarts ([`Policy::learned`]).
+    fn posteriors(&self) -> Option<PosteriorSet> {
+        let model = self.posterior_model.as_ref()?;
+        let services = self
+            .state
+            .iter()
+            .filter_map(|(name, st)| {
+                let blr = st.posterior.as_ref()?;
+                Some((
+                    name.clone(),
+                    PosteriorSnapshot {
+                        model: model.clone(),
+                        blr: blr.snapshot(),
+                    },
+                ))
+            })
+            .collect();
+        Some(PosteriorSet { services })
+    }
+
+    /// Takes back the posteriors in `set` of this model and width for the services it
+    /// manages; the others are left (a snapshot that does not check out is dropped).
+    /// Returns the services resumed.
+    fn resume_posteriors(&mut self, set: &PosteriorSet) -> Vec<String> {
+        let (Some(model), Some(width)) = (
+            self.posterior_model.as_ref(),
+            self.model.ensemble.basis_width(),
+        ) else {
+            return Vec::new();
+        };
+        let mut resumed = Vec::new();
+        for (name, snap) in &set.services {
+            let Some(st) = self.state.get_mut(name) else {
+                continue;
+            };
+            if &snap.model != model || snap.blr.prior_var.len() != width + 1 {
+                continue;
+            }
+            if let Ok(blr) = Blr::from_snapshot(&snap.blr) {
+                st.posterior = Some(blr);
+                resumed.push(name.clone());
+            }
+        }
+        resumed
     }
 }
 
@@ -964,18 +1051,29 @@ impl Policy for MlPolicy {
             // The model in force already (taken over from the policy this one replaced).
             return true;
         }
+        self.posterior_model = posterior_model(&model, &self.cfg);
         self.model = model;
         for st in self.state.values_mut() {
             st.bias = 0.0;
             st.bias_samples = 0;
             st.z2 = 1.0;
             st.last = None;
+            // A correction of the old model's output layer means nothing on the new one.
+            st.posterior = None;
         }
         true
     }
 
     fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
         downcast::<Self>(previous).map_or_else(Adopted::default, |p| self.take_over(*p))
+    }
+
+    fn learned(&self) -> Option<PosteriorSet> {
+        self.posteriors()
+    }
+
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        self.resume_posteriors(learned)
     }
 
     fn initial(&mut self) -> Decision {
@@ -1192,6 +1290,47 @@ pub(super) mod tests {
     /// The best-effort pool's reason in `d`.
     fn pool_reason(d: &Decision) -> &str {
         &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text
+    }
+
+    #[test]
+    fn a_decision_records_the_models_prediction_and_the_posteriors() {
+        // Members that disagree on a core's worth (-0.9 and -4.5 per unit of cores_cand):
+        // the service keeps a posterior, fitted at its first reading.
+        let w1 = [(col("cores_cand"), -0.9)];
+        let w2 = [(col("cores_cand"), -4.5)];
+        let c = ctx(1, 16);
+        let mut ml = MlPolicy::new(
+            c.clone(),
+            Arc::new(linear_model(&[(0.0, &w1), (0.0, &w2)])),
+            MlConfig::default(),
+        );
+        let mut plan = ml.initial().plan;
+        let mut last = None;
+        for t in 1..=3 {
+            let d = ml.decide(&observe(&c, &plan, &sample(Some(0.5))), t * 1_000);
+            plan = d.plan.clone();
+            last = Some(d);
+        }
+        let p = &last.unwrap().predictions["lc0"];
+        let (prior, post) = (p.prior.unwrap(), p.posterior.unwrap());
+        assert_eq!(post.log_qos_ratio, p.log_qos_ratio);
+        assert!(post.samples > 0.0, "{post:?}");
+        assert!(prior.log_qos_sigma > 0.0);
+        // Kept across a restart: what it learnt is handed back whole.
+        let learnt = ml.learned().unwrap();
+        let mut fresh = MlPolicy::new(c.clone(), Arc::clone(&ml.model), MlConfig::default());
+        assert_eq!(fresh.resume(&learnt), vec!["lc0".to_string()]);
+        assert_eq!(fresh.learned(), Some(learnt));
+        // Off, no posterior and nothing to keep.
+        let off = MlConfig {
+            posterior: false,
+            ..MlConfig::default()
+        };
+        let mut ml = MlPolicy::new(c.clone(), Arc::clone(&ml.model), off);
+        let initial = ml.initial().plan;
+        let d = ml.decide(&observe(&c, &initial, &sample(Some(0.5))), 1_000);
+        assert!(d.predictions["lc0"].posterior.is_none());
+        assert_eq!(ml.learned(), None);
     }
 
     #[test]

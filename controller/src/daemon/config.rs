@@ -198,6 +198,7 @@ impl ExploreFile {
             min_cores: self.min_cores.unwrap_or(d.min_cores),
             min_ways: self.min_ways.unwrap_or(d.min_ways),
             seed: self.seed.unwrap_or(d.seed),
+            ..d
         };
         cfg.validate()?;
         Ok(cfg)

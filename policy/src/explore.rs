@@ -252,7 +252,8 @@ impl Explore {
             return base;
         };
         // The posterior learns from the reading of what is really in force.
-        let predictions = ml.record_explored(obs, &choice.plan, &[choice.service.clone()]);
+        let predictions =
+            ml.record_explored(obs, &choice.plan, std::slice::from_ref(&choice.service));
         self.since_step = 0;
         self.explored_ticks += 1;
         for (name, a) in &choice.plan.services {

@@ -95,7 +95,8 @@ pub struct ExploreConfig {
     /// How steps are chosen around a base policy that has a model with a posterior (`ml`).
     pub rule: ExploreRule,
     /// Confidence of the informative step's safety test: a step is safe when
-    /// `mean + beta * sigma` of ln(p99/target) is at most ln(1 - margin).
+    /// `mean + beta * sigma` of ln(p99/target) is at most ln(1 - margin) (`sigma` the
+    /// spread of the value, not of one noisy reading of it).
     pub beta: f64,
     /// Least share of some growth point's posterior variance a step's reading must remove
     /// for the informative step to be taken.
@@ -935,7 +936,7 @@ mod tests {
                 };
                 let f = &ml.forecast(&o, &name, &[modelled]).unwrap()[0];
                 assert!(
-                    f.mean + cfg.beta * f.sigma <= limit + 1e-9,
+                    f.mean + cfg.beta * f.latent_sigma <= limit + 1e-9,
                     "tick {k}: {name} {a:?}: {f:?}"
                 );
                 // The posterior's prediction for the step is logged and learnt from.

@@ -192,12 +192,13 @@ fn score_steps(
     let open: Vec<&(Forecast, f64)> = points
         .iter()
         .filter(|(f, _)| {
-            f.mean + cfg.beta * f.sigma > limit && f.mean - cfg.beta * f.sigma <= limit
+            f.mean + cfg.beta * f.latent_sigma > limit
+                && f.mean - cfg.beta * f.latent_sigma <= limit
         })
         .collect();
     steps
         .into_iter()
-        .filter(|s| s.forecast.mean + cfg.beta * s.forecast.sigma <= limit)
+        .filter(|s| s.forecast.mean + cfg.beta * s.forecast.latent_sigma <= limit)
         .map(|s| {
             let x = &s.forecast;
             let sx = x
@@ -297,6 +298,17 @@ fn score_service(
         return Vec::new();
     };
     let (fs, fp) = f.split_at(moves.len());
+    for ((m, _, al, _), x) in moves.iter().zip(fs) {
+        tracing::trace!(
+            "explore {name} {m:?} to {} cores, {} ways: ln(p99/target) {:.3}, latent sigma {:.3}, bound {:.3} against {:.3}",
+            al.cores,
+            al.llc_ways.count,
+            x.mean,
+            x.latent_sigma,
+            x.mean + cfg.beta * x.latent_sigma,
+            (1.0 - cfg.margin).ln()
+        );
+    }
     let steps = moves
         .into_iter()
         .zip(fs)
@@ -327,7 +339,7 @@ pub(super) fn choose(
         .collect();
     let best = pick(scored, cfg)?;
     let s = &best.step;
-    let ucb = (s.forecast.mean + cfg.beta * s.forecast.sigma).exp();
+    let ucb = (s.forecast.mean + cfg.beta * s.forecast.latent_sigma).exp();
     let text = format!(
         "{}: {} (safe step: p99/target at most {ucb:.2} at beta {} against {:.2}; \
          its reading removes up to {:.0} % of the posterior's variance at {} growth points \
@@ -359,6 +371,7 @@ mod tests {
         Forecast {
             mean,
             sigma,
+            latent_sigma: sigma,
             noise_var: 0.01,
             regressor: Some(z.to_vec()),
         }

@@ -24,6 +24,9 @@ pub(crate) struct Forecast {
     pub(crate) mean: f64,
     /// Its whole spread (the posterior's, the part no reading removes and the noise).
     pub(crate) sigma: f64,
+    /// The spread of the value itself, not of one reading of it: `sigma` without the
+    /// measurement's noise (what a safety bound on the service's p99 rests on).
+    pub(crate) latent_sigma: f64,
     /// The variance of a reading's error that no reading removes: the noise the posterior
     /// learns a reading with.
     pub(crate) noise_var: f64,
@@ -73,12 +76,14 @@ impl MlPolicy {
             return None;
         }
         let preds = predictor.predict_many(cands);
+        let noise2 = st.basis.noise * st.basis.noise;
         Some(
             preds
                 .iter()
                 .map(|p| Forecast {
                     mean: p.mean,
                     sigma: p.sigma,
+                    latent_sigma: (p.sigma * p.sigma - noise2).max(0.0).sqrt(),
                     noise_var: p.irreducible,
                     regressor: p.regressor.map(|z| z.to_vec()),
                 })

@@ -22,10 +22,9 @@ use super::{as_modelled, on_pool_ways, MlPolicy};
 pub(crate) struct Forecast {
     /// The prediction, with the posterior's correction where the service has one.
     pub(crate) mean: f64,
-    /// Its whole spread (the posterior's, the part no reading removes and the noise).
-    pub(crate) sigma: f64,
-    /// The spread of the value itself, not of one reading of it: `sigma` without the
-    /// measurement's noise (what a safety bound on the service's p99 rests on).
+    /// The spread of the value itself, not of one reading of it: the prediction's whole
+    /// spread (the posterior's and the part no reading removes) without the measurement's
+    /// noise (what a safety bound on the service's p99 rests on).
     pub(crate) latent_sigma: f64,
     /// The variance of a reading's error that no reading removes: the noise the posterior
     /// learns a reading with.
@@ -82,7 +81,6 @@ impl MlPolicy {
                 .iter()
                 .map(|p| Forecast {
                     mean: p.mean,
-                    sigma: p.sigma,
                     latent_sigma: (p.sigma * p.sigma - noise2).max(0.0).sqrt(),
                     noise_var: p.irreducible,
                     regressor: p.regressor.map(|z| z.to_vec()),

@@ -9,3 +9,7 @@ export LIBTORCH
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# On CI (root, a disposable machine; .ci/run sets it): the packages and the image.
+if [ "${COHABIT_CHECK_PACKAGES:-}" = 1 ]; then
+    ./scripts/check-package.sh
+fi

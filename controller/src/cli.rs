@@ -4,14 +4,18 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use cohabit_lab::commands::{self, SimOptions};
 use cohabit_lab::report::plot::PlotFormat;
 use cohabit_lab::LabPolicy;
 
 /// cohabit: keep latency-critical services on target while best-effort jobs use the rest.
 #[derive(Debug, Parser)]
-#[command(name = "cohabit", version, about)]
+#[command(
+    name = "cohabit",
+    version,
+    about = "Keep latency-critical services on target while best-effort jobs use the rest of the host"
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -90,6 +94,14 @@ pub enum Command {
         #[command(flatten)]
         sim: SimArgs,
     },
+    /// Print a shell completion script for this command (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print this command's manual page (roff, for `man -l -`); the Debian package installs it.
+    Man,
     /// Report what this host can do: RDT, cgroups, hardware counters, GPUs, MPS.
     Probe {
         /// Output format.
@@ -278,6 +290,13 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
         Command::Report { run_dir, out: dir } => {
             commands::report_cmd(&run_dir, dir.as_deref(), out)
         }
+        Command::Completions { shell } => {
+            // Into memory first: clap_complete panics on a failed write (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cohabit", &mut script);
+            Ok(out.write_all(&script)?)
+        }
+        Command::Man => Ok(clap_mangen::Man::new(Cli::command()).render(out)?),
         Command::Probe { format } => {
             let report = crate::daemon::probe::probe(&cohabit_collectors::HostPaths::standard());
             match format {

@@ -348,3 +348,39 @@ fn simulate_runs_ml_with_the_tunables_asked_for_and_refuses_them_without_ml() {
     let log = std::fs::read_to_string(dir.path().join("decisions.jsonl")).unwrap();
     assert!(!log.lines().next().unwrap().contains("tunables"));
 }
+
+#[test]
+fn man_page_and_completions_cover_every_subcommand() {
+    let o = cohabit(&["man"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH cohabit 1"),
+        "{page}"
+    );
+    assert!(page.contains(".TH cohabit 1"), "{page}");
+    for sub in ["simulate", "compare", "probe", "run", "completions"] {
+        assert!(page.contains(sub), "the man page misses {sub}");
+    }
+    for (shell, marker) in [
+        ("bash", "complete -F _cohabit"),
+        ("zsh", "#compdef cohabit"),
+        ("fish", "complete -c cohabit"),
+    ] {
+        let o = cohabit(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        assert!(
+            script.contains(marker),
+            "{shell} completion lacks {marker:?}"
+        );
+        // `run --config`: fish names long options without the dashes.
+        assert!(
+            script.contains("simulate") && script.contains("config"),
+            "{shell}"
+        );
+    }
+    let o = cohabit(&["completions", "tcsh"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("tcsh"), "{}", stderr(&o));
+}

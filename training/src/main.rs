@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use cohabit_models::{Model, Schema, CPU_SCHEMA, GPU_SCHEMA};
 use cohabit_sim::catalogue::Platform;
 use cohabit_training::dataset::Dataset;
@@ -14,7 +14,11 @@ use cohabit_training::gen_gpu::{self, GpuGenConfig};
 
 /// Train cohabit's QoS-impact model offline.
 #[derive(Debug, Parser)]
-#[command(name = "cohabit-train", version, about)]
+#[command(
+    name = "cohabit-train",
+    version,
+    about = "Train, calibrate and evaluate cohabit's QoS models offline"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +26,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print a shell completion script for this command (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print this command's manual page (roff, for `man -l -`); the Debian package installs it.
+    Man,
     /// Generate a dataset from the simulator (features from simulated telemetry only).
     Gen {
         /// GPU-model rows (schema `qos-gpu`): GPU services' MPS shares on a GPU platform.
@@ -168,6 +180,13 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Completions { shell } => {
+            // Into memory first: clap_complete panics on a failed write (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cohabit-train", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?,
         Command::Gen {
             gpu,
             scenes,

@@ -1,42 +1,59 @@
 //! Safe exploration: a [`Policy`] wrapper that varies the base policy's plan a little, so
-//! that a host's decision logs teach a model what nearby allocations do there
-//! (`cohabit run --explore`).
+//! that the host teaches a model what nearby allocations do there (`cohabit run
+//! --explore`): `ml`'s per-host posterior online, any policy's decision logs offline.
 //!
-//! Problem: a model learned from a host's own logs only sees the allocations its policy
-//! chose, which sit where that policy settles. Learning what one core or one way more or
-//! less does needs those allocations tried, and trying them must never cost a service its
-//! target.
+//! Problem: a model learned from a host's own readings only sees the allocations its policy
+//! chose, which sit where that policy settles. On the project's 2-vCPU VM `ml` held both
+//! CPUs for memcached because its model put one CPU at 1.34 × the target, and never tried
+//! the other allocation (issue 45). Learning what one core or one way less does needs
+//! those allocations tried, and trying them must never cost a service its target.
 //!
-//! Approach: a bounded random walk around the base policy's plan, taken only while every
-//! latency-critical service is measured well under its target, and abandoned for good at
-//! the first violation it may have caused.
+//! Approach: around `ml` (with its posterior), the informative safe step of SafeOpt (Sui et
+//! al., ICML 2015): among the steps that free a core or a way for best effort, those `ml`'s
+//! model with its posterior predicts safe with high confidence (upper confidence bound of
+//! ln(p99/target) at most ln(1 - margin)), the one whose reading teaches the posterior
+//! most about where best effort can grow ([`informative`] says which rule and why).
+//! Around a policy without a model (`static`, `parties`, `clite`: nothing predicts safety
+//! or information there), or when asked for ([`ExploreRule::Walk`]), a bounded random walk
+//! around the plan. Either only while every latency-critical service is measured well
+//! under its target, and abandoned for good at the first violation it may have caused.
 //!
 //! Algorithm, each tick:
 //! 1. The base policy decides as if alone (it sees every observation; its state stays its
 //!    own).
-//! 2. **Stop.** If the plan in force still holds an allocation the walk set (returned as
+//! 2. **Stop.** If the plan in force still holds an allocation exploration set (returned as
 //!    explored, or kept since by a base policy that holds what is in force, as `ml`'s
-//!    fallback does), and any latency-critical service measured a p99 over its target,
-//!    exploration ends for the rest of the run: the base plan is returned from now on,
-//!    and the reason is logged once.
+//!    fallback and hysteresis do), and any latency-critical service measured a p99 over its
+//!    target, exploration ends for the rest of the run: the base plan is returned from now
+//!    on, and the reason is logged once.
 //! 3. **Gate.** Unless every latency-critical service has a p99 reading at most
 //!    `(1 - margin) × target`, the walk is reset and the base plan is returned unchanged.
-//! 4. **Step.** Otherwise one random step: a random CPU service, a random resource (cores;
-//!    LLC ways where the host has more than one and the service has a way range of its
-//!    own; MBA steps when enabled), one unit up or down. The walk's offset from the base
+//! 4. **Informative step** (around `ml`): at most one every `settle_ticks + 1` ticks, one
+//!    CPU service one core fewer, one way fewer, or on the pool's ways (shared) instead of
+//!    its own, from `ml`'s plan, chosen as [`informative`] says; `ml` then remembers its
+//!    prediction for the allocation put in force, so the next reading teaches its
+//!    posterior there. No step when none is predicted safe or would teach enough. `ml`'s
+//!    hysteresis keeps a step measured within its margin, so steps add up while they
+//!    stay safe; `ml` takes back one it would not have taken.
+//! 4. **Walk step** (otherwise): one random step: a random CPU service, a random resource
+//!    (cores; LLC ways where the host has more than one and the service has a way range of
+//!    its own; MBA steps when enabled), one unit up or down. The walk's offset from the base
 //!    plan stays within `max_*` units per service and resource, and never takes a service
 //!    below `min_cores`, `min_ways` or the host's MBA minimum; cores come from and go to
 //!    the best-effort pool, ways are laid out again with [`crate::layout`]. A step that
 //!    does not fit (no free core, no way to spare) is not taken.
 //! 5. The explored plan is checked against the host; the groups it changed carry a
 //!    [`DecisionPath::Explore`] reason naming the step and the base policy's reason, and
-//!    lose the base policy's prediction (it was for another allocation).
+//!    lose the base policy's prediction (it was for another allocation; an informative
+//!    step's service carries `ml`'s prediction for the step instead).
 //!
 //! Properties (tested below): it never explores while a service is inside the margin or
-//! unmeasured; it stops at the first violation under an allocation the walk set, also
-//! one a holding base policy kept, and never explores again; every plan it returns is
-//! valid for the host; with the gate closed it returns exactly the base policy's decision.
-//! Randomness comes from a seeded generator, so a run is reproducible.
+//! unmeasured; it stops at the first violation under an allocation it set, also one a
+//! holding base policy kept, and never explores again; every plan it returns is valid for
+//! the host; with the gate closed it returns exactly the base policy's decision; an
+//! informative step is never one whose upper bound exceeds the margin, and none is taken
+//! when nothing is predicted safe. The walk's randomness comes from a seeded generator, so
+//! a run is reproducible (the informative rule draws nothing).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,8 +67,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::{
-    downcast, is, layout, shares_of, unchanged_services, Adopted, Decision, HostContext, Policy,
+    downcast, is, layout, shares_of, unchanged_services, Adopted, AsAny, Decision, HostContext,
+    MlPolicy, Policy,
 };
+
+mod informative;
 
 /// How far and when exploration may go.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +92,31 @@ pub struct ExploreConfig {
     pub min_ways: u32,
     /// Seed of the walk.
     pub seed: u64,
+    /// How steps are chosen around a base policy that has a model with a posterior (`ml`).
+    pub rule: ExploreRule,
+    /// Confidence of the informative step's safety test: a step is safe when
+    /// `mean + beta * sigma` of ln(p99/target) is at most ln(1 - margin) (`sigma` the
+    /// spread of the value, not of one noisy reading of it).
+    pub beta: f64,
+    /// Least share of some growth point's posterior variance a step's reading must remove
+    /// for the informative step to be taken.
+    pub min_information: f64,
+    /// Ticks the informative rule waits after a step before the next (the step's reading
+    /// arrives a tick later, and the base policy answers it).
+    pub settle_ticks: u32,
+}
+
+/// How [`Explore`] chooses its steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExploreRule {
+    /// Around `ml` (with its posterior): the safe step that teaches the posterior most
+    /// about where best effort can grow ([`informative`]). Around a policy without a model
+    /// (`static`, `parties`, `clite`) there is nothing to predict safety or information
+    /// with: the random walk.
+    #[default]
+    Informative,
+    /// The bounded random walk, whatever the base policy.
+    Walk,
 }
 
 impl Default for ExploreConfig {
@@ -84,6 +129,10 @@ impl Default for ExploreConfig {
             min_cores: 1,
             min_ways: 1,
             seed: 1,
+            rule: ExploreRule::Informative,
+            beta: 2.0,
+            min_information: 0.1,
+            settle_ticks: 2,
         }
     }
 }
@@ -102,6 +151,18 @@ impl ExploreConfig {
         }
         if self.min_ways == 0 {
             return Err("explore.min_ways must be at least 1".into());
+        }
+        if !(self.beta.is_finite() && self.beta > 0.0) {
+            return Err(format!(
+                "explore.beta must be a positive number, not {}",
+                self.beta
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_information) {
+            return Err(format!(
+                "explore.min_information must be between 0 and 1, not {}",
+                self.min_information
+            ));
         }
         if self.max_cores == 0 && self.max_ways == 0 && self.max_mba_steps == 0 {
             return Err("explore: max_cores, max_ways and max_mba_steps are all 0".into());
@@ -139,6 +200,8 @@ pub struct Explore {
     /// Why exploration ended, once it has.
     stopped: Option<String>,
     explored_ticks: u64,
+    /// Ticks since the informative rule's last step.
+    since_step: u32,
 }
 
 impl std::fmt::Debug for Explore {
@@ -166,7 +229,42 @@ impl Explore {
             walk_set: BTreeMap::new(),
             stopped: None,
             explored_ticks: 0,
+            since_step: u32::MAX,
         }
+    }
+
+    /// Whether steps are chosen by the informative rule: asked for, around `ml`.
+    pub fn informative(&self) -> bool {
+        self.cfg.rule == ExploreRule::Informative && is::<MlPolicy>(&*self.base)
+    }
+
+    /// The informative safe step around `base` ([`informative`]), or `base` itself.
+    fn informative_step(&mut self, obs: &Observation, base: Decision) -> Decision {
+        self.since_step = self.since_step.saturating_add(1);
+        if self.since_step <= self.cfg.settle_ticks {
+            return base;
+        }
+        let names = self.candidates();
+        let Some(ml) = AsAny::as_any_mut(&mut *self.base).downcast_mut::<MlPolicy>() else {
+            return base;
+        };
+        let Some(choice) = informative::choose(ml, &self.ctx, &self.cfg, obs, &base.plan, &names)
+        else {
+            return base;
+        };
+        // The posterior learns from the reading of what is really in force.
+        let predictions =
+            ml.record_explored(obs, &choice.plan, std::slice::from_ref(&choice.service));
+        self.since_step = 0;
+        self.explored_ticks += 1;
+        for (name, a) in &choice.plan.services {
+            if base.plan.services.get(name) != Some(a) {
+                self.walk_set.insert(name.clone(), *a);
+            }
+        }
+        let mut d = self.explored(&base, choice.plan, &choice.text);
+        d.predictions.extend(predictions);
+        d
     }
 
     /// Why exploration ended, once it has.
@@ -384,6 +482,9 @@ impl Policy for Explore {
             self.offsets.clear();
             return base;
         }
+        if self.informative() {
+            return self.informative_step(obs, base);
+        }
         let Some(step) = self.step(&base.plan) else {
             return base;
         };
@@ -434,6 +535,7 @@ impl Policy for Explore {
         self.rng = previous.rng;
         self.stopped = previous.stopped;
         self.explored_ticks = previous.explored_ticks;
+        self.since_step = previous.since_step;
         self.base.adopt(previous.base)
     }
 
@@ -772,6 +874,168 @@ mod tests {
         ctx.host.mba_gran_pct = MBA_MAX_PCT;
         let bare = Explore::new(Box::new(StaticPolicy::new(ctx.clone())), ctx, cfg);
         assert_eq!(bare.knobs("lc0"), vec![Knob::Cores, Knob::Ways]);
+    }
+
+    /// `ml` whose two members disagree on what a core is worth (-0.9 and -4.5 per unit of
+    /// `cores_cand`: its posterior has something to learn) on the explorer's host, explored
+    /// around with `cfg`.
+    fn around_ml(cfg: ExploreConfig) -> (Explore, HostContext) {
+        let (_, ctx) = explorer(ExploreConfig::default());
+        let c = cohabit_models::FEATURE_NAMES
+            .iter()
+            .position(|n| *n == "cores_cand")
+            .unwrap();
+        let model = crate::ml::tests::linear_model(&[(0.0, &[(c, -0.9)]), (0.0, &[(c, -4.5)])]);
+        let ml = MlPolicy::new(ctx.clone(), Arc::new(model), crate::MlConfig::default());
+        (Explore::new(Box::new(ml), ctx.clone(), cfg), ctx)
+    }
+
+    /// [`obs`] with a load and busy cores, as `ml` reads them.
+    fn loaded(ctx: &HostContext, p99: &[Option<f64>], current: &Plan, t_ms: u64) -> Observation {
+        let mut o = obs(ctx, p99, current, t_ms);
+        for s in &mut o.services {
+            s.sample.requests_per_s = Some(50.0);
+            s.sample.cpu_busy_cores = Some(1.0);
+        }
+        o
+    }
+
+    /// The explored service of `d`, if it explored.
+    fn explored_service(d: &Decision) -> Option<String> {
+        d.reasons
+            .iter()
+            .find(|(g, r)| r.path == DecisionPath::Explore && g.as_str() != BEST_EFFORT_GROUP)
+            .map(|(g, _)| g.clone())
+    }
+
+    #[test]
+    fn around_ml_it_steps_only_where_the_posterior_predicts_safe_and_the_reading_teaches_it() {
+        let cfg = ExploreConfig::default();
+        let (mut e, ctx) = around_ml(cfg.clone());
+        assert!(e.informative());
+        let limit = (1.0 - cfg.margin).ln();
+        let mut plan = e.initial().plan;
+        let readings = [0.3, 0.5, 0.2, 0.4];
+        let mut steps = 0;
+        for k in 1..80u64 {
+            let q = readings[usize::try_from(k).unwrap() % readings.len()];
+            let o = loaded(&ctx, &[Some(q), Some(q * 0.8)], &plan, k * 1000);
+            let d = e.decide(&o, k * 1000);
+            d.plan.validate(&ctx.host, &ctx.specs).unwrap();
+            if let Some(name) = explored_service(&d) {
+                steps += 1;
+                let ml = AsAny::as_any(&*e.base).downcast_ref::<MlPolicy>().unwrap();
+                let a = d.plan.services[&name];
+                let modelled = if a.llc_ways == d.plan.best_effort.llc_ways {
+                    Allocation {
+                        llc_ways: cohabit_core::WayRange::new(a.llc_ways.first, 1),
+                        ..a
+                    }
+                } else {
+                    a
+                };
+                let f = &ml.forecast(&o, &name, &[modelled]).unwrap()[0];
+                assert!(
+                    f.mean + cfg.beta * f.latent_sigma <= limit + 1e-9,
+                    "tick {k}: {name} {a:?}: {f:?}"
+                );
+                // The posterior's prediction for the step is logged and learnt from.
+                let p = &d.predictions[&name];
+                assert!(p.posterior.is_some(), "{p:?}");
+                assert!(
+                    d.reasons[&name].text.contains("safe step"),
+                    "{}",
+                    d.reasons[&name]
+                );
+            }
+            plan = d.plan;
+        }
+        assert!(steps > 0, "it never stepped");
+        assert_eq!(u64::try_from(steps).unwrap(), e.explored_ticks());
+        assert_eq!(e.stopped(), None);
+    }
+
+    #[test]
+    fn around_ml_it_stops_for_good_and_restores_the_base_plan_after_a_violation_under_its_step() {
+        let (mut e, ctx) = around_ml(ExploreConfig::default());
+        let mut plan = e.initial().plan;
+        let mut k = 1;
+        let name = loop {
+            assert!(k < 100, "it never stepped");
+            let o = loaded(&ctx, &[Some(0.2), Some(0.2)], &plan, k * 1000);
+            let d = e.decide(&o, k * 1000);
+            let stepped = explored_service(&d);
+            plan = d.plan;
+            k += 1;
+            if let Some(name) = stepped {
+                break name;
+            }
+        };
+        // The interval under the step violated its target.
+        let p99: Vec<Option<f64>> = ["lc0", "lc1"]
+            .iter()
+            .map(|s| Some(if *s == name { 1.3 } else { 0.2 }))
+            .collect();
+        let o = loaded(&ctx, &p99, &plan, k * 1000);
+        // What `ml` alone decides on this reading, in the same state.
+        let mut twin = AsAny::as_any(&*e.base)
+            .downcast_ref::<MlPolicy>()
+            .unwrap()
+            .clone();
+        let d = e.decide(&o, k * 1000);
+        assert!(e.stopped().unwrap().contains(&name), "{:?}", e.stopped());
+        assert_eq!(d, twin.decide(&o, k * 1000), "the base plan, as decided");
+        assert!(explored_service(&d).is_none());
+        let explored_ticks = e.explored_ticks();
+        plan = d.plan;
+        for k in k + 1..k + 30 {
+            let o = loaded(&ctx, &[Some(0.2), Some(0.2)], &plan, k * 1000);
+            let d = e.decide(&o, k * 1000);
+            assert!(explored_service(&d).is_none(), "tick {k}");
+            plan = d.plan;
+        }
+        assert_eq!(e.explored_ticks(), explored_ticks, "never again");
+    }
+
+    #[test]
+    fn around_ml_it_makes_no_step_when_nothing_is_predicted_safe() {
+        // At 1000 spreads of confidence no step is safe.
+        let cfg = ExploreConfig {
+            beta: 1000.0,
+            ..ExploreConfig::default()
+        };
+        let (mut e, ctx) = around_ml(cfg);
+        let mut plan = e.initial().plan;
+        for k in 1..40u64 {
+            let o = loaded(&ctx, &[Some(0.2), Some(0.2)], &plan, k * 1000);
+            let d = e.decide(&o, k * 1000);
+            assert!(explored_service(&d).is_none(), "tick {k}");
+            plan = d.plan;
+        }
+        assert_eq!(e.explored_ticks(), 0);
+    }
+
+    #[test]
+    fn the_informative_rule_applies_around_ml_and_the_walk_around_policies_without_a_model() {
+        let (_, ctx) = explorer(ExploreConfig::default());
+        assert!(!around_parties(&ctx).informative());
+        let (e, _) = explorer(ExploreConfig::default());
+        assert!(!e.informative(), "static");
+        let (e, _) = around_ml(ExploreConfig {
+            rule: ExploreRule::Walk,
+            ..ExploreConfig::default()
+        });
+        assert!(!e.informative(), "the walk when asked for");
+        let cfg = ExploreConfig {
+            beta: 0.0,
+            ..ExploreConfig::default()
+        };
+        assert!(cfg.validate().unwrap_err().contains("explore.beta"));
+        let cfg = ExploreConfig {
+            min_information: 1.5,
+            ..ExploreConfig::default()
+        };
+        assert!(cfg.validate().unwrap_err().contains("min_information"));
     }
 
     #[test]

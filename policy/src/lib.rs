@@ -32,7 +32,7 @@ mod parties;
 mod static_share;
 
 pub use clite::{CliteConfig, ClitePolicy};
-pub use explore::{Explore, ExploreConfig};
+pub use explore::{Explore, ExploreConfig, ExploreRule};
 pub use kind::{BuildError, PolicyKind};
 pub use ml::{MlConfig, MlPolicy};
 pub use parties::{PartiesConfig, PartiesPolicy};
@@ -104,12 +104,18 @@ pub trait Policy: Send + AsAny {
 pub trait AsAny: Any {
     /// This policy as `&dyn Any`.
     fn as_any(&self) -> &dyn Any;
+    /// This policy as `&mut dyn Any` (a wrapper that drives its base: [`Explore`]).
+    fn as_any_mut(&mut self) -> &mut dyn Any;
     /// This policy as `Box<dyn Any>`, to take it apart.
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 impl<T: Any> AsAny for T {
     fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
 

@@ -19,7 +19,10 @@
 //! model_check_every_ticks = 10       # ml: reload the model when its file changes (0: never)
 //! explore = { margin = 0.3 }         # safe exploration around the policy's plans (or --explore);
 //!                                    # also max_cores, max_ways, max_mba_steps, min_cores,
-//!                                    # min_ways, seed (docs: cohabit_policy::ExploreConfig)
+//!                                    # min_ways, seed, rule ("informative": around ml the
+//!                                    # safe step that teaches its posterior most; "walk"),
+//!                                    # beta, min_information, settle_ticks
+//!                                    # (docs: cohabit_policy::ExploreConfig)
 //! ml = { margin = 0.9 }              # ml only: its tunables (defaults as measured); also
 //!                                    # k_sigma, k_sigma_give_back, give_back_headroom,
 //!                                    # unsure_sigma, shrink_after, way_cost, explore_step,
@@ -89,7 +92,7 @@ use cohabit_collectors::HostPaths;
 use cohabit_core::window::MAX_LATENCY_WINDOW;
 use serde::Deserialize;
 
-use cohabit_policy::{ExploreConfig, MlConfig, PolicyKind};
+use cohabit_policy::{ExploreConfig, ExploreRule, MlConfig, PolicyKind};
 
 pub use super::host::layout::{BestEffortCpus, UnmanagedCache};
 
@@ -185,11 +188,26 @@ struct ExploreFile {
     min_cores: Option<u32>,
     min_ways: Option<u32>,
     seed: Option<u64>,
+    /// `"informative"` (default) or `"walk"`.
+    rule: Option<String>,
+    beta: Option<f64>,
+    min_information: Option<f64>,
+    settle_ticks: Option<u32>,
 }
 
 impl ExploreFile {
     fn config(&self) -> Result<ExploreConfig, String> {
         let d = ExploreConfig::default();
+        let rule = match self.rule.as_deref() {
+            None => d.rule,
+            Some("informative") => ExploreRule::Informative,
+            Some("walk") => ExploreRule::Walk,
+            Some(other) => {
+                return Err(format!(
+                    "explore.rule must be \"informative\" or \"walk\", not {other:?}"
+                ))
+            }
+        };
         let cfg = ExploreConfig {
             margin: self.margin.unwrap_or(d.margin),
             max_cores: self.max_cores.unwrap_or(d.max_cores),
@@ -198,6 +216,10 @@ impl ExploreFile {
             min_cores: self.min_cores.unwrap_or(d.min_cores),
             min_ways: self.min_ways.unwrap_or(d.min_ways),
             seed: self.seed.unwrap_or(d.seed),
+            rule,
+            beta: self.beta.unwrap_or(d.beta),
+            min_information: self.min_information.unwrap_or(d.min_information),
+            settle_ticks: self.settle_ticks.unwrap_or(d.settle_ticks),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -2251,6 +2273,17 @@ mod tests {
         assert!(e.contains("explore.margin"), "{e}");
         let e = err(&format!("explore = {{ margins = 0.3 }}\n{MIN}"));
         assert!(e.contains("margins"), "{e}");
+        let c = DaemonConfig::parse(
+            &format!("explore = {{ rule = \"walk\", beta = 1.5 }}\n{MIN}"),
+            "t.toml",
+        )
+        .unwrap();
+        let e = c.explore.unwrap();
+        assert_eq!((e.rule, e.beta), (ExploreRule::Walk, 1.5));
+        let e = err(&format!("explore = {{ rule = \"random\" }}\n{MIN}"));
+        assert!(e.contains("explore.rule") && e.contains("random"), "{e}");
+        let e = err(&format!("explore = {{ beta = -1 }}\n{MIN}"));
+        assert!(e.contains("explore.beta"), "{e}");
         let e = err(&format!("model_check_every_ticks = -1\n{MIN}"));
         assert!(e.contains("model_check_every_ticks"), "{e}");
     }

@@ -180,6 +180,7 @@ use crate::{
 
 mod config;
 mod cpu;
+mod forecast;
 mod gpu;
 mod mba;
 mod pack;
@@ -189,6 +190,7 @@ mod search;
 mod state;
 
 pub use config::MlConfig;
+pub(crate) use forecast::Forecast;
 use mba::PoolBw;
 use pack::{Costs, Demand, Need, Packing, Room};
 use predict::{Pred, Predictor, Reference};

@@ -2,34 +2,46 @@
 //! export no latency histogram.
 //!
 //! Problem: most services (memcached, redis, a plain nginx) report no latency distribution,
-//! and a policy needs a p99 per tick.
+//! and a policy needs a p99 per tick. The service may be slow, silent or hostile (a pod's
+//! annotation names it): nothing it does may hold up whoever starts, reads or drops a probe
+//! (the daemon does all three inside its control tick).
 //!
-//! Approach: one dedicated thread per service sends small requests on a fixed schedule
-//! (`rate_hz`) over one keep-alive TCP connection and records each latency in an HDR
-//! histogram; each tick the daemon drains the window ([`Probe::take`]) into a p99, a
-//! request rate and the histogram itself (to merge over ticks, [`crate::window`]), as it
-//! does for pushed latencies ([`crate::latency::PushListener`]).
+//! Approach: one dedicated thread per service makes the connection, sends small requests on
+//! a fixed schedule (`rate_hz`) over one keep-alive TCP connection and records each latency
+//! in an HDR histogram; each tick the daemon drains the window ([`Probe::take`]) into a p99,
+//! a request rate and the histogram itself (to merge over ticks, [`crate::window`]), as it
+//! does for pushed latencies ([`crate::latency::PushListener`]). [`Probe::start`] only
+//! spawns that thread: a service that does not answer shows as time-outs and errors in the
+//! windows (violations), never as a start that waits. Whoever wants the service to answer
+//! before going on asks for the first request's outcome ([`Probe::first_answer`]); the
+//! daemon does so only for the services of its configuration file, at start.
 //!
-//! Algorithm: request `k` is due at `start + k / rate_hz`. Its latency is measured from that
-//! due time, not from when it was actually sent, so a slow response that delays the next
-//! requests is charged to them as well (no coordinated omission); a late thread sends the
-//! requests it owes at once. A request not answered by `due + timeout` is a violation
-//! recorded as the time-out value, and the connection is replaced (a late answer would be
-//! taken for the next one). A request already past its deadline when its turn comes, and a
-//! connection that cannot be made, are violations too.
+//! Algorithm: request `k` is due at `start + k / rate_hz` (the first at once). Its latency
+//! is measured from that due time, not from when it was actually sent, so a slow response
+//! that delays the next requests is charged to them as well (no coordinated omission); a
+//! late thread sends the requests it owes at once. A request not answered by
+//! `due + timeout` is a violation recorded as the time-out value, and the connection is
+//! replaced (a late answer would be taken for the next one). A request already past its
+//! deadline when its turn comes, and a connection that cannot be made (refused, or not
+//! made by the deadline), are violations too; the next due request connects again. Every
+//! wait of the thread (connect, send, read, sleep) lasts at most [`STOP_POLL`] before it
+//! looks at the stop flag again.
 //!
 //! Properties: only the host and port named by the [`ProbeUrl`] are contacted (IP
-//! literals or `localhost`; names are never resolved); the thread's own CPU time is
-//! measured and reported per window; dropping a [`Probe`] stops its thread. Protocols:
-//! memcached text (`set` of the probe key once per connection, then `get`), redis RESP
-//! (`PING`) and HTTP/1.1 `GET` on plain TCP (no TLS).
+//! literals or `localhost`; names are never resolved); starting a probe does no network
+//! I/O; the thread's own CPU time is measured and reported per window; dropping a
+//! [`Probe`] never waits for the network: its thread sees the stop flag within
+//! [`STOP_POLL`], closes its connection and ends. Protocols: memcached text (`set` of the
+//! probe key once per connection, then `get`), redis RESP (`PING`) and HTTP/1.1 `GET` on
+//! plain TCP (no TLS).
 
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::{AsFd, AsRawFd};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -63,7 +75,7 @@ pub enum ProbeError {
         /// What is wrong.
         reason: String,
     },
-    /// The service did not answer the first request.
+    /// The service did not answer the first request ([`Probe::first_answer`]).
     #[error("probe {url} does not answer: {detail}")]
     Unreachable {
         /// The URL.
@@ -437,6 +449,65 @@ enum Miss {
     TimedOut,
     /// The connection failed or the answer was an error.
     Failed(String),
+    /// The probe was dropped while the request was under way: nothing to record.
+    Stopped,
+}
+
+/// How long the thread may wait now: at most [`STOP_POLL`], and not past `deadline`.
+fn slice(deadline: Instant, stop: &AtomicBool) -> Result<Duration, Miss> {
+    if stop.load(Ordering::Relaxed) {
+        return Err(Miss::Stopped);
+    }
+    Ok(remaining(deadline)?.min(STOP_POLL))
+}
+
+/// True for the errors of a wait that merely ran out ([`slice`]) or was interrupted.
+fn waited(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// Connects to `addr` by `deadline` without blocking past [`STOP_POLL`] at a time (a
+/// non-blocking connect, then `poll`), so that a drop is seen while an address does not
+/// answer.
+fn connect(addr: SocketAddr, deadline: Instant, stop: &AtomicBool) -> Result<TcpStream, Miss> {
+    use nix::errno::Errno;
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    let errno = |e: Errno| io_miss(&io::Error::from(e));
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let fd = socket::socket(family, SockType::Stream, flags, None).map_err(errno)?;
+    match socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
+        Ok(()) => {}
+        Err(Errno::EINPROGRESS) => loop {
+            // Rounded up, so that a wait short of a millisecond does not spin.
+            let ms = slice(deadline, stop)?.as_millis().saturating_add(1);
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
+            match poll(
+                &mut fds,
+                PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX)),
+            ) {
+                Ok(0) | Err(Errno::EINTR) => {}
+                Ok(_) => break,
+                Err(e) => return Err(errno(e)),
+            }
+        },
+        Err(e) => return Err(errno(e)),
+    }
+    match socket::getsockopt(&fd, sockopt::SocketError) {
+        Ok(0) => {}
+        Ok(code) => return Err(io_miss(&io::Error::from_raw_os_error(code))),
+        Err(e) => return Err(errno(e)),
+    }
+    let stream = TcpStream::from(fd);
+    stream.set_nonblocking(false).map_err(|e| io_miss(&e))?;
+    Ok(stream)
 }
 
 /// One keep-alive connection to the target.
@@ -446,9 +517,8 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(url: &ProbeUrl, deadline: Instant) -> Result<Self, Miss> {
-        let left = remaining(deadline)?;
-        let stream = TcpStream::connect_timeout(&url.addr, left).map_err(|e| io_miss(&e))?;
+    fn open(url: &ProbeUrl, deadline: Instant, stop: &AtomicBool) -> Result<Self, Miss> {
+        let stream = connect(url.addr, deadline, stop)?;
         let _ = stream.set_nodelay(true);
         let mut c = Self {
             stream,
@@ -456,9 +526,25 @@ impl Conn {
         };
         if url.scheme == Scheme::Memcached {
             let set = format!("set {MEMCACHED_KEY} 0 0 1\r\nx\r\n");
-            c.exchange(set.as_bytes(), parse_memcached, deadline)?;
+            c.exchange(set.as_bytes(), parse_memcached, deadline, stop)?;
         }
         Ok(c)
+    }
+
+    /// Sends all of `req` by `deadline`.
+    fn send(&mut self, mut req: &[u8], deadline: Instant, stop: &AtomicBool) -> Result<(), Miss> {
+        while !req.is_empty() {
+            self.stream
+                .set_write_timeout(Some(slice(deadline, stop)?))
+                .map_err(|e| io_miss(&e))?;
+            match self.stream.write(req) {
+                Ok(0) => return Err(Miss::Failed("the connection takes no more bytes".into())),
+                Ok(n) => req = &req[n..],
+                Err(e) if waited(&e) => {}
+                Err(e) => return Err(io_miss(&e)),
+            }
+        }
+        Ok(())
     }
 
     /// Sends a request and reads its whole response by `deadline`.
@@ -467,8 +553,9 @@ impl Conn {
         req: &[u8],
         parse: fn(&[u8]) -> Parse,
         deadline: Instant,
+        stop: &AtomicBool,
     ) -> Result<(), Miss> {
-        self.stream.write_all(req).map_err(|e| io_miss(&e))?;
+        self.send(req, deadline, stop)?;
         let mut chunk = [0u8; 4096];
         loop {
             match parse(&self.buf) {
@@ -492,7 +579,7 @@ impl Conn {
                 Parse::Incomplete => {}
             }
             self.stream
-                .set_read_timeout(Some(remaining(deadline)?))
+                .set_read_timeout(Some(slice(deadline, stop)?))
                 .map_err(|e| io_miss(&e))?;
             match self.stream.read(&mut chunk) {
                 Ok(0) if http_close_delimited(&self.buf) => {
@@ -503,7 +590,8 @@ impl Conn {
                 }
                 Ok(0) => return Err(Miss::Failed("connection closed by the server".into())),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The slice ran out: look at the deadline and the stop flag again.
+                Err(e) if waited(&e) => {}
                 Err(e) => return Err(io_miss(&e)),
             }
         }
@@ -547,6 +635,17 @@ pub struct ProbeWindow {
     pub hist: Histogram<u64>,
 }
 
+/// The outcome of the first request (`None` until it has one), and its waiters.
+#[derive(Debug, Default)]
+struct First {
+    outcome: Mutex<Option<Result<(), String>>>,
+    known: Condvar,
+}
+
+/// How much longer than its time-out [`Probe::first_answer`] waits for the first outcome
+/// (the thread records a time-out at the deadline; this covers its scheduling).
+pub const FIRST_ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 struct Window {
     hist: Histogram<u64>,
@@ -559,7 +658,9 @@ struct Window {
 #[derive(Debug)]
 pub struct Probe {
     url: ProbeUrl,
+    timeout: Duration,
     window: Arc<Mutex<Window>>,
+    first: Arc<First>,
     cpu_ns: Arc<AtomicU64>,
     cpu_taken_ns: u64,
     stop: Arc<AtomicBool>,
@@ -596,25 +697,12 @@ impl ProbeSettings {
 }
 
 impl Probe {
-    /// Checks that the service answers one request within the time-out, then starts the
-    /// probe thread. Errors name the URL.
+    /// Starts the probe thread, which connects and sends the first request itself: this
+    /// does no network I/O and never waits on the service (one that does not answer shows
+    /// as time-outs or errors in the windows). Errors name the URL: settings out of range,
+    /// or no thread.
     pub fn start(url: &ProbeUrl, settings: &ProbeSettings) -> Result<Self, ProbeError> {
         settings.validate(&url.to_string())?;
-        let deadline = Instant::now() + settings.timeout;
-        let mut conn = Conn::open(url, deadline)
-            .and_then(|mut c| {
-                c.exchange(&request(url), parser(url.scheme), deadline)
-                    .map(|()| c)
-            })
-            .map_err(|m| ProbeError::Unreachable {
-                url: url.to_string(),
-                detail: match m {
-                    Miss::TimedOut => {
-                        format!("no answer within {} ms", settings.timeout.as_millis())
-                    }
-                    Miss::Failed(d) => d,
-                },
-            })?;
         let hist = Histogram::new_with_bounds(1, MAX_US, 3).map_err(|e| ProbeError::Thread {
             url: url.to_string(),
             source: io::Error::other(e.to_string()),
@@ -627,25 +715,28 @@ impl Probe {
         }));
         let cpu_ns = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let first = Arc::new(First::default());
         let worker = Worker {
             url: url.clone(),
             period: Duration::from_secs(1) / settings.rate_hz,
             timeout: settings.timeout,
             window: Arc::clone(&window),
+            first: Arc::clone(&first),
             cpu_ns: Arc::clone(&cpu_ns),
             stop: Arc::clone(&stop),
         };
-        conn.buf.clear();
         let thread = std::thread::Builder::new()
             .name("cohabit-probe".into())
-            .spawn(move || worker.run(Some(conn)))
+            .spawn(move || worker.run())
             .map_err(|source| ProbeError::Thread {
                 url: url.to_string(),
                 source,
             })?;
         Ok(Self {
             url: url.clone(),
+            timeout: settings.timeout,
             window,
+            first,
             cpu_ns,
             cpu_taken_ns: 0,
             stop,
@@ -656,6 +747,32 @@ impl Probe {
     /// The target.
     pub fn url(&self) -> &ProbeUrl {
         &self.url
+    }
+
+    /// Waits for the outcome of the first request, at most the time-out and
+    /// [`FIRST_ANSWER_GRACE`]: `Ok` when it was answered, why not otherwise (errors name
+    /// the URL). For whoever wants a service to answer before going on (the daemon, for
+    /// the services of its configuration file, at start); nothing else waits on a probe.
+    pub fn first_answer(&self) -> Result<(), ProbeError> {
+        let guard = self
+            .first
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = self
+            .first
+            .known
+            .wait_timeout_while(guard, self.timeout + FIRST_ANSWER_GRACE, |o| o.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        let detail = match &*guard {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(detail)) => detail.clone(),
+            None => format!("no outcome within {} ms", self.timeout.as_millis()),
+        };
+        Err(ProbeError::Unreachable {
+            url: self.url.to_string(),
+            detail,
+        })
     }
 
     /// The requests due since the last call, and the thread's CPU time in that span;
@@ -688,10 +805,15 @@ impl Probe {
 }
 
 impl Drop for Probe {
+    /// Tells the thread to stop and does not wait for it: it sees the flag within
+    /// [`STOP_POLL`] (whatever the service does), closes its connection and ends. A thread
+    /// already ended is joined.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if t.is_finished() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -702,15 +824,18 @@ struct Worker {
     period: Duration,
     timeout: Duration,
     window: Arc<Mutex<Window>>,
+    first: Arc<First>,
     cpu_ns: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
 
-/// Longest the thread sleeps before looking at the stop flag again.
-const STOP_POLL: Duration = Duration::from_millis(50);
+/// Longest a probe thread waits (sleeping, connecting, sending or reading) before it looks
+/// at its stop flag again.
+pub const STOP_POLL: Duration = Duration::from_millis(50);
 
 impl Worker {
-    fn run(self, mut conn: Option<Conn>) {
+    fn run(self) {
+        let mut conn: Option<Conn> = None;
         let req = request(&self.url);
         let parse = parser(self.url.scheme);
         let start = Instant::now();
@@ -727,14 +852,15 @@ impl Worker {
             let deadline = due + self.timeout;
             let result = match conn.take() {
                 Some(c) => Ok(c),
-                None => Conn::open(&self.url, deadline),
+                None => Conn::open(&self.url, deadline, &self.stop),
             }
-            .and_then(|mut c| c.exchange(&req, parse, deadline).map(|()| c));
+            .and_then(|mut c| c.exchange(&req, parse, deadline, &self.stop).map(|()| c));
             match result {
                 Ok(c) => {
                     conn = Some(c);
                     self.record(Ok(due.elapsed()));
                 }
+                Err(Miss::Stopped) => break,
                 Err(m) => self.record(Err(m)),
             }
             self.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
@@ -742,6 +868,7 @@ impl Worker {
     }
 
     fn record(&self, outcome: Result<Duration, Miss>) {
+        self.note_first(&outcome);
         let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
         let latency = match outcome {
             Ok(d) => d,
@@ -754,9 +881,29 @@ impl Worker {
                 w.last_error = Some(e);
                 self.timeout
             }
+            Err(Miss::Stopped) => return,
         };
         let us = u64::try_from(latency.as_micros()).unwrap_or(MAX_US);
         let _ = w.hist.record(us.clamp(1, MAX_US));
+    }
+
+    /// Keeps the first request's outcome for [`Probe::first_answer`].
+    fn note_first(&self, outcome: &Result<Duration, Miss>) {
+        let mut first = self
+            .first
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if first.is_some() {
+            return;
+        }
+        *first = Some(match outcome {
+            Ok(_) => Ok(()),
+            Err(Miss::TimedOut) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
+            Err(Miss::Failed(e)) => Err(e.clone()),
+            Err(Miss::Stopped) => return,
+        });
+        self.first.known.notify_all();
     }
 }
 
@@ -936,21 +1083,115 @@ mod tests {
         .is_err());
     }
 
-    #[test]
-    fn a_port_nobody_listens_on_is_a_clear_start_error() {
-        let port = TcpListener::bind("127.0.0.1:0")
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
-            .port();
-        let u = url(&format!("redis://127.0.0.1:{port}"));
-        let settings = ProbeSettings {
+            .port()
+    }
+
+    /// A server that accepts every connection and never answers (nor closes): each
+    /// connection's end is reported on the channel when the probe closes it.
+    fn mute_server() -> (u16, std::sync::mpsc::Receiver<Instant>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (closed, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for s in l.incoming().take(100) {
+                let Ok(mut s) = s else { return };
+                let closed = closed.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+                    let _ = closed.send(Instant::now());
+                });
+            }
+        });
+        (port, rx)
+    }
+
+    #[test]
+    fn starting_a_probe_never_waits_for_the_service() {
+        let (port, _closed) = mute_server();
+        let slow = ProbeSettings {
             rate_hz: 10,
-            timeout: Duration::from_millis(200),
+            timeout: Duration::from_secs(5),
         };
-        let e = Probe::start(&u, &settings).unwrap_err().to_string();
-        assert!(e.contains(&format!("redis://127.0.0.1:{port}")), "{e}");
-        assert!(e.contains("does not answer"), "{e}");
+        for u in [
+            format!("redis://127.0.0.1:{port}"),
+            format!("http://127.0.0.1:{port}/"),
+            format!("memcached://127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{}", free_port()),
+        ] {
+            let t = Instant::now();
+            let p = Probe::start(&url(&u), &slow).unwrap_or_else(|e| panic!("{u}: {e}"));
+            // The first request alone would take the 5 s time-out.
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{u}: {:?}",
+                t.elapsed()
+            );
+            let t = Instant::now();
+            drop(p);
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{u}: {:?}",
+                t.elapsed()
+            );
+        }
+    }
+
+    #[test]
+    fn a_service_that_never_answers_or_refuses_shows_as_misses_in_the_windows() {
+        let (port, _closed) = mute_server();
+        let settings = ProbeSettings {
+            rate_hz: 20,
+            timeout: Duration::from_millis(100),
+        };
+        let mut mute = Probe::start(&url(&format!("redis://127.0.0.1:{port}")), &settings).unwrap();
+        let refused = free_port();
+        let u = format!("redis://127.0.0.1:{refused}");
+        let mut gone = Probe::start(&url(&u), &settings).unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        let w = mute.take();
+        assert!(w.timeouts >= 3 && w.errors == 0, "{w:?}");
+        let p99 = w.p99_ms.unwrap();
+        assert!((99.0..=101.0).contains(&p99), "at the time-out: {w:?}");
+        // Asked for, the first outcome says why.
+        let e = gone.first_answer().unwrap_err().to_string();
+        assert!(
+            e.contains(&u) && e.contains("does not answer") && e.contains("refused"),
+            "{e}"
+        );
+        let e = mute.first_answer().unwrap_err().to_string();
+        assert!(e.contains("no answer within 100 ms"), "{e}");
+        let w = gone.take();
+        assert!(w.errors >= 3, "{w:?}");
+        assert!(
+            w.last_error.as_deref().unwrap().contains("refused"),
+            "{w:?}"
+        );
+        assert!((99.0..=101.0).contains(&w.p99_ms.unwrap()), "{w:?}");
+    }
+
+    #[test]
+    fn a_dropped_probe_closes_its_connection_without_waiting_for_the_time_out() {
+        let (port, closed) = mute_server();
+        let settings = ProbeSettings {
+            rate_hz: 1,
+            timeout: Duration::from_secs(30),
+        };
+        let p = Probe::start(&url(&format!("http://127.0.0.1:{port}/")), &settings).unwrap();
+        // The first request is sent and waits for its answer.
+        std::thread::sleep(Duration::from_millis(300));
+        let dropped = Instant::now();
+        drop(p);
+        assert!(dropped.elapsed() < Duration::from_millis(500));
+        let at = closed
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the connection is closed well before the 30 s time-out");
+        assert!(at.duration_since(dropped) < Duration::from_secs(5));
     }
 
     /// A server that answers the first `answered` PINGs, then reads but never answers.
@@ -1006,6 +1247,7 @@ mod tests {
             timeout: Duration::from_millis(500),
         };
         let mut p = Probe::start(&u, &settings).unwrap();
+        p.first_answer().unwrap();
         let _ = p.take();
         let t = Instant::now();
         std::thread::sleep(Duration::from_millis(500));

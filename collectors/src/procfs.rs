@@ -376,13 +376,37 @@ pub fn never_moved(p: &ProcEntry, cohabit_pid: u32) -> Result<(), Refusal> {
     }
 }
 
-/// A believed pid file: the pid it holds and when it was last written.
+/// A believed pid file: the pid it holds, who owns it and when it was last written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PidFile {
     /// The pid.
     pub pid: u32,
+    /// The file's owner (root or the service's user: [`read_pid_file`]).
+    pub owner: u32,
     /// Its modification time.
     pub written: SystemTime,
+}
+
+impl PidFile {
+    /// Whether the process it names may be taken: it must run as `user` (`match.user`)
+    /// when one is configured, else as the file's owner. A file's owner can write any pid
+    /// in it, so without this a service's user could hand cohabit another user's process
+    /// (an old sshd, older than the file, passes the staleness check).
+    pub fn check_process_owner(
+        &self,
+        process_uid: Option<u32>,
+        user: Option<u32>,
+    ) -> Result<(), PidFileRefusal> {
+        let expected = user.unwrap_or(self.owner);
+        if process_uid == Some(expected) {
+            Ok(())
+        } else {
+            Err(PidFileRefusal::ProcessOwner {
+                uid: process_uid,
+                expected,
+            })
+        }
+    }
 }
 
 /// Why a pid file is not believed.
@@ -409,6 +433,14 @@ pub enum PidFileRefusal {
     NotAPid,
     /// The process started after the file was written: the pid was reused.
     Stale,
+    /// The process it names runs as another user than the one expected (`match.user`, else
+    /// the file's owner; `None`: its user could not be read).
+    ProcessOwner {
+        /// The process's effective uid.
+        uid: Option<u32>,
+        /// The uid it had to run as.
+        expected: u32,
+    },
 }
 
 impl std::fmt::Display for PidFileRefusal {
@@ -426,6 +458,16 @@ impl std::fmt::Display for PidFileRefusal {
             PidFileRefusal::NotAPid => f.write_str("it does not hold a pid"),
             PidFileRefusal::Stale => {
                 f.write_str("its process started after the file was written (a reused pid)")
+            }
+            PidFileRefusal::ProcessOwner {
+                uid: Some(uid),
+                expected,
+            } => write!(
+                f,
+                "its process runs as uid {uid}, not uid {expected} (match.user, else the file's owner)"
+            ),
+            PidFileRefusal::ProcessOwner { uid: None, .. } => {
+                f.write_str("the user of its process could not be read")
             }
         }
     }
@@ -468,7 +510,11 @@ pub fn read_pid_file(path: &Path, user: Option<u32>) -> Result<PidFile, PidFileR
     let written = meta.modified().map_err(|e| PidFileRefusal::Unreadable {
         error: e.to_string(),
     })?;
-    Ok(PidFile { pid, written })
+    Ok(PidFile {
+        pid,
+        owner: meta.uid(),
+        written,
+    })
 }
 
 /// Slack for comparing a process's start with a pid file's time: the boot time is whole
@@ -821,7 +867,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let me = nix::unistd::geteuid().as_raw();
         let ok = pid_file(dir.path(), "1234\n", 0o644);
-        assert_eq!(read_pid_file(&ok, Some(me)).unwrap().pid, 1234);
+        let read = read_pid_file(&ok, Some(me)).unwrap();
+        assert_eq!((read.pid, read.owner), (1234, me));
         let open = pid_file(dir.path(), "1234\n", 0o666);
         assert_eq!(
             read_pid_file(&open, Some(me)),
@@ -859,7 +906,7 @@ mod tests {
     #[test]
     fn a_pid_file_of_another_user_is_refused_as_root() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to give the pid file another owner");
+            crate::cgroup::testing::skip("needs root to give the pid file another owner");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -887,6 +934,7 @@ mod tests {
         let boot = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let file = PidFile {
             pid: 10,
+            owner: 0,
             written: boot + Duration::from_secs(60),
         };
         // 100 ticks a second: started 59.5 s after boot, wrote the file at 60 s.
@@ -895,6 +943,37 @@ mod tests {
         assert!(!started_after(&file, 6_150, 100, boot));
         // Started 10 minutes later: the pid was reused.
         assert!(started_after(&file, 66_000, 100, boot));
+    }
+
+    #[test]
+    fn a_pid_file_names_only_a_process_of_its_owner_or_the_configured_user() {
+        let file = PidFile {
+            pid: 10,
+            owner: 1000,
+            written: SystemTime::UNIX_EPOCH,
+        };
+        // Its owner's process; an old sshd (root's) it names is not taken.
+        assert_eq!(file.check_process_owner(Some(1000), None), Ok(()));
+        assert_eq!(
+            file.check_process_owner(Some(0), None),
+            Err(PidFileRefusal::ProcessOwner {
+                uid: Some(0),
+                expected: 1000
+            })
+        );
+        // With match.user, that user's process, whoever (root or the user) owns the file.
+        let roots = PidFile { owner: 0, ..file };
+        assert_eq!(roots.check_process_owner(Some(999), Some(999)), Ok(()));
+        assert!(roots.check_process_owner(Some(0), Some(999)).is_err());
+        assert!(file.check_process_owner(Some(1000), Some(999)).is_err());
+        // A process whose user cannot be read is not taken.
+        assert!(file.check_process_owner(None, None).is_err());
+        assert!(PidFileRefusal::ProcessOwner {
+            uid: Some(0),
+            expected: 1000
+        }
+        .to_string()
+        .contains("runs as uid 0, not uid 1000"));
     }
 
     #[test]

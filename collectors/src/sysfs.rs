@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 
 use crate::cgroup::CpuList;
 
+/// The online CPUs' list, under the sysfs root.
+const ONLINE: &str = "devices/system/cpu/online";
+
 /// sysfs under one root (normally `/sys`).
 #[derive(Debug, Clone)]
 pub struct Sysfs {
@@ -36,9 +39,14 @@ impl Sysfs {
         &self.root
     }
 
+    /// Where the online CPUs are listed (`devices/system/cpu/online`).
+    pub fn online_path(&self) -> PathBuf {
+        self.root.join(ONLINE)
+    }
+
     /// Online CPUs; `None` when the file is absent, unparsable or empty.
     pub fn online_cpus(&self) -> Option<Vec<u32>> {
-        self.read("devices/system/cpu/online")?
+        self.read(ONLINE)?
             .parse::<CpuList>()
             .ok()
             .map(|c| c.0)

@@ -114,6 +114,7 @@ fn probe_answers(url: &str) {
         timeout: Duration::from_secs(1),
     };
     let mut p = Probe::start(&u, &settings).unwrap_or_else(|e| panic!("{e}"));
+    p.first_answer().unwrap_or_else(|e| panic!("{e}"));
     let _ = p.take();
     std::thread::sleep(Duration::from_millis(500));
     let w = p.take();
@@ -149,18 +150,22 @@ fn memcached_answers_gets_of_the_probe_key() {
     let server = start(&bin, &args, port, b"version\r\n", b"VERSION ");
     probe_answers(&format!("memcached://127.0.0.1:{port}"));
     drop(server);
-    // The server is gone: the next start fails and names the URL.
+    // The server is gone: a new probe starts all the same; its first request fails,
+    // naming the URL, and its windows count errors.
     let u: ProbeUrl = format!("memcached://127.0.0.1:{port}").parse().unwrap();
-    let e = Probe::start(
+    let mut p = Probe::start(
         &u,
         &ProbeSettings {
             rate_hz: 10,
             timeout: Duration::from_millis(200),
         },
     )
-    .unwrap_err()
-    .to_string();
+    .unwrap_or_else(|e| panic!("{e}"));
+    let e = p.first_answer().unwrap_err().to_string();
     assert!(e.contains(&format!("memcached://127.0.0.1:{port}")), "{e}");
+    std::thread::sleep(Duration::from_millis(300));
+    let w = p.take();
+    assert!(w.errors >= 1 && w.last_error.is_some(), "{w:?}");
 }
 
 #[test]

@@ -108,8 +108,14 @@ pub enum Command {
         #[arg(long)]
         ticks: Option<u64>,
         /// Move the state file (STATE_DIR/changes.json) aside unread instead of restoring
-        /// the host from it, or refusing to start over one that cannot be read.
-        #[arg(long)]
+        /// the host from it (without it, what cannot be restored goes to quarantine and the
+        /// daemon starts). Also set by COHABIT_DISCARD_STATE (1/true/yes/on, or
+        /// 0/false/no/off), for a DaemonSet.
+        #[arg(
+            long,
+            env = "COHABIT_DISCARD_STATE",
+            value_parser = clap::builder::BoolishValueParser::new()
+        )]
         discard_state: bool,
         /// Explore safely around the policy's plans to collect training logs: vary
         /// allocations a little while every service keeps its margin under its target,

@@ -2,7 +2,8 @@
 //! review rows 9, 13 and 15): the daemon killed with SIGKILL mid-run and started again puts
 //! every process back in its cgroup with its original CPU settings; a second instance is
 //! refused while the first keeps its changes; SIGHUP, SIGINT and SIGQUIT restore and exit 0
-//! like SIGTERM.
+//! like SIGTERM; a change the kernel refuses to undo goes to quarantine and the daemon
+//! starts, as it does over a state file it cannot read.
 //!
 //! The processes live in cgroups the test makes the way a workload's owner would
 //! (`/crashtest-*` in the cpuset and cpu hierarchies) and are matched by cgroup path. The
@@ -54,6 +55,28 @@ fn free_udp_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The value of the metric `name` the daemon serves on `port`, if it answers.
+fn metric(port: u16, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
@@ -484,5 +507,151 @@ fn a_second_dry_run_is_refused_while_the_first_holds_the_lock() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_change_the_kernel_refuses_to_undo_is_quarantined_and_the_daemon_starts() {
+    let _host = host_lock();
+    let Some(fx) = Fixture::new("quarantine", "static") else {
+        return;
+    };
+    let port = free_tcp_port();
+    let text = std::fs::read_to_string(&fx.cfg).unwrap();
+    std::fs::write(
+        &fx.cfg,
+        text.replace(
+            "metrics_addr = \"\"",
+            &format!("metrics_addr = \"127.0.0.1:{port}\""),
+        ),
+    )
+    .unwrap();
+    let before = fx.snapshot();
+    // What a killed run left: kv's cpuset.cpus as it was before cohabit narrowed it, a value
+    // the kernel no longer takes (the kubelet narrowed the pod's parent since, say; here,
+    // CPUs this host does not have).
+    let kv = fx.owners[0].dir(Controller::Cpuset);
+    let state_dir = fx.dir.path().join("state");
+    std::fs::create_dir(&state_dir).unwrap();
+    std::fs::set_permissions(
+        &state_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let entry = serde_json::json!({
+        "kind": "cgroup_file",
+        "dir": kv,
+        "file": "cpuset.cpus",
+        "original": "0-4095",
+    });
+    let record = serde_json::json!({"cohabit_state": 1, "pid": 4242, "changes": [entry]});
+    std::fs::write(fx.state_file(), record.to_string()).unwrap();
+
+    let mut d = Daemon::start(&fx.cfg, &[]);
+    wait_for("the quarantine metric", Duration::from_secs(15), || {
+        d.drain();
+        assert!(
+            d.child.0.try_wait().unwrap().is_none(),
+            "the daemon exited:\n{}",
+            d.stderr()
+        );
+        metric(port, "cohabit_state_quarantined_entries") == Some(1.0)
+    });
+    let q: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state_dir.join("quarantine.json")).unwrap())
+            .unwrap();
+    let entries = q["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{q}");
+    assert_eq!(entries[0]["change"], entry);
+    assert_eq!(entries[0]["recorded_by_pid"], 4242);
+    signal(d.pid(), "TERM");
+    let (status, stderr) = d.wait(Duration::from_secs(10));
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(
+        stderr.contains("moved to quarantine") && stderr.contains("quarantined=1"),
+        "{stderr}"
+    );
+    fx.assert_restored(&before, &stderr);
+
+    // A state file this build cannot read: moved aside unread, and the daemon starts.
+    std::fs::write(fx.state_file(), "{\"cohabit_state\": 1, \"pid\": 1, \"chan").unwrap();
+    let mut d = Daemon::start(&fx.cfg, &[]);
+    wait_for("the quarantine metric", Duration::from_secs(15), || {
+        d.drain();
+        assert!(
+            d.child.0.try_wait().unwrap().is_none(),
+            "exited:\n{}",
+            d.stderr()
+        );
+        metric(port, "cohabit_state_quarantined_entries") == Some(1.0)
+    });
+    signal(d.pid(), "TERM");
+    let (status, stderr) = d.wait(Duration::from_secs(10));
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(stderr.contains("cannot be read"), "{stderr}");
+    let aside = std::fs::read_dir(&state_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("changes.json.unreadable.")
+        })
+        .count();
+    assert_eq!(aside, 1);
+    fx.assert_restored(&before, &stderr);
+}
+
+#[test]
+fn the_discard_switch_is_read_from_the_environment() {
+    // Needs no root: a dry run changes nothing.
+    let _host = host_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-proc\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::write(state.join("changes.json"), "{").unwrap();
+    let run = |value: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cohabit"));
+        c.args(["run", "--config", cfg.to_str().unwrap(), "--dry-run"])
+            .args(["--ticks", "1"])
+            .env("RUST_LOG", "info")
+            .env_remove("COHABIT_DISCARD_STATE");
+        if let Some(v) = value {
+            c.env("COHABIT_DISCARD_STATE", v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for v in ["1", "true", "yes"] {
+        let (status, err) = run(Some(v));
+        assert!(status.success(), "{v}: {err}");
+        assert!(err.contains("would be moved aside"), "{v}: {err}");
+    }
+    for v in [None, Some("0"), Some("false")] {
+        let (status, err) = run(v);
+        assert!(status.success(), "{v:?}: {err}");
+        assert!(
+            err.contains("would move the state file to quarantine"),
+            "{v:?}: {err}"
+        );
+    }
+    let (status, err) = run(Some("maybe"));
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("COHABIT_DISCARD_STATE") || err.contains("discard"),
+        "{err}"
     );
 }

@@ -176,17 +176,18 @@ latency = {{ push = "127.0.0.1:{port}", unauthenticated = true }}
 [[service]]
 name = "web"
 p99_target_ms = 10
-match = {{ pid_file = "{d}/victim.pid" }}
+match = {{ pid_file = "{d}/victim.pid", user = {uid} }}
 placement = "move"
 latency = {{ prometheus = "http://127.0.0.1:1/metrics", metric = "http_seconds" }}
 [[best_effort]]
 name = "spin"
-match = {{ pid_file = "{d}/be.pid" }}
+match = {{ pid_file = "{d}/be.pid", user = {uid} }}
 placement = "move"
 "#,
             log = log.display(),
             d = d.display(),
             owner = owner.path(),
+            uid = nix::unistd::geteuid().as_raw(),
         ),
     )
     .unwrap();
@@ -389,6 +390,11 @@ fn dry_run_changes_nothing_and_bad_configs_are_refused() {
     assert!(out.status.success(), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("after 3 ticks"));
     assert!(stderr.contains("no process found"), "{stderr}");
+    assert!(
+        stderr.contains("service kv: match.process_name without match.user")
+            && stderr.contains("dry run: watching anyway"),
+        "a dry run warns of a name matcher without a user: {stderr}"
+    );
     assert!(
         !Path::new("/sys/fs/cgroup/cpuset/cohabit").exists()
             && !Path::new("/sys/fs/cgroup/cohabit").exists()

@@ -52,18 +52,19 @@ pinned_mem_limit = "0=8G"
 [[service]]
 name = "llm"
 p99_target_ms = 500
-match = {{ pid_file = "{d}/llm.pid" }}
+match = {{ pid_file = "{d}/llm.pid", user = {uid} }}
 latency = {{ push = "127.0.0.1:0", unauthenticated = true }}
 gpu = {{ index = 0, env_file = "{d}/llm.env", restart = "cp {d}/llm.env {d}/seen.env; env > {d}/hook.env; echo llm >> {d}/restarts.log", min_restart_interval_ms = 60000 }}
 [[best_effort]]
 name = "train"
-match = {{ pid_file = "{d}/train.pid" }}
+match = {{ pid_file = "{d}/train.pid", user = {uid} }}
 gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exit 1", min_restart_interval_ms = 100 }}
 "#,
             log = log.display(),
             fake = fake.display(),
             mps = mps.display(),
-            d = d.display()
+            d = d.display(),
+            uid = nix::unistd::geteuid().as_raw(),
         ),
     )
     .unwrap();
@@ -232,12 +233,13 @@ control = "/nonexistent/nvidia-cuda-mps-control"
 [[service]]
 name = "llm"
 p99_target_ms = 500
-match = {{ pid_file = "{d}/llm.pid" }}
+match = {{ pid_file = "{d}/llm.pid", user = {uid} }}
 latency = {{ push = "127.0.0.1:0", unauthenticated = true }}
 gpu = {{ index = 0, env_file = "{d}/llm.env", restart = "echo $$ >> {d}/pgids; sleep 3600", min_restart_interval_ms = 100, hook_timeout_ms = 500 }}
 "#,
             log = log.display(),
-            d = d.display()
+            d = d.display(),
+            uid = nix::unistd::geteuid().as_raw(),
         ),
     )
     .unwrap();
@@ -325,13 +327,14 @@ control = "/nonexistent/nvidia-cuda-mps-control"
 [[service]]
 name = "llm"
 p99_target_ms = 500
-match = {{ pid_file = "{d}/llm.pid" }}
+match = {{ pid_file = "{d}/llm.pid", user = {uid} }}
 latency = {{ push = "127.0.0.1:0", unauthenticated = true }}
 gpu = {{ index = 0, env_file = "{d}/llm.env", restart = "true", min_restart_interval_ms = 60000 }}
 "#,
                 cpu = cpu.display(),
                 gpu_model = gpu_model.display(),
-                d = d.display()
+                d = d.display(),
+                uid = nix::unistd::geteuid().as_raw(),
             ),
         )
         .unwrap();

@@ -544,6 +544,7 @@ mod tests {
             decision_us: 12.5,
             predictions: BTreeMap::new(),
             truth: None,
+            from_pods: Default::default(),
         }
     }
 

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -135,6 +135,46 @@ pub struct Prediction {
     pub log_qos_ratio: f64,
     /// Spread of the prediction (standard deviation, same units).
     pub log_qos_sigma: f64,
+    /// The shipped model's own prediction, before this host's posterior, where the policy
+    /// keeps one (`ml`; absent in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prior: Option<Estimate>,
+    /// This host's posterior prediction (the model's corrected by what the host showed),
+    /// where the policy keeps one (absent in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub posterior: Option<PosteriorEstimate>,
+}
+
+impl Prediction {
+    /// A prediction of `log_qos_ratio` with spread `log_qos_sigma`, without a posterior.
+    pub fn new(log_qos_ratio: f64, log_qos_sigma: f64) -> Self {
+        Self {
+            log_qos_ratio,
+            log_qos_sigma,
+            prior: None,
+            posterior: None,
+        }
+    }
+}
+
+/// One prediction of ln(p99 / target): its mean and spread.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Predicted log(p99 / target).
+    pub log_qos_ratio: f64,
+    /// Spread (standard deviation, same units).
+    pub log_qos_sigma: f64,
+}
+
+/// A posterior's prediction and the evidence it rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PosteriorEstimate {
+    /// Predicted log(p99 / target).
+    pub log_qos_ratio: f64,
+    /// Spread (standard deviation, same units).
+    pub log_qos_sigma: f64,
+    /// Readings the posterior has learnt from, each weighted by what forgetting left of it.
+    pub samples: f64,
 }
 
 /// Ground truth of the simulator for one interval. Absent on real
@@ -179,9 +219,20 @@ pub struct DecisionRecord {
     /// Simulator only: the ground truth of the interval the observation describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truth: Option<GroundTruth>,
+    /// The services made from Kubernetes pods' annotations (`[kubernetes]`): their targets
+    /// and latencies are the word of whoever created the pod, not the operator's, so fleet
+    /// retraining can leave them out ([`Self::from_pod`]). Empty (and absent from the line)
+    /// when every service came from the configuration, and in logs older than this field.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub from_pods: BTreeSet<String>,
 }
 
 impl DecisionRecord {
+    /// True when `service` was made from a pod's annotations rather than configured.
+    pub fn from_pod(&self, service: &str) -> bool {
+        self.from_pods.contains(service)
+    }
+
     /// The p99 this record is judged by for `service`: the simulator's ground truth where
     /// the record has it, else the measurement. `None` when neither is known.
     pub fn judged_p99_ms(&self, service: &str) -> Option<f64> {
@@ -258,13 +309,34 @@ mod tests {
             decision_us: 1.0,
             predictions: Default::default(),
             truth: None,
+            from_pods: Default::default(),
         };
         let mut v = serde_json::to_value(&rec).unwrap();
         let obj = v.as_object_mut().unwrap();
-        assert!(!obj.contains_key("truth") && !obj.contains_key("predictions"));
+        assert!(
+            !obj.contains_key("truth")
+                && !obj.contains_key("predictions")
+                && !obj.contains_key("from_pods")
+        );
         obj.remove("reasons");
         let back: DecisionRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back, rec);
+    }
+
+    #[test]
+    fn a_record_says_which_services_came_from_pods_and_older_ones_read_as_none() {
+        let line = r#"{"schema_version":2,"policy":"parties","simulated":false,
+            "observation":{"t_ms":0,"services":[],"current":{"services":{},"best_effort":
+            {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}}},
+            "plan":{"services":{},"best_effort":{"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
+            "changes":[],"decision_us":1.0}"#;
+        let mut r: DecisionRecord = serde_json::from_str(line).unwrap();
+        assert!(r.from_pods.is_empty() && !r.from_pod("shop.kv"));
+        r.from_pods.insert("shop.kv".into());
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["from_pods"], serde_json::json!(["shop.kv"]));
+        let back: DecisionRecord = serde_json::from_value(v).unwrap();
+        assert!(back.from_pod("shop.kv") && !back.from_pod("memcached"));
     }
 }
 
@@ -288,6 +360,29 @@ mod reason_tests {
         );
         let old: Reason = serde_json::from_str(r#""initial fair share""#).unwrap();
         assert_eq!(old, Reason::new(DecisionPath::Static, "initial fair share"));
+    }
+
+    #[test]
+    fn a_prediction_without_prior_or_posterior_parses_and_is_written_without_them() {
+        let old = r#"{"log_qos_ratio":-0.2,"log_qos_sigma":0.1}"#;
+        let p: Prediction = serde_json::from_str(old).unwrap();
+        assert_eq!(p, Prediction::new(-0.2, 0.1));
+        assert_eq!(serde_json::to_string(&p).unwrap(), old);
+        let with = Prediction {
+            prior: Some(Estimate {
+                log_qos_ratio: -0.1,
+                log_qos_sigma: 0.3,
+            }),
+            posterior: Some(PosteriorEstimate {
+                log_qos_ratio: -0.2,
+                log_qos_sigma: 0.1,
+                samples: 12.5,
+            }),
+            ..p
+        };
+        let json = serde_json::to_string(&with).unwrap();
+        assert!(json.contains(r#""prior":{"log_qos_ratio":-0.1"#), "{json}");
+        assert_eq!(serde_json::from_str::<Prediction>(&json).unwrap(), with);
     }
 
     #[test]

@@ -242,6 +242,8 @@ fn queue_warning(
     if !shared.dedup().first(&pod.uid, reason) {
         return;
     }
+    // The message may quote annotations: one line in the log, whatever they hold.
+    let message = crate::events::escape_control(message);
     tracing::warn!(namespace = %pod.namespace, pod = %pod.name, reason, "{message}");
     let _ = tx.send(Warning {
         pod: pod.clone(),

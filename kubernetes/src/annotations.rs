@@ -16,6 +16,10 @@
 //! - `latency`: optional; where the pod's latency comes from (a probe URL, a Prometheus
 //!   endpoint and metric, a push socket), passed on raw: the daemon validates it.
 //! - `priority`: optional; a 32-bit integer, for either class.
+//!
+//! What is parsed here is what the pod claims; how much of it cohabit grants (which
+//! namespaces may be latency-critical, the highest priority, the lowest target) is
+//! [`crate::trust`]'s.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +27,19 @@ use crate::PodClass;
 
 /// The default annotation prefix.
 pub const DEFAULT_PREFIX: &str = "cohabit.io";
+
+/// `<prefix>/class`: the pod's class.
+pub const CLASS: &str = "class";
+/// `<prefix>/p99-target-ms`: a latency-critical pod's target.
+pub const P99_TARGET_MS: &str = "p99-target-ms";
+/// `<prefix>/latency`: where a latency-critical pod's latency comes from.
+pub const LATENCY: &str = "latency";
+/// `<prefix>/priority`: the pod's priority.
+pub const PRIORITY: &str = "priority";
+/// The value of `<prefix>/class` for a latency-critical pod.
+pub const LATENCY_CRITICAL: &str = "latency-critical";
+/// The value of `<prefix>/class` for a best-effort pod.
+pub const BEST_EFFORT: &str = "best-effort";
 
 /// Largest p99 target accepted, in milliseconds (one hour): anything larger is a unit
 /// mistake (microseconds or nanoseconds written as milliseconds), not a target.
@@ -94,23 +111,23 @@ pub fn classify(
     prefix: &str,
 ) -> Result<Option<Classification>, AnnotationError> {
     let key = |name: &str| format!("{prefix}/{name}");
-    let Some(class) = annotations.get(&key("class")) else {
+    let Some(class) = annotations.get(&key(CLASS)) else {
         return Ok(None);
     };
-    let priority = match annotations.get(&key("priority")) {
+    let priority = match annotations.get(&key(PRIORITY)) {
         None => None,
         Some(v) => Some(
             v.trim()
                 .parse::<i32>()
                 .map_err(|_| AnnotationError::BadPriority {
-                    key: key("priority"),
+                    key: key(PRIORITY),
                     value: v.clone(),
                 })?,
         ),
     };
     let class = match class.trim() {
-        "latency-critical" => {
-            let target_key = key("p99-target-ms");
+        LATENCY_CRITICAL => {
+            let target_key = key(P99_TARGET_MS);
             let raw = annotations
                 .get(&target_key)
                 .ok_or(AnnotationError::MissingTarget {
@@ -122,7 +139,7 @@ pub fn classify(
                 why,
             })?;
             let latency = annotations
-                .get(&key("latency"))
+                .get(&key(LATENCY))
                 .map(|l| l.trim().to_string())
                 .filter(|l| !l.is_empty());
             PodClass::LatencyCritical {
@@ -130,10 +147,10 @@ pub fn classify(
                 latency,
             }
         }
-        "best-effort" => PodClass::BestEffort,
+        BEST_EFFORT => PodClass::BestEffort,
         _ => {
             return Err(AnnotationError::UnknownClass {
-                key: key("class"),
+                key: key(CLASS),
                 value: class.clone(),
             })
         }

@@ -15,6 +15,7 @@ pub fn kube_config(api: &ApiAccess, timing: &AgentTiming) -> Result<kube::Config
             url,
             token_file,
             ca_file,
+            insecure_http,
         } => {
             let uri: http::Uri = url
                 .parse()
@@ -22,6 +23,11 @@ pub fn kube_config(api: &ApiAccess, timing: &AgentTiming) -> Result<kube::Config
             if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
                 return Err(KubeError::Config(format!(
                     "API server URL {url:?}: expected http(s)://host[:port]"
+                )));
+            }
+            if uri.scheme_str() == Some("http") && token_file.is_some() && !insecure_http {
+                return Err(KubeError::Config(format!(
+                    "API server URL {url:?}: a bearer token over plain http can be read by anyone on the path; use https:// (or set insecure_http for a local test server)"
                 )));
             }
             let mut cfg = kube::Config::new(uri);
@@ -68,6 +74,7 @@ mod tests {
             url: u.into(),
             token_file: None,
             ca_file: None,
+            insecure_http: false,
         }
     }
 
@@ -101,6 +108,7 @@ mod tests {
             url: "https://h:1".into(),
             token_file: Some(missing.clone()),
             ca_file: None,
+            insecure_http: false,
         };
         let e = kube_config(&api, &AgentTiming::default()).unwrap_err();
         assert!(e.to_string().contains("token file"), "{e}");
@@ -110,6 +118,7 @@ mod tests {
             url: "https://h:1".into(),
             token_file: None,
             ca_file: Some(ca),
+            insecure_http: false,
         };
         let e = kube_config(&api, &AgentTiming::default()).unwrap_err();
         assert!(e.to_string().contains("no PEM certificate"), "{e}");
@@ -121,11 +130,34 @@ mod tests {
         let t = dir.path().join("token");
         std::fs::write(&t, "abc").unwrap();
         let api = ApiAccess::Url {
-            url: "http://127.0.0.1:1".into(),
+            url: "https://127.0.0.1:1".into(),
             token_file: Some(t.clone()),
             ca_file: None,
+            insecure_http: false,
         };
         let c = kube_config(&api, &AgentTiming::default()).unwrap();
         assert_eq!(c.auth_info.token_file.as_deref(), Some(t.to_str().unwrap()));
+    }
+
+    #[test]
+    fn a_bearer_token_over_plain_http_is_refused_unless_insecure_http_names_the_risk() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("token");
+        std::fs::write(&t, "abc").unwrap();
+        let api = |insecure_http| ApiAccess::Url {
+            url: "http://10.0.0.1:8080".into(),
+            token_file: Some(t.clone()),
+            ca_file: None,
+            insecure_http,
+        };
+        let e = kube_config(&api(false), &AgentTiming::default()).unwrap_err();
+        assert!(
+            matches!(e, KubeError::Config(_)) && e.to_string().contains("https"),
+            "{e}"
+        );
+        let c = kube_config(&api(true), &AgentTiming::default()).unwrap();
+        assert_eq!(c.auth_info.token_file.as_deref(), Some(t.to_str().unwrap()));
+        // Without a token there is nothing to leak.
+        kube_config(&url("http://10.0.0.1:8080"), &AgentTiming::default()).unwrap();
     }
 }

@@ -55,7 +55,27 @@ impl Deduper {
     }
 }
 
-/// The Warning Event for `pod`, at `now`, reported by the agent on `node`.
+/// `text` with its control characters (newlines, carriage returns, escapes, …) written as
+/// Rust escapes (`\n`, `\u{1b}`), so that a message built from a pod's annotations stays one
+/// line in the log and in `kubectl describe` and cannot forge another line. A backslash is
+/// kept as it is; nothing else changes.
+pub fn escape_control(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The Warning Event for `pod`, at `now`, reported by the agent on `node` (the message's
+/// control characters escaped, [`escape_control`]).
 pub fn warning_event(
     pod: &PodKey,
     reason: &str,
@@ -68,7 +88,7 @@ pub fn warning_event(
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     let ts = Timestamp::try_from(now).unwrap_or(Timestamp::UNIX_EPOCH);
-    let mut msg = message.to_string();
+    let mut msg = escape_control(message).into_owned();
     if msg.len() > MAX_MESSAGE {
         let mut cut = MAX_MESSAGE;
         while !msg.is_char_boundary(cut) {
@@ -140,6 +160,23 @@ mod tests {
             .unwrap()
             .starts_with("web-0."));
         assert_eq!(v["firstTimestamp"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_so_a_message_stays_one_line() {
+        let forged = "http://10.0.0.1/\nFORGED LOG LINE\r\u{1b}[31m\t";
+        let escaped = escape_control(forged);
+        assert!(!escaped.chars().any(char::is_control), "{escaped}");
+        assert!(
+            escaped.contains("\\nFORGED LOG LINE\\r\\u{1b}[31m\\t"),
+            "{escaped}"
+        );
+        assert!(matches!(
+            escape_control("plain é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let e = warning_event(&key(), "R", forged, "n", SystemTime::now());
+        assert!(!e.message.unwrap().contains('\n'));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! Pods are classed by their annotations ([`annotations`]); invalid ones are left out and
 //! get one Warning Event (de-duplicated per pod and reason) and a log line.
 //!
-//! Modules: [`annotations`] and [`pod`] are pure (pod object → [`ManagedPod`]); [`view`]
+//! Modules: [`annotations`] and [`pod`] are pure (pod object → [`ManagedPod`]); [`trust`]
+//! is what of a pod's claim the daemon grants (pure); [`view`]
 //! is the store fed by watcher events; [`backoff`] and [`events`] are pure helpers; the
 //! I/O lives in `agent` (the watch loop) and `client` (credentials).
 
@@ -22,6 +23,7 @@ pub mod annotations;
 pub mod backoff;
 pub mod events;
 pub mod pod;
+pub mod trust;
 pub mod view;
 
 mod agent;
@@ -67,12 +69,16 @@ pub enum ApiAccess {
     /// An explicit URL (tests, out-of-cluster use), with an optional bearer-token file
     /// (re-read when it changes, as projected tokens are rotated) and CA bundle (PEM).
     Url {
-        /// `https://host:port` or `http://host:port`.
+        /// `https://host:port`, or `http://host:port` (with a token only when
+        /// `insecure_http` is set).
         url: String,
         /// A file holding the bearer token.
         token_file: Option<PathBuf>,
         /// A PEM file of the CA certificates to trust.
         ca_file: Option<PathBuf>,
+        /// Lets a bearer token go over plain `http://` (a local test server): anyone on
+        /// the path can read it and act as the agent.
+        insecure_http: bool,
     },
 }
 

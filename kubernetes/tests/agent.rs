@@ -42,6 +42,8 @@ fn start_with(api: &FakeApi, timing: AgentTiming) -> Agent {
             url: api.url(),
             token_file: Some(token),
             ca_file: None,
+            // The fake API server speaks plain http on loopback.
+            insecure_http: true,
         },
     );
     cfg.timing = timing;
@@ -417,6 +419,7 @@ fn start_refuses_unusable_configs_without_touching_the_network() {
         url: "http://127.0.0.1:9".into(),
         token_file: None,
         ca_file: None,
+        insecure_http: false,
     };
     let e = NodeAgent::start(NodeAgentConfig::new(" ", url.clone())).unwrap_err();
     assert!(
@@ -430,6 +433,7 @@ fn start_refuses_unusable_configs_without_touching_the_network() {
         url: "localhost".into(),
         token_file: None,
         ca_file: None,
+        insecure_http: false,
     };
     assert!(matches!(
         NodeAgent::start(NodeAgentConfig::new("n", bad)),

@@ -9,8 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -25,8 +28,12 @@ fn repo_file(rel: &str) -> String {
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Every YAML document under deploy/kubernetes/, by file name.
-fn yaml_files() -> BTreeMap<String, Value> {
+/// The file that holds two objects: the admission policy and its binding.
+const ADMISSION: &str = "validating-admission-policy.yaml";
+
+/// Every YAML document under deploy/kubernetes/, by file name (one object per file but
+/// [`ADMISSION`]'s two).
+fn yaml_docs() -> BTreeMap<String, Vec<Value>> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(deploy_dir()).unwrap() {
         let path = entry.unwrap().path();
@@ -36,11 +43,25 @@ fn yaml_files() -> BTreeMap<String, Value> {
         let text = std::fs::read_to_string(&path).unwrap();
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(docs.len(), 1, "{}: one object per file", path.display());
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        out.insert(name, docs.into_iter().next().unwrap());
+        let expected = if name == ADMISSION { 2 } else { 1 };
+        assert_eq!(
+            docs.len(),
+            expected,
+            "{}: objects in the file",
+            path.display()
+        );
+        out.insert(name, docs);
     }
     out
+}
+
+/// The first YAML document of every file under deploy/kubernetes/, by file name.
+fn yaml_files() -> BTreeMap<String, Value> {
+    yaml_docs()
+        .into_iter()
+        .map(|(name, docs)| (name, docs.into_iter().next().unwrap()))
+        .collect()
 }
 
 /// Parses `doc` as `T` and fails if any field of `doc` is not a field of `T`.
@@ -128,11 +149,35 @@ struct NamespaceSelector {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct PodMetricsEndpoint {
     port: String,
+    scheme: String,
     path: String,
     interval: String,
     scrape_timeout: String,
+    tls_config: TlsConfig,
+    authorization: Authorization,
     #[serde(default)]
     relabelings: Vec<Relabeling>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TlsConfig {
+    insecure_skip_verify: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Authorization {
+    #[serde(rename = "type")]
+    kind: String,
+    credentials: SecretRef,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SecretRef {
+    name: String,
+    key: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -161,26 +206,16 @@ struct Manifests {
     daemonset: DaemonSet,
     service: Service,
     monitor: PodMonitor,
+    reader: ServiceAccount,
+    reader_token: Secret,
+    reader_role: ClusterRole,
+    reader_binding: ClusterRoleBinding,
+    admission: ValidatingAdmissionPolicy,
+    admission_binding: ValidatingAdmissionPolicyBinding,
 }
 
 fn manifests() -> Manifests {
     let f = yaml_files();
-    let expected: BTreeSet<&str> = [
-        "namespace.yaml",
-        "serviceaccount.yaml",
-        "clusterrole.yaml",
-        "clusterrolebinding.yaml",
-        "configmap.yaml",
-        "daemonset.yaml",
-        "service.yaml",
-        "podmonitor.yaml",
-        "kustomization.yaml",
-    ]
-    .into();
-    assert_eq!(
-        f.keys().map(String::as_str).collect::<BTreeSet<_>>(),
-        expected
-    );
     let kinds: BTreeMap<&str, &str> = [
         ("namespace.yaml", "Namespace"),
         ("serviceaccount.yaml", "ServiceAccount"),
@@ -191,8 +226,20 @@ fn manifests() -> Manifests {
         ("service.yaml", "Service"),
         ("podmonitor.yaml", "PodMonitor"),
         ("kustomization.yaml", "Kustomization"),
+        ("metrics-reader-serviceaccount.yaml", "ServiceAccount"),
+        ("metrics-reader-token.yaml", "Secret"),
+        ("metrics-reader-clusterrole.yaml", "ClusterRole"),
+        (
+            "metrics-reader-clusterrolebinding.yaml",
+            "ClusterRoleBinding",
+        ),
+        (ADMISSION, "ValidatingAdmissionPolicy"),
     ]
     .into();
+    assert_eq!(
+        f.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        kinds.keys().copied().collect::<BTreeSet<_>>()
+    );
     for (file, kind) in &kinds {
         assert_eq!(f[*file]["kind"], *kind, "{file}");
     }
@@ -211,6 +258,21 @@ fn manifests() -> Manifests {
         daemonset: typed("daemonset.yaml", &f["daemonset.yaml"]),
         service: typed("service.yaml", &f["service.yaml"]),
         monitor,
+        reader: typed(
+            "metrics-reader-serviceaccount.yaml",
+            &f["metrics-reader-serviceaccount.yaml"],
+        ),
+        reader_token: typed("metrics-reader-token.yaml", &f["metrics-reader-token.yaml"]),
+        reader_role: typed(
+            "metrics-reader-clusterrole.yaml",
+            &f["metrics-reader-clusterrole.yaml"],
+        ),
+        reader_binding: typed(
+            "metrics-reader-clusterrolebinding.yaml",
+            &f["metrics-reader-clusterrolebinding.yaml"],
+        ),
+        admission: typed(ADMISSION, &f[ADMISSION]),
+        admission_binding: typed(ADMISSION, &yaml_docs()[ADMISSION][1]),
     }
 }
 
@@ -239,6 +301,8 @@ fn every_namespaced_object_is_in_the_agents_namespace() {
         ("DaemonSet", &m.daemonset.metadata.namespace),
         ("Service", &m.service.metadata.namespace),
         ("PodMonitor", &m.monitor.metadata.namespace),
+        ("reader ServiceAccount", &m.reader.metadata.namespace),
+        ("reader token Secret", &m.reader_token.metadata.namespace),
     ] {
         assert_eq!(got.as_deref(), Some(ns.as_str()), "{what}");
     }
@@ -269,6 +333,21 @@ fn rbac_is_least_privilege_and_bound_to_the_agents_account() {
             ("".to_string(), "events".to_string()),
             ["create"].map(String::from).into(),
         ),
+        // The kube-rbac-proxy sidecar checks scrapers' tokens and rights.
+        (
+            (
+                "authentication.k8s.io".to_string(),
+                "tokenreviews".to_string(),
+            ),
+            ["create"].map(String::from).into(),
+        ),
+        (
+            (
+                "authorization.k8s.io".to_string(),
+                "subjectaccessreviews".to_string(),
+            ),
+            ["create"].map(String::from).into(),
+        ),
     ]
     .into();
     assert_eq!(rules, want);
@@ -295,8 +374,9 @@ fn the_daemonset_has_the_privileges_mounts_and_env_the_daemon_needs() {
     let spec = m.daemonset.spec.clone().unwrap();
     let pod = spec.template.spec.clone().unwrap();
     assert_eq!(pod.host_pid, Some(true), "hostPID: pods' tasks in /proc");
-    assert_eq!(pod.containers.len(), 1);
+    assert_eq!(pod.containers.len(), 2, "the agent and its metrics proxy");
     let c = &pod.containers[0];
+    assert_eq!(c.name, "cohabit");
     let sc = c.security_context.clone().unwrap();
     assert_eq!(sc.privileged, Some(true));
     assert_eq!(sc.run_as_user, Some(0));
@@ -388,19 +468,31 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
     let m = manifests();
     let pod = m.daemonset.spec.unwrap().template.spec.unwrap();
     let c = &pod.containers[0];
-    let port = c
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("metrics"))
-        .unwrap();
+    let cfg = daemon_config(&m.config);
+    // The exporter has no authentication: loopback only, never metrics_public.
+    let addr: std::net::SocketAddr = cfg["metrics_addr"].as_str().unwrap().parse().unwrap();
+    assert_eq!(addr.ip(), std::net::IpAddr::from([127, 0, 0, 1]), "{addr}");
+    assert_ne!(
+        cfg.get("metrics_public").and_then(toml::Value::as_bool),
+        Some(true),
+        "metrics_public"
+    );
+    assert!(
+        c.ports.iter().flatten().all(|p| p.host_port.is_none()),
+        "the agent's own port is not opened on the node"
+    );
     let exporter = repo_file("controller/src/daemon/exporter.rs");
     for probe in [
         c.liveness_probe.as_ref().unwrap(),
         c.readiness_probe.as_ref().unwrap(),
     ] {
+        // The kubelet reaches the node's loopback: the pod has the node's network.
         let get = probe.http_get.as_ref().unwrap();
-        assert_eq!(serde_json::to_value(&get.port).unwrap(), "metrics");
+        assert_eq!(get.host.as_deref(), Some("127.0.0.1"));
+        assert_eq!(
+            serde_json::to_value(&get.port).unwrap(),
+            serde_json::json!(addr.port())
+        );
         let path = get.path.as_deref().unwrap();
         assert!(
             exporter.contains(&format!("\"{path}\"")),
@@ -417,12 +509,55 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
         path(c.readiness_probe.as_ref()).as_deref(),
         Some("/metrics")
     );
+    // From off the node, only through the authenticating proxy, to the loopback exporter.
+    let proxy = &pod.containers[1];
+    assert!(proxy.image.as_deref().unwrap().contains("kube-rbac-proxy"));
+    let args = proxy.args.clone().unwrap();
+    assert!(
+        args.contains(&format!("--upstream=http://{addr}/")),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--allow-paths=/metrics".to_string()),
+        "{args:?}"
+    );
+    let port = proxy
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("https-metrics"))
+        .unwrap();
+    assert!(
+        args.contains(&format!(
+            "--secure-listen-address=0.0.0.0:{}",
+            port.container_port
+        )),
+        "{args:?}"
+    );
+    assert_eq!(port.host_port, Some(port.container_port));
+    let sc = proxy.security_context.clone().unwrap();
+    assert_eq!(
+        (
+            sc.privileged,
+            sc.run_as_non_root,
+            sc.allow_privilege_escalation
+        ),
+        (None, Some(true), Some(false))
+    );
     let svc = m.service.spec.unwrap();
     let sp = &svc.ports.unwrap()[0];
     assert_eq!(sp.port, port.container_port);
-    assert_eq!(serde_json::to_value(&sp.target_port).unwrap(), "metrics");
+    assert_eq!(
+        serde_json::to_value(&sp.target_port).unwrap(),
+        "https-metrics"
+    );
     let ep = &m.monitor.spec.pod_metrics_endpoints[0];
-    assert_eq!(ep.port, "metrics");
+    assert_eq!(ep.port, "https-metrics");
+    assert_eq!(ep.scheme, "https");
+    assert!(
+        ep.tls_config.insecure_skip_verify,
+        "the proxy's certificate is self-signed"
+    );
     let secs = |d: &str| {
         d.strip_suffix('s')
             .and_then(|n| n.parse::<u32>().ok())
@@ -436,20 +571,132 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
     assert!(ep.relabelings.iter().any(|r| r.target_label == "node"
         && r.source_labels == ["__meta_kubernetes_pod_node_name"]
         && r.action == "replace"));
-    // The daemon listens on that port (hostNetwork: containerPort is the node's port).
-    let cfg = daemon_config(&m.config);
-    let addr = cfg["metrics_addr"].as_str().unwrap();
-    assert!(
-        addr.ends_with(&format!(":{}", port.container_port)),
-        "{addr}"
+    assert_eq!(pod.host_network, Some(true));
+    // The scraper's token: the reader account's, which RBAC lets GET /metrics, nothing else.
+    assert_eq!(ep.authorization.kind, "Bearer");
+    assert_eq!(
+        Some(&ep.authorization.credentials.name),
+        m.reader_token.metadata.name.as_ref()
+    );
+    assert_eq!(ep.authorization.credentials.key, "token");
+    assert_eq!(
+        m.reader_token.type_.as_deref(),
+        Some("kubernetes.io/service-account-token")
     );
     assert_eq!(
-        cfg["metrics_public"].as_bool(),
-        Some(true),
-        "a non-loopback address needs metrics_public"
+        m.reader_token
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/service-account.name")),
+        m.reader.metadata.name.as_ref()
     );
-    assert_eq!(port.host_port, Some(port.container_port));
-    assert_eq!(pod.host_network, Some(true));
+    let rules = m.reader_role.rules.clone().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].non_resource_urls.as_deref(),
+        Some(&["/metrics".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get"]);
+    assert!(rules[0].resources.is_none() && rules[0].api_groups.is_none());
+    assert_eq!(
+        Some(&m.reader_binding.role_ref.name),
+        m.reader_role.metadata.name.as_ref()
+    );
+    let subjects = m.reader_binding.subjects.clone().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (Some(&subjects[0].name), subjects[0].namespace.as_ref()),
+        (
+            m.reader.metadata.name.as_ref(),
+            m.reader.metadata.namespace.as_ref()
+        )
+    );
+}
+
+/// The admission policy enforces what the agent does: the same annotation keys, and the
+/// same allowed namespaces, priority cap and target floor as the ConfigMap's
+/// `[kubernetes]` (which, where it is silent, means the agent's defaults).
+#[test]
+fn the_admission_policy_checks_the_keys_and_limits_the_agent_uses() {
+    use cohabit_kube::annotations::{
+        CLASS, DEFAULT_PREFIX, LATENCY_CRITICAL, P99_TARGET_MS, PRIORITY,
+    };
+    use cohabit_kube::trust::{
+        DEFAULT_MAX_POD_PRIORITY, DEFAULT_MIN_POD_P99_TARGET_MS, MIN_PRIORITY,
+    };
+    let m = manifests();
+    let spec = m.admission.spec.clone().unwrap();
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["pods".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].operations.clone().unwrap(),
+        ["CREATE", "UPDATE"].map(String::from)
+    );
+    let vars: BTreeMap<String, String> = spec
+        .variables
+        .unwrap()
+        .into_iter()
+        .map(|v| (v.name, v.expression))
+        .collect();
+    let cel: String = vars
+        .values()
+        .cloned()
+        .chain(spec.validations.unwrap().into_iter().map(|v| v.expression))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for name in [CLASS, PRIORITY, P99_TARGET_MS] {
+        let key = format!("'{DEFAULT_PREFIX}/{name}'");
+        assert!(cel.contains(&key), "the policy does not read {key}");
+    }
+    assert!(cel.contains(&format!("'{LATENCY_CRITICAL}'")));
+    assert!(
+        cel.contains(&format!(">= {MIN_PRIORITY}")),
+        "the lower bound"
+    );
+    // The limits: the ConfigMap's where it sets them, else the agent's defaults.
+    let cfg = daemon_config(&m.config);
+    let k = cfg["kubernetes"].as_table().unwrap();
+    let namespaces: Vec<String> = k
+        .get("latency_critical_namespaces")
+        .map(|v| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| format!("'{}'", n.as_str().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        vars["latencyCriticalNamespaces"],
+        format!("[{}]", namespaces.join(", "))
+    );
+    let max = k
+        .get("max_pod_priority")
+        .map_or(i64::from(DEFAULT_MAX_POD_PRIORITY), |v| {
+            v.as_integer().unwrap()
+        });
+    assert_eq!(vars["maxPodPriority"].parse::<i64>().unwrap(), max);
+    let floor = k
+        .get("min_pod_p99_target_ms")
+        .map_or(DEFAULT_MIN_POD_P99_TARGET_MS, |v| v.as_float().unwrap());
+    assert_eq!(vars["minPodP99TargetMs"].parse::<f64>().unwrap(), floor);
+    // The shipped ConfigMap keeps the agent's defaults (and so does the policy).
+    assert!(namespaces.is_empty());
+    assert_eq!(max, i64::from(DEFAULT_MAX_POD_PRIORITY));
+    assert_eq!(floor, DEFAULT_MIN_POD_P99_TARGET_MS);
+    // Bound, and denying.
+    let binding = m.admission_binding.spec.clone().unwrap();
+    assert_eq!(
+        binding.policy_name.as_ref(),
+        m.admission.metadata.name.as_ref()
+    );
+    assert_eq!(binding.validation_actions.unwrap(), ["Deny"]);
 }
 
 fn daemon_config(cm: &ConfigMap) -> toml::Table {
@@ -471,7 +718,11 @@ fn parser_fields(src: &str, name: &str) -> BTreeSet<String> {
             l.split_once(':')
                 .map(|(k, _)| k.trim().trim_start_matches("pub ").to_string())
         })
-        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .filter(|k| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
         .collect()
 }
 

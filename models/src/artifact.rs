@@ -15,6 +15,13 @@
 //! written before GPU models existed loads as it did); each loader expects one schema and
 //! refuses an artifact of the other, or of another version, naming what it expected and
 //! what it found.
+//!
+//! Files are read by [`read_model_file`] under [`LoadRules`]: each is looked at before it is
+//! opened and checked again on the open descriptor (`fstat`), opened with `O_NONBLOCK` (a
+//! FIFO at the path is refused, never waited on), and must be a regular file of at most
+//! [`MAX_METADATA_BYTES`] or [`MAX_WEIGHTS_BYTES`]. The daemon's rules
+//! ([`LoadRules::daemon`]) add `O_NOFOLLOW`, an owner (root or the daemon's user), no write
+//! permission for group or others, and a `weights_digest` in the metadata.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +59,15 @@ pub enum ModelError {
         path: PathBuf,
         /// What is wrong.
         message: String,
+    },
+    /// The file is not one to read: not a regular file, too large, or (under the daemon's
+    /// [`LoadRules`]) another user's or writable by others.
+    #[error("model file {path}: {why}")]
+    Refused {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
     },
     /// The weights are unreadable or do not fit the metadata.
     #[error("model weights {path}: {message}")]
@@ -124,8 +140,162 @@ pub const MAX_WIDTH: usize = 4096;
 pub const MAX_LAYERS: usize = 8;
 /// Largest metadata file read.
 pub const MAX_METADATA_BYTES: u64 = 16 << 20;
-/// Largest weights file read.
-pub const MAX_WEIGHTS_BYTES: u64 = 512 << 20;
+/// Largest weights file read: 64 MiB. The daemon runs in a pod limited to 1 GiB (the
+/// shipped DaemonSet), and a reload holds three copies of the weights at its peak (the file's
+/// bytes, the tensors parsed from them, and the model in force until the new one is swapped
+/// in): 3 × 64 MiB leaves the daemon's own use ample room. The shipped models are 40 KB, a
+/// ConfigMap (how the DaemonSet mounts one) holds at most 1 MiB, and 64 MiB is 16 million
+/// weights, far past any ensemble this schema trains.
+pub const MAX_WEIGHTS_BYTES: u64 = 64 << 20;
+/// Most symbolic links followed to a model file (under [`LoadRules::owners`], only links
+/// owned by a trusted user are followed at all).
+const MAX_LINKS: usize = 8;
+
+/// What a model's files must be before a byte of them is read. Every rule set refuses what
+/// is not a regular file (a FIFO, a device, a directory) without reading it, and never
+/// blocks on one (`O_NONBLOCK`); [`LoadRules::default`] is for tools reading a user's own
+/// files, [`LoadRules::daemon`] for the daemon, which reads them as root.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadRules {
+    /// When set: each file must be owned by one of these users and not be writable by group
+    /// or others, and is opened with `O_NOFOLLOW`; a symbolic link at the path is followed
+    /// only when one of these users owns it (a Kubernetes ConfigMap volume's files are links
+    /// the kubelet made as root), so a user who can write the model's directory can neither
+    /// plant a file nor point the daemon elsewhere.
+    pub owners: Option<Vec<u32>>,
+    /// Refuse metadata without `weights_digest` (every artifact `Model::save` writes has
+    /// one): the daemon reloads a model when its files change, and without a digest, new
+    /// metadata beside old weights of the same shape would load.
+    pub require_weights_digest: bool,
+}
+
+impl LoadRules {
+    /// The daemon's rules: files owned by root or by `euid` (the user it runs as), writable
+    /// by nobody else, and a weights digest.
+    pub fn daemon(euid: u32) -> Self {
+        let mut owners = vec![0, euid];
+        owners.dedup();
+        Self {
+            owners: Some(owners),
+            require_weights_digest: true,
+        }
+    }
+}
+
+/// The kind of a file that is not a regular file, for errors.
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn refused(path: &Path, why: String) -> ModelError {
+    ModelError::Refused {
+        path: path.to_path_buf(),
+        why,
+    }
+}
+
+/// Why a regular file with this owner and mode is not one `rules` trusts, if it is not.
+fn untrusted(rules: &LoadRules, uid: u32, mode: u32) -> Option<String> {
+    let owners = rules.owners.as_ref()?;
+    if !owners.contains(&uid) {
+        return Some(format!(
+            "owned by uid {uid}; only files of root or of the user cohabit runs as are trusted"
+        ));
+    }
+    (mode & 0o022 != 0).then(|| {
+        format!(
+            "mode {:04o}: group or others can write it; make it writable by its owner only",
+            mode & 0o7777
+        )
+    })
+}
+
+/// Opens `path` for reading under `rules` (see [`LoadRules`]): the file it returns is a
+/// regular file, checked on the open descriptor.
+fn open_checked(path: &Path, rules: &LoadRules) -> Result<std::fs::File, ModelError> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let io = |e| ModelError::Io {
+        what: "reading",
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let strict = rules.owners.is_some();
+    let mut at = path.to_path_buf();
+    for _ in 0..=MAX_LINKS {
+        // Looked at before it is opened, so that a FIFO or a device is not even opened.
+        let seen = if strict {
+            std::fs::symlink_metadata(&at)
+        } else {
+            std::fs::metadata(&at)
+        }
+        .map_err(io)?;
+        if seen.file_type().is_symlink() {
+            if !rules
+                .owners
+                .as_ref()
+                .is_some_and(|o| o.contains(&seen.uid()))
+            {
+                return Err(refused(
+                    &at,
+                    format!(
+                        "a symbolic link owned by uid {}; only links of root or of the user cohabit runs as are followed",
+                        seen.uid()
+                    ),
+                ));
+            }
+            let target = std::fs::read_link(&at).map_err(io)?;
+            at = at.parent().unwrap_or(Path::new("/")).join(target);
+            continue;
+        }
+        if !seen.is_file() {
+            let why = format!("not a regular file ({})", kind_of(seen.file_type()));
+            return Err(refused(&at, why));
+        }
+        let mut flags = libc::O_NONBLOCK;
+        if strict {
+            flags |= libc::O_NOFOLLOW;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(&at)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => {
+                    refused(&at, "replaced by a symbolic link while opened".into())
+                }
+                _ => io(e),
+            })?;
+        // What was opened is what counts: the path may have changed since it was looked at.
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            let why = format!("not a regular file ({})", kind_of(meta.file_type()));
+            return Err(refused(&at, why));
+        }
+        if let Some(why) = untrusted(rules, meta.uid(), meta.mode()) {
+            return Err(refused(&at, why));
+        }
+        return Ok(file);
+    }
+    Err(refused(
+        path,
+        format!("more than {MAX_LINKS} symbolic links to the file"),
+    ))
+}
 
 /// `sha256:<hex>` of `bytes`.
 pub fn digest(bytes: &[u8]) -> String {
@@ -139,32 +309,25 @@ pub fn digest(bytes: &[u8]) -> String {
     s
 }
 
-/// Reads a regular file of at most `limit` bytes (a root daemon must not be pointed at
-/// `/dev/zero` or a FIFO).
-fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, ModelError> {
+/// Reads a model file of at most `limit` bytes under `rules` ([`LoadRules`]): a root daemon
+/// must not be pointed at `/dev/zero`, hang on a FIFO, or read what another user can write.
+/// Errors name the path.
+pub fn read_model_file(path: &Path, limit: u64, rules: &LoadRules) -> Result<Vec<u8>, ModelError> {
     use std::io::Read as _;
+    let file = open_checked(path, rules)?;
     let io = |e| ModelError::Io {
         what: "reading",
         path: path.to_path_buf(),
         source: e,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(ModelError::Io {
-            what: "reading",
-            path: path.to_path_buf(),
-            source: std::io::Error::other("not a regular file"),
-        });
+    let len = file.metadata().map_err(io)?.len();
+    if len > limit {
+        return Err(refused(path, format!("{len} bytes, larger than {limit}")));
     }
     let mut bytes = Vec::new();
     file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > limit {
-        return Err(ModelError::Io {
-            what: "reading",
-            path: path.to_path_buf(),
-            source: std::io::Error::other(format!("larger than {limit} bytes")),
-        });
+        return Err(refused(path, format!("larger than {limit} bytes")));
     }
     Ok(bytes)
 }
@@ -193,6 +356,17 @@ pub struct Model {
     pub meta: ModelMetadata,
     /// The ensemble.
     pub ensemble: Ensemble,
+}
+
+/// A model loaded from its files ([`Model::load_files`]).
+#[derive(Debug, Clone)]
+pub struct LoadedFiles {
+    /// The model.
+    pub model: Model,
+    /// `sha256:<hex>` of the metadata's bytes, as read and parsed.
+    pub meta_digest: String,
+    /// The weights file the metadata named.
+    pub weights_path: PathBuf,
 }
 
 /// Input columns that depend on the candidate allocation; the others describe the service
@@ -227,18 +401,40 @@ impl Model {
     /// [`Model::load`] for a model of `schema`: an artifact of another schema or version
     /// is refused, naming both.
     pub fn load_schema(meta_path: &Path, schema: &'static Schema) -> Result<Model, ModelError> {
-        let bytes = read_bounded(meta_path, MAX_METADATA_BYTES)?;
+        Self::load_files(meta_path, schema, &LoadRules::default()).map(|l| l.model)
+    }
+
+    /// [`Model::load_schema`] under `rules` ([`LoadRules`]), with what the watcher of a
+    /// running daemon needs to tell versions apart: each file is read once.
+    pub fn load_files(
+        meta_path: &Path,
+        schema: &'static Schema,
+        rules: &LoadRules,
+    ) -> Result<LoadedFiles, ModelError> {
+        let bytes = read_model_file(meta_path, MAX_METADATA_BYTES, rules)?;
+        let meta_digest = digest(&bytes);
         let text = String::from_utf8(bytes).map_err(|_| ModelError::Metadata {
             path: meta_path.to_path_buf(),
             message: "not UTF-8 text".into(),
         })?;
         let meta = Self::parse_metadata(&text, meta_path, schema)?;
+        if rules.require_weights_digest && meta.weights_digest.is_none() {
+            return Err(ModelError::Metadata {
+                path: meta_path.to_path_buf(),
+                message: "no weights_digest; cohabit run needs one (Model::save and cohabit-train record it)".into(),
+            });
+        }
         let weights_path = meta_path
             .parent()
             .unwrap_or(Path::new("."))
             .join(&meta.weights);
-        let bytes = read_bounded(&weights_path, MAX_WEIGHTS_BYTES)?;
-        Self::from_parts(meta, &bytes, &weights_path, schema)
+        let bytes = read_model_file(&weights_path, MAX_WEIGHTS_BYTES, rules)?;
+        let model = Self::from_parts(meta, &bytes, &weights_path, schema)?;
+        Ok(LoadedFiles {
+            model,
+            meta_digest,
+            weights_path,
+        })
     }
 
     /// A model of the CPU schema from metadata text and weight bytes already in memory
@@ -503,13 +699,30 @@ impl Model {
         reference: ArrayView1<'_, f32>,
         rows: ArrayView2<'_, f32>,
     ) -> (Array1<f32>, Array1<f32>) {
+        let (mean, spread, _) = self.score_change_basis(reference, rows);
+        (mean, spread)
+    }
+
+    /// [`Model::score_change`] and the change of the members' mean basis (the input of
+    /// their output layers, [`crate::mlp::Ensemble::basis_width`]) from the reference to
+    /// each row, rows × width (`None` when the members' widths differ): what a per-host
+    /// posterior on the output layer regresses a change on ([`crate::posterior`]).
+    pub fn score_change_basis(
+        &self,
+        reference: ArrayView1<'_, f32>,
+        rows: ArrayView2<'_, f32>,
+    ) -> (Array1<f32>, Array1<f32>, Option<Array2<f32>>) {
         let n = rows.nrows();
         let mut all = Array2::<f32>::zeros((n + 1, rows.ncols()));
         all.row_mut(0).assign(&reference);
         all.slice_mut(ndarray::s![1.., ..]).assign(&rows);
-        let out = self
+        let (out, basis) = self
             .ensemble
-            .members_predict_shared(all.view(), self.schema().candidate);
+            .members_predict_shared_basis(all.view(), self.schema().candidate);
+        let delta = basis.map(|b| {
+            let r = b.row(0).to_owned();
+            b.slice(ndarray::s![1.., ..]).to_owned() - &r
+        });
         let k = out.nrows().max(1) as f32;
         let mut mean = Array1::<f32>::zeros(n);
         let mut var = Array1::<f32>::zeros(n);
@@ -525,7 +738,7 @@ impl Model {
             .meta
             .change_sigma_scale
             .unwrap_or(self.meta.sigma_scale);
-        (mean, spread * scale)
+        (mean, spread * scale, delta)
     }
 }
 

@@ -9,6 +9,8 @@
 //! - [`mlp`]: pure-Rust inference of an MLP ensemble with ndarray; the spread of the
 //!   members is the uncertainty.
 //! - [`artifact`]: the model artifact (safetensors weights + JSON metadata), checked on load.
+//! - [`posterior`]: a per-host posterior on the output layer (Bayesian linear regression on
+//!   the last hidden layer), and the fold of a fleet's posteriors back into the model.
 //!
 //! Training (tch, linfa) lives in a separate crate so the daemon never links libtorch.
 
@@ -17,9 +19,10 @@ pub mod builtin;
 pub mod features;
 pub mod gpu_features;
 pub mod mlp;
+pub mod posterior;
 pub mod schema;
 
-pub use artifact::{Model, ModelError, ModelMetadata};
+pub use artifact::{LoadRules, LoadedFiles, Model, ModelError, ModelMetadata};
 pub use builtin::{builtin, builtin_gpu, builtin_platforms};
 pub use features::{
     features, log_qos_ratio, present, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION,

@@ -30,16 +30,32 @@ impl Mlp {
     }
 
     /// Continues a forward pass: `h` is the input of layer `start`.
-    fn forward_from(&self, mut h: Array2<f32>, start: usize) -> Array1<f32> {
-        for (i, layer) in self.layers.iter().enumerate().skip(start) {
+    fn forward_from(&self, h: Array2<f32>, start: usize) -> Array1<f32> {
+        self.forward_from_basis(h, start).0
+    }
+
+    /// [`Mlp::forward_from`], also returning the input of the output layer (the last
+    /// hidden layer's activations, n × width; the normalised input itself when there is no
+    /// hidden layer): the basis a per-host posterior on the output layer regresses on.
+    fn forward_from_basis(&self, mut h: Array2<f32>, start: usize) -> (Array1<f32>, Array2<f32>) {
+        let Some((out, hidden)) = self.layers.split_last() else {
+            let n = h.nrows();
+            return (Array1::zeros(n), h);
+        };
+        for layer in hidden.iter().skip(start) {
             let mut z = h.dot(&layer.weight.t());
             z += &layer.bias;
-            if i + 1 < self.layers.len() {
-                z.mapv_inplace(|v| v.max(0.0));
-            }
+            z.mapv_inplace(|v| v.max(0.0));
             h = z;
         }
-        h.index_axis_move(Axis(1), 0)
+        let mut y = h.dot(&out.weight.t());
+        y += &out.bias;
+        (y.index_axis_move(Axis(1), 0), h)
+    }
+
+    /// Width of the output layer's input (the last hidden layer), if the MLP has layers.
+    pub fn basis_width(&self) -> Option<usize> {
+        self.layers.last().map(|l| l.weight.ncols())
     }
 
     /// [`Mlp::forward`] for rows that differ only in the columns `varying`, given the
@@ -50,10 +66,19 @@ impl Mlp {
         z0: ArrayView1<'_, f32>,
         zv: ArrayView2<'_, f32>,
         varying: &[usize],
-    ) -> Array1<f32> {
+    ) -> (Array1<f32>, Array2<f32>) {
         let Some(first) = self.layers.first() else {
-            return Array1::zeros(zv.nrows());
+            return (Array1::zeros(zv.nrows()), Array2::zeros((zv.nrows(), 0)));
         };
+        if self.layers.len() == 1 {
+            // No hidden layer: the basis is the normalised input itself.
+            let n = zv.nrows();
+            let mut z = Array2::from_shape_fn((n, z0.len()), |(_, j)| z0[j]);
+            for (k, &j) in varying.iter().enumerate() {
+                z.column_mut(j).assign(&zv.column(k));
+            }
+            return self.forward_from_basis(z, 0);
+        }
         // W·z0 over all columns, minus the varying ones' share, plus the bias.
         let w = &first.weight;
         let mut base = w.dot(&z0) + &first.bias;
@@ -63,10 +88,8 @@ impl Mlp {
         let wv = Array2::from_shape_fn((w.nrows(), varying.len()), |(o, k)| w[[o, varying[k]]]);
         let mut h = zv.dot(&wv.t());
         h += &base;
-        if self.layers.len() > 1 {
-            h.mapv_inplace(|v| v.max(0.0));
-        }
-        self.forward_from(h, 1)
+        h.mapv_inplace(|v| v.max(0.0));
+        self.forward_from_basis(h, 1)
     }
 }
 
@@ -89,21 +112,43 @@ impl Ensemble {
 
     /// Every member's prediction for a batch of raw feature rows: (members, rows).
     pub fn members_predict(&self, x: ArrayView2<'_, f32>) -> Array2<f32> {
+        self.members_predict_basis(x).0
+    }
+
+    /// [`Ensemble::members_predict`] and the members' mean basis for each row (see
+    /// [`Ensemble::basis_width`]): rows × width, `None` when the members' widths differ.
+    pub fn members_predict_basis(
+        &self,
+        x: ArrayView2<'_, f32>,
+    ) -> (Array2<f32>, Option<Array2<f32>>) {
         let z = (&x - &self.mean) / &self.std;
         let mut out = Array2::<f32>::zeros((self.members.len(), x.nrows()));
+        let mut basis = MeanBasis::new(self.basis_width(), x.nrows());
         for (k, m) in self.members.iter().enumerate() {
-            out.row_mut(k).assign(&m.forward(z.view()));
+            let (y, h) = m.forward_from_basis(z.clone(), 0);
+            out.row_mut(k).assign(&y);
+            basis.add(&h);
         }
-        out
+        (out, basis.finish(self.members.len()))
     }
 
     /// [`Ensemble::members_predict`] for rows that are equal outside the columns `varying`
     /// (candidates of one service at one tick): cheaper, same result up to rounding.
     pub fn members_predict_shared(&self, x: ArrayView2<'_, f32>, varying: &[usize]) -> Array2<f32> {
+        self.members_predict_shared_basis(x, varying).0
+    }
+
+    /// [`Ensemble::members_predict_shared`] and the members' mean basis for each row, as
+    /// [`Ensemble::members_predict_basis`].
+    pub fn members_predict_shared_basis(
+        &self,
+        x: ArrayView2<'_, f32>,
+        varying: &[usize],
+    ) -> (Array2<f32>, Option<Array2<f32>>) {
         let n = x.nrows();
         let mut out = Array2::<f32>::zeros((self.members.len(), n));
         if n == 0 {
-            return out;
+            return (out, self.basis_width().map(|w| Array2::zeros((0, w))));
         }
         // Normalise the shared row once and only the varying columns of every row.
         let z0 = (&x.row(0) - &self.mean) / &self.std;
@@ -111,11 +156,24 @@ impl Ensemble {
             let j = varying[k];
             (x[[r, j]] - self.mean[j]) / self.std[j]
         });
+        let mut basis = MeanBasis::new(self.basis_width(), n);
         for (k, m) in self.members.iter().enumerate() {
-            out.row_mut(k)
-                .assign(&m.forward_shared(z0.view(), zv.view(), varying));
+            let (y, h) = m.forward_shared(z0.view(), zv.view(), varying);
+            out.row_mut(k).assign(&y);
+            basis.add(&h);
         }
-        out
+        (out, basis.finish(self.members.len()))
+    }
+
+    /// Width of the basis a per-host posterior regresses on: the input of the members'
+    /// output layers (their last hidden layer), averaged over the members. Adding a vector
+    /// `d` to every member's output weights adds `d · basis` to the ensemble's mean, so a
+    /// correction learnt on this basis is a correction of the output layer
+    /// ([`crate::posterior`]). `None` without members or when their widths differ.
+    pub fn basis_width(&self) -> Option<usize> {
+        let mut widths = self.members.iter().map(Mlp::basis_width);
+        let first = widths.next()??;
+        widths.all(|w| w == Some(first)).then_some(first)
     }
 
     /// Mean and spread of the members' predictions for a batch of raw feature rows.
@@ -136,6 +194,27 @@ impl Ensemble {
         }
         var /= k;
         (mean, var.mapv(f32::sqrt))
+    }
+}
+
+/// The members' last hidden layers summed as they come, then averaged.
+struct MeanBasis(Option<Array2<f32>>);
+
+impl MeanBasis {
+    fn new(width: Option<usize>, rows: usize) -> Self {
+        Self(width.map(|w| Array2::zeros((rows, w))))
+    }
+
+    fn add(&mut self, h: &Array2<f32>) {
+        if let Some(sum) = &mut self.0 {
+            if sum.dim() == h.dim() {
+                *sum += h;
+            }
+        }
+    }
+
+    fn finish(self, members: usize) -> Option<Array2<f32>> {
+        self.0.map(|s| s / members.max(1) as f32)
     }
 }
 

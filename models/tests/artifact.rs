@@ -289,3 +289,164 @@ fn a_gpu_model_of_an_older_or_unknown_schema_is_refused_with_both_named() {
         "{e}"
     );
 }
+
+/// Makes a FIFO at `path`; false where `mkfifo` is missing.
+fn mkfifo(path: &std::path::Path) -> bool {
+    std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `f` run on a thread of its own, waited for at most `limit`: a load that blocks (a FIFO
+/// opened without `O_NONBLOCK`) fails the test instead of hanging it.
+fn within<T: Send + 'static>(
+    limit: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("still blocked after {limit:?}"))
+}
+
+#[test]
+fn a_fifo_as_metadata_or_weights_is_refused_within_a_second_naming_it() {
+    use cohabit_models::LoadRules;
+    let second = std::time::Duration::from_secs(1);
+    for rules in [LoadRules::default(), LoadRules::daemon(0)] {
+        // The metadata itself.
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("qos.json");
+        if !mkfifo(&meta) {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+        let r = rules.clone();
+        let e = within(second, move || {
+            Model::load_files(&meta, &CPU_SCHEMA, &r)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        });
+        assert!(
+            e.contains("not a regular file (a FIFO)") && e.contains("qos.json"),
+            "{e}"
+        );
+        // The weights it names.
+        let (d, path) = saved();
+        let w = d.path().join("m.safetensors");
+        std::fs::remove_file(&w).unwrap();
+        assert!(mkfifo(&w));
+        let r = rules.clone();
+        let e = within(second, move || {
+            Model::load_files(&path, &CPU_SCHEMA, &r)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        });
+        assert!(
+            e.contains("not a regular file (a FIFO)") && e.contains("m.safetensors"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn the_daemon_refuses_a_model_others_can_write_or_another_user_owns() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    use cohabit_models::LoadRules;
+    let (d, path) = saved();
+    let me = std::fs::metadata(&path).unwrap().uid();
+    let rules = LoadRules::daemon(me);
+    Model::load_files(&path, &CPU_SCHEMA, &rules).expect("a private file of ours loads");
+    for (file, mode) in [
+        ("m.json", 0o666),
+        ("m.safetensors", 0o620),
+        ("m.json", 0o602),
+    ] {
+        let (d, path) = saved();
+        let f = d.path().join(file);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = Model::load_files(&path, &CPU_SCHEMA, &rules)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("mode {mode:04o}: group or others can write it"))
+                && e.contains(file),
+            "{file} {mode:o}: {e}"
+        );
+        // The tools read a user's own files as they are.
+        Model::load(&path).expect("the tools' rules do not look at the mode");
+    }
+    // Owned by someone else: only the owners listed are trusted.
+    let other = LoadRules {
+        owners: Some(vec![me.wrapping_add(1)]),
+        require_weights_digest: true,
+    };
+    let e = Model::load_files(&path, &CPU_SCHEMA, &other)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("owned by uid {me}")), "{e}");
+    drop(d);
+}
+
+#[test]
+fn the_daemon_follows_only_its_own_users_links_and_needs_a_weights_digest() {
+    use std::os::unix::fs::MetadataExt;
+
+    use cohabit_models::LoadRules;
+    let (d, path) = saved();
+    let me = std::fs::metadata(&path).unwrap().uid();
+    // A ConfigMap volume's layout: qos.json -> ..data/qos.json, ..data -> a version dir.
+    let version = d.path().join("..2026_01_01");
+    std::fs::create_dir(&version).unwrap();
+    for f in ["m.json", "m.safetensors"] {
+        std::fs::rename(d.path().join(f), version.join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink("..2026_01_01", d.path().join("..data")).unwrap();
+    for f in ["m.json", "m.safetensors"] {
+        std::os::unix::fs::symlink(format!("..data/{f}"), d.path().join(f)).unwrap();
+    }
+    let loaded = Model::load_files(&path, &CPU_SCHEMA, &LoadRules::daemon(me)).unwrap();
+    assert!(loaded.meta_digest.starts_with("sha256:"));
+    // A link owned by anyone else is not followed.
+    let stranger = LoadRules {
+        owners: Some(vec![me.wrapping_add(1)]),
+        require_weights_digest: false,
+    };
+    let e = Model::load_files(&path, &CPU_SCHEMA, &stranger)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("a symbolic link owned by uid {me}")) && e.contains("m.json"),
+        "{e}"
+    );
+    // Metadata without a digest loads in the tools, not in the daemon.
+    let (_d, path) = saved();
+    edit_meta(&path, |v| {
+        v.as_object_mut().unwrap().remove("weights_digest");
+    });
+    Model::load(&path).expect("tools take an artifact without a digest");
+    let e = Model::load_files(&path, &CPU_SCHEMA, &LoadRules::daemon(me))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no weights_digest"), "{e}");
+}
+
+#[test]
+fn weights_past_the_cap_are_refused_before_they_are_read() {
+    let (d, path) = saved();
+    let w = d.path().join("m.safetensors");
+    let f = std::fs::OpenOptions::new().write(true).open(&w).unwrap();
+    f.set_len(cohabit_models::artifact::MAX_WEIGHTS_BYTES + 1)
+        .unwrap();
+    let e = load_err(&path);
+    assert!(
+        e.contains("larger than 67108864") && e.contains("m.safetensors"),
+        "{e}"
+    );
+}

@@ -67,6 +67,7 @@ pub fn step<H: ControlledHost>(
         apply,
         decision_us,
         predictions: decision.predictions,
+        from_pods: Default::default(),
     })
 }
 

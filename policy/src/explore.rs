@@ -44,11 +44,14 @@ use std::sync::Arc;
 use cohabit_core::{
     Allocation, DecisionPath, Observation, Plan, Reason, BEST_EFFORT_GROUP, MBA_MAX_PCT,
 };
+use cohabit_models::posterior::PosteriorSet;
 use cohabit_models::Model;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{layout, shares_of, Decision, HostContext, Policy};
+use crate::{
+    downcast, is, layout, shares_of, unchanged_services, Adopted, Decision, HostContext, Policy,
+};
 
 /// How far and when exploration may go.
 #[derive(Debug, Clone, PartialEq)]
@@ -403,6 +406,44 @@ impl Policy for Explore {
     fn replace_model(&mut self, model: Arc<Model>) -> bool {
         self.base.replace_model(model)
     }
+
+    /// From another `Explore`: the base policy adopts its base; a walk stopped by a
+    /// violation stays stopped (new pods must not restart it); the random draws, the walk's
+    /// offsets of the unchanged services and the allocations it set for the services still
+    /// here carry over. From a policy without exploration, the base adopts it.
+    fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
+        if !is::<Self>(&*previous) {
+            return self.base.adopt(previous);
+        }
+        let Some(previous) = downcast::<Self>(previous) else {
+            return Adopted::default();
+        };
+        let previous = *previous;
+        let kept = unchanged_services(&previous.ctx, &self.ctx);
+        let here = |name: &String| self.ctx.latency_critical().any(|s| &s.name == name);
+        self.walk_set = previous
+            .walk_set
+            .into_iter()
+            .filter(|(name, _)| here(name))
+            .collect();
+        self.offsets = previous
+            .offsets
+            .into_iter()
+            .filter(|(name, _)| kept.contains(name))
+            .collect();
+        self.rng = previous.rng;
+        self.stopped = previous.stopped;
+        self.explored_ticks = previous.explored_ticks;
+        self.base.adopt(previous.base)
+    }
+
+    fn learned(&self) -> Option<PosteriorSet> {
+        self.base.learned()
+    }
+
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        self.base.resume(learned)
+    }
 }
 
 #[cfg(test)]
@@ -548,6 +589,77 @@ mod tests {
             assert_eq!(e.decide(&o, k * 1000).plan, base_plan);
         }
         assert_eq!(e.explored_ticks(), 1);
+    }
+
+    /// `Explore` around a fresh `parties` on `ctx`.
+    fn around_parties(ctx: &HostContext) -> Explore {
+        let base = crate::PartiesPolicy::new(ctx.clone(), crate::PartiesConfig::default());
+        Explore::new(Box::new(base), ctx.clone(), ExploreConfig::default())
+    }
+
+    #[test]
+    fn a_rebuilt_explorer_walks_on_as_before_and_a_stopped_one_stays_stopped() {
+        let (_, ctx) = explorer(ExploreConfig::default());
+        // Two explorers given the same ticks are in the same state.
+        let (mut old, mut twin) = (around_parties(&ctx), around_parties(&ctx));
+        let mut plan = old.initial().plan;
+        for k in 1..6u64 {
+            let o = obs(&ctx, &[Some(0.3), Some(0.5)], &plan, k * 1000);
+            plan = old.decide(&o, k * 1000).plan;
+            assert_eq!(twin.decide(&o, k * 1000).plan, plan);
+        }
+        assert!(old.explored_ticks() > 0 && old.stopped().is_none());
+
+        // The twin rebuilt for the same services: walk and base go on as the old one does.
+        let mut rebuilt = around_parties(&ctx);
+        let adopted = rebuilt.adopt(Box::new(twin));
+        assert_eq!(adopted.services, ["lc0", "lc1"].map(String::from).into());
+        assert_eq!(rebuilt.explored_ticks(), old.explored_ticks());
+        for k in 6..12u64 {
+            let o = obs(&ctx, &[Some(0.3), Some(0.5)], &plan, k * 1000);
+            let d = rebuilt.decide(&o, k * 1000);
+            assert_eq!(d, old.decide(&o, k * 1000), "tick {k}");
+            plan = d.plan;
+        }
+
+        // A violation under the walk stops it; a rebuild does not start it again.
+        let mut k = 12;
+        while rebuilt.walk_set.is_empty() {
+            assert!(k < 100, "the walk never stepped");
+            let o = obs(&ctx, &[Some(0.3), Some(0.3)], &plan, k * 1000);
+            plan = rebuilt.decide(&o, k * 1000).plan;
+            k += 1;
+        }
+        let explored = plan.clone();
+        let o = obs(&ctx, &[Some(0.3), Some(1.2)], &explored, k * 1000);
+        plan = rebuilt.decide(&o, k * 1000).plan;
+        assert!(rebuilt.stopped().is_some());
+        let mut again = around_parties(&ctx);
+        again.adopt(Box::new(rebuilt));
+        assert!(again.stopped().is_some(), "stays stopped");
+        let explored_before = again.explored_ticks();
+        for k in k + 1..k + 20 {
+            let o = obs(&ctx, &[Some(0.1), Some(0.1)], &plan, k * 1000);
+            plan = again.decide(&o, k * 1000).plan;
+        }
+        assert_eq!(
+            again.explored_ticks(),
+            explored_before,
+            "never explores again"
+        );
+
+        // From a policy without exploration, the base takes over what it can.
+        let mut parties = crate::PartiesPolicy::new(ctx.clone(), crate::PartiesConfig::default());
+        let start = parties.initial().plan;
+        parties.decide(&obs(&ctx, &[Some(1.5), Some(0.5)], &start, 1000), 1000);
+        let mut wrapped = around_parties(&ctx);
+        let adopted = wrapped.adopt(Box::new(parties));
+        assert_eq!(adopted.services, ["lc0", "lc1"].map(String::from).into());
+        assert_ne!(
+            wrapped.initial().plan,
+            start,
+            "the base took parties' shares"
+        );
     }
 
     /// A base policy that keeps whatever is in force, as `ml`'s fallback does when it holds.

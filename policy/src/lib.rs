@@ -12,13 +12,15 @@
 //! - [`layout`] and its helpers: shares laid out as a [`Plan`].
 //! - [`control`]: the loop that collects, decides, applies and records.
 
-use std::collections::BTreeMap;
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cohabit_core::{
     Allocation, HostCapacity, Observation, Plan, Prediction, Reason, ServiceSpec, WayRange,
     MBA_MAX_PCT,
 };
+use cohabit_models::posterior::PosteriorSet;
 use cohabit_models::Model;
 
 mod clite;
@@ -59,7 +61,7 @@ impl Decision {
 }
 
 /// A resource-allocation policy.
-pub trait Policy: Send {
+pub trait Policy: Send + AsAny {
     /// Short name (`static`, `parties`, `ml`, `oracle`).
     fn name(&self) -> &'static str;
     /// The allocation services start with.
@@ -72,6 +74,93 @@ pub trait Policy: Send {
         let _ = model;
         false
     }
+    /// Takes over what `previous` learnt: called on a policy just built for a new set of
+    /// services (pods came, went or changed under `[kubernetes]`), before it first decides,
+    /// with the policy it replaces. The rule (docs/DESIGN.md 7): the online state of a
+    /// latency-critical service whose spec is the same in both ([`unchanged_services`]:
+    /// name, target, priority, GPU) carries over; a new or changed service starts afresh,
+    /// and state that depends on the whole set is kept only where that set did not change
+    /// (each policy's `adopt` says what). Pure: no I/O. The default keeps nothing (a
+    /// policy without online state, or `previous` of another kind).
+    fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
+        let _ = previous;
+        Adopted::default()
+    }
+    /// What the policy learnt of this host that is worth keeping across restarts (`ml`'s
+    /// per-service posteriors); `None` when it learns nothing of the kind (the default).
+    fn learned(&self) -> Option<PosteriorSet> {
+        None
+    }
+    /// Resumes from what an earlier run on this host learnt ([`Policy::learned`]): the
+    /// services taken back, by name (none by default).
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        let _ = learned;
+        Vec::new()
+    }
+}
+
+/// A policy seen as [`Any`], so that [`Policy::adopt`] can find its predecessor's type
+/// (implemented for every policy).
+pub trait AsAny: Any {
+    /// This policy as `&dyn Any`.
+    fn as_any(&self) -> &dyn Any;
+    /// This policy as `Box<dyn Any>`, to take it apart.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// `previous` as the policy type `P`, or `None` when it is another kind.
+pub(crate) fn downcast<P: Policy>(previous: Box<dyn Policy>) -> Option<Box<P>> {
+    // Called by path: `previous.into_any()` could be the blanket impl's for the box.
+    AsAny::into_any(previous).downcast::<P>().ok()
+}
+
+/// Whether `policy` is a `P`.
+pub(crate) fn is<P: Policy>(policy: &dyn Policy) -> bool {
+    AsAny::as_any(policy).is::<P>()
+}
+
+/// What a policy built for a new set of services took over from the one it replaced
+/// ([`Policy::adopt`]), for the log line and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Adopted {
+    /// The latency-critical services whose online state carried over.
+    pub services: BTreeSet<String>,
+    /// Whether the state that depends on the whole set carried over too (`clite`'s
+    /// search, `ml`'s readings of the best-effort pool, `parties`' last action).
+    pub host: bool,
+}
+
+/// The latency-critical services of `next` whose spec (target, priority, GPU) is the same
+/// in `previous`: the ones whose online state a policy built for `next` takes over.
+pub fn unchanged_services(previous: &HostContext, next: &HostContext) -> BTreeSet<String> {
+    next.latency_critical()
+        .filter(|s| previous.latency_critical().any(|p| p == *s))
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// Whether `previous` and `next` have the same host and the same best-effort jobs (by name
+/// and GPU: a best-effort job's priority means nothing), so that what was learnt of the
+/// best-effort pool still holds.
+pub fn same_pool(previous: &HostContext, next: &HostContext) -> bool {
+    let pool = |c: &HostContext| -> Vec<(String, Option<u32>)> {
+        c.specs
+            .iter()
+            .filter(|s| !s.is_latency_critical())
+            .map(|s| (s.name.clone(), s.gpu))
+            .collect()
+    };
+    previous.host == next.host && pool(previous) == pool(next)
 }
 
 /// What every policy knows of the host it manages.
@@ -320,12 +409,24 @@ pub fn fair_shares(ctx: &HostContext) -> BTreeMap<String, Share> {
 /// ones for that GPU. The pool keeps its MBA. Laid out with [`layout`]; if the result
 /// does not validate, the fair-share plan is returned.
 ///
-/// The new policy's first decision then starts from this plan; its per-service online
-/// state (corrections, hysteresis) starts over.
+/// The new policy's first decision then starts from this plan; it takes over the old one's
+/// online state for the services whose spec did not change ([`Policy::adopt`]).
 pub fn carry_over(ctx: &HostContext, in_force: &Plan) -> Plan {
+    let shares = carry_shares(ctx, &shares_of(in_force));
+    let plan = layout(ctx, &shares, in_force.best_effort.mba_pct);
+    if plan.validate(&ctx.host, &ctx.specs).is_ok() {
+        plan
+    } else {
+        layout(ctx, &fair_shares(ctx), MBA_MAX_PCT)
+    }
+}
+
+/// [`carry_over`]'s rule on shares: the shares of `ctx`'s latency-critical services when
+/// those in `kept` (by name; a share of 0 ways: on the pool's ways, counted for none) stay
+/// and the others are new. Used by the daemon on the plan in force and by a policy that
+/// keeps shares of its own ([`Policy::adopt`]).
+pub fn carry_shares(ctx: &HostContext, kept: &BTreeMap<String, Share>) -> BTreeMap<String, Share> {
     let fair = fair_shares(ctx);
-    let fallback = || layout(ctx, &fair, MBA_MAX_PCT);
-    let kept = shares_of(in_force);
     let lc: Vec<&ServiceSpec> = ctx.latency_critical().collect();
     let mut shares: BTreeMap<String, Share> = BTreeMap::new();
     let mut new: Vec<&str> = Vec::new();
@@ -380,12 +481,7 @@ pub fn carry_over(ctx: &HostContext, in_force: &Plan) -> Plan {
             }
         }
     }
-    let plan = layout(ctx, &shares, in_force.best_effort.mba_pct);
-    if plan.validate(&ctx.host, &ctx.specs).is_ok() {
-        plan
-    } else {
-        fallback()
-    }
+    shares
 }
 
 /// Cuts the amounts `field` selects in proportion until their sum is at most `total`
@@ -491,6 +587,74 @@ pub(crate) mod tests {
             },
             specs,
         }
+    }
+
+    /// The fail-safe puts the fair share in force: it must validate on every host that can
+    /// hold its services at all (one core each), whatever the cores, ways, CLOSIDs, MBA,
+    /// GPUs, priorities and best-effort jobs.
+    #[test]
+    fn the_fair_share_validates_whenever_every_service_can_have_a_core() {
+        let mut checked = 0;
+        for cores in 1..=9 {
+            for n_lc in 1..=cores as usize {
+                for ways in [1, 2, 3, 11, 20] {
+                    for closids in [2, 3, 4, 16] {
+                        for (be_cpu, be_gpu, gpus) in [
+                            (false, false, 0),
+                            (true, false, 0),
+                            (true, true, 1),
+                            (false, true, 3),
+                        ] {
+                            let mut c = ctx(n_lc, be_cpu, be_gpu, gpus.min(n_lc));
+                            c.host.cores = cores;
+                            c.host.llc_ways = ways;
+                            c.host.closids = closids;
+                            if ways == 1 {
+                                c.host = c.host.without_allocation();
+                            }
+                            for (i, s) in c.specs.iter_mut().enumerate() {
+                                s.priority = i32::try_from(i % 3).unwrap() - 1;
+                            }
+                            let plan = layout(&c, &fair_shares(&c), MBA_MAX_PCT);
+                            if let Err(e) = plan.validate(&c.host, &c.specs) {
+                                panic!("{cores} cores, {n_lc} services, {ways} ways, {closids} CLOSIDs, be {be_cpu}/{be_gpu}, gpus {gpus}: {e}\n{plan:?}");
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
+
+    #[test]
+    fn a_service_is_unchanged_only_with_the_same_target_priority_and_gpu() {
+        let before = ctx(3, true, false, 0);
+        let mut after = before.clone();
+        after.specs[1].priority = 1;
+        after.specs[2].class = ServiceClass::LatencyCritical { p99_target_ms: 2.0 };
+        after.specs.insert(
+            3,
+            ServiceSpec {
+                name: "lc3".into(),
+                ..before.specs[0].clone()
+            },
+        );
+        assert_eq!(
+            unchanged_services(&before, &after),
+            ["lc0".to_string()].into()
+        );
+        assert!(same_pool(&before, &after), "the pool's jobs are the same");
+        // A best-effort job's priority means nothing; its name and the host do.
+        after.specs[4].priority = 5;
+        assert!(same_pool(&before, &after));
+        after.specs[4].name = "other".into();
+        assert!(!same_pool(&before, &after));
+        let mut smaller = before.clone();
+        smaller.host.cores -= 2;
+        assert!(!same_pool(&before, &smaller));
+        assert_eq!(unchanged_services(&before, &smaller).len(), 3);
     }
 
     #[test]

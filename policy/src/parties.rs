@@ -39,7 +39,10 @@ use std::collections::BTreeMap;
 
 use cohabit_core::{DecisionPath, Observation, Reason, Resource, BEST_EFFORT_GROUP, MBA_MAX_PCT};
 
-use super::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
+use super::{
+    carry_shares, downcast, fair_shares, layout, slack, unchanged_services, Adopted, Decision,
+    HostContext, Policy, Share,
+};
 
 /// Slack under which a service is far over its target (a p99 over twice it): on a GPU, it
 /// gives way to a co-runner that misses by less ([`PartiesPolicy::gpu_receiver`]).
@@ -124,6 +127,38 @@ impl PartiesPolicy {
             last_act_ms: None,
             be_mba: MBA_MAX_PCT,
         }
+    }
+
+    /// The shares `previous` planned, carried over to this policy's services by
+    /// [`carry_shares`] (the daemon's rule for the plan in force): a service that stays keeps
+    /// its share, a new one gets a fair part of what is free. The ways of a service sharing
+    /// the pool's group count for nothing (it has none of its own); one that had none and
+    /// now may have some is new as far as its share goes.
+    fn carried_shares(&self, previous: &Self) -> BTreeMap<String, Share> {
+        let kept: BTreeMap<String, Share> = previous
+            .shares
+            .iter()
+            .filter(|(name, _)| {
+                !previous.ctx.shares_pool_group(name) || self.ctx.shares_pool_group(name)
+            })
+            .map(|(name, s)| {
+                let ways = if self.ctx.shares_pool_group(name) {
+                    0
+                } else {
+                    s.ways
+                };
+                (name.clone(), Share { ways, ..*s })
+            })
+            .collect();
+        let fair = fair_shares(&self.ctx);
+        let mut shares = carry_shares(&self.ctx, &kept);
+        for (name, s) in &mut shares {
+            if self.ctx.shares_pool_group(name) {
+                // Nominal: a service in the pool's group takes the pool's ways.
+                s.ways = fair.get(name).map_or(1, |f| f.ways);
+            }
+        }
+        shares
     }
 
     fn priority(&self, name: &str) -> i32 {
@@ -582,6 +617,33 @@ impl Policy for PartiesPolicy {
         let plan = layout(&self.ctx, &self.shares, self.be_mba);
         Decision::new(plan, reasons)
     }
+
+    /// From another `parties`: the shares it planned, carried over ([`carry_shares`]);
+    /// each unchanged service's phase (the resource it is on, its last slack, a bar on
+    /// cuts); the last action, to be judged next interval, when its service is unchanged;
+    /// the time of the last action and the pool's MBA.
+    fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
+        let Some(previous) = downcast::<Self>(previous) else {
+            return Adopted::default();
+        };
+        let mut previous = *previous;
+        let kept = unchanged_services(&previous.ctx, &self.ctx);
+        self.shares = self.carried_shares(&previous);
+        for name in &kept {
+            if let Some(st) = previous.state.remove(name) {
+                self.state.insert(name.clone(), st);
+            }
+        }
+        self.last = previous.last.filter(|a| kept.contains(&a.service));
+        self.last_act_ms = previous.last_act_ms;
+        self.be_mba = previous
+            .be_mba
+            .clamp(self.ctx.host.mba_min_pct.min(MBA_MAX_PCT), MBA_MAX_PCT);
+        Adopted {
+            services: kept,
+            host: true,
+        }
+    }
 }
 
 /// A reason on the feedback path.
@@ -887,5 +949,99 @@ mod tests {
         assert!(gpu(&plan, "lc1") > gpu(&start, "lc1"), "{plan:?}");
         assert!(gpu(&plan, "lc0") < lc0_most, "{plan:?}");
         assert!(gpu(&plan, "lc2") <= gpu(&start, "lc2"));
+    }
+
+    /// `c` with `lc1`'s target moved to `target_ms` and a second best-effort job.
+    fn with_lc1_changed(c: &HostContext, target_ms: f64) -> HostContext {
+        let mut c = c.clone();
+        c.specs[1].class = cohabit_core::ServiceClass::LatencyCritical {
+            p99_target_ms: target_ms,
+        };
+        let mut job = c.specs[2].clone();
+        job.name = "be2".into();
+        c.specs.push(job);
+        c
+    }
+
+    #[test]
+    fn a_rebuilt_parties_keeps_the_unchanged_services_phase_and_share_and_drops_a_changed_ones() {
+        // lc0 is upsized a core that does not help, so it rotates to ways (its phase); lc1 is
+        // cut a core while it has slack to spare, and that cut awaits judgement.
+        let c = ctx(2, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let mut plan = p.initial().plan;
+        for (t, lc0, lc1) in [(1, 1.5, 0.5), (2, 1.6, 0.5), (3, 0.9, 0.5), (4, 0.9, 0.5)] {
+            plan = p
+                .decide(&obs(&plan, &c, &[("lc0", lc0), ("lc1", lc1)]), t * 1000)
+                .plan;
+        }
+        assert_eq!(p.state["lc0"].resource_idx, 1, "lc0 rotated to ways");
+        let fair = fair_shares(&c);
+        assert_ne!(p.shares, fair, "the shares moved from the fair split");
+
+        // The same services: the rebuilt policy decides exactly as the old one goes on to.
+        let mut rebuilt = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let adopted = rebuilt.adopt(Box::new(p.clone()));
+        assert_eq!(
+            adopted,
+            Adopted {
+                services: ["lc0", "lc1"].map(String::from).into(),
+                host: true
+            }
+        );
+        let mut old = p.clone();
+        for t in 5..9 {
+            let o = obs(&plan, &c, &[("lc0", 1.2), ("lc1", 0.5)]);
+            let (a, b) = (rebuilt.decide(&o, t * 1000), old.decide(&o, t * 1000));
+            assert_eq!(a, b, "tick {t}");
+            plan = a.plan;
+        }
+
+        // lc1's target changed: its phase and the action on it start over, lc0's stay; both
+        // keep their shares (the allocation in force, as the daemon carries it over).
+        let changed = with_lc1_changed(&c, 2.0);
+        let mut rebuilt = PartiesPolicy::new(changed.clone(), PartiesConfig::default());
+        let adopted = rebuilt.adopt(Box::new(old.clone()));
+        assert_eq!(adopted.services, ["lc0".to_string()].into());
+        assert_eq!(
+            rebuilt.state["lc0"].resource_idx,
+            old.state["lc0"].resource_idx
+        );
+        assert_eq!(rebuilt.state["lc0"].prev_slack, old.state["lc0"].prev_slack);
+        assert_eq!(rebuilt.state["lc1"].prev_slack, None);
+        assert_eq!(rebuilt.state["lc1"].resource_idx, 0);
+        assert!(rebuilt.last.as_ref().is_none_or(|a| a.service != "lc1"));
+        assert_eq!(rebuilt.shares, old.shares);
+        rebuilt
+            .initial()
+            .plan
+            .validate(&changed.host, &changed.specs)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_rebuilt_parties_fits_the_kept_shares_to_a_new_service_and_adopts_no_other_policy() {
+        let c = ctx(2, true, false, 0);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        p.shares.get_mut("lc0").unwrap().cores = 20;
+        // A third service arrives: lc0 and lc1 keep theirs, lc2 gets a fair part of what
+        // is free (carry_shares), and the plan is valid.
+        let more = ctx(3, true, false, 0);
+        let mut rebuilt = PartiesPolicy::new(more.clone(), PartiesConfig::default());
+        let adopted = rebuilt.adopt(Box::new(p.clone()));
+        assert_eq!(adopted.services, ["lc0", "lc1"].map(String::from).into());
+        assert_eq!(rebuilt.shares["lc0"], p.shares["lc0"]);
+        assert_eq!(rebuilt.shares["lc1"], p.shares["lc1"]);
+        assert!(rebuilt.shares["lc2"].cores >= 1);
+        rebuilt
+            .initial()
+            .plan
+            .validate(&more.host, &more.specs)
+            .unwrap();
+        // Another kind of policy has nothing parties can use.
+        let mut fresh = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let other = crate::StaticPolicy::new(c.clone());
+        assert_eq!(fresh.adopt(Box::new(other)), Adopted::default());
+        assert_eq!(fresh.shares, fair_shares(&c));
     }
 }

@@ -588,6 +588,7 @@ fn start_daemon(
             kind: r.kind,
             port: r.addr.port(),
             p99_target_ms: setup(ctx.opts, r.kind).p99_target_ms,
+            user: r.kind.runs_as(),
         })
         .collect();
     let log = dir.join("decisions.jsonl");
@@ -605,6 +606,7 @@ fn start_daemon(
         state_dir: &state_dir,
         services: &entries,
         batch_names,
+        batch_user: services::RunAs::benchmark(),
         probe_rate_hz: ctx.opts.probe_rate_hz,
         probe_timeout_ms: ctx.opts.probe_timeout_ms,
         best_effort_cpus: ctx.opts.best_effort_cpus,

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::cgroups::Tree;
-use crate::services::Kind;
+use crate::services::{Kind, RunAs};
 use crate::Error;
 
 /// One way of sharing the host.
@@ -177,6 +177,8 @@ pub struct LcEntry {
     pub port: u16,
     /// Its p99 target.
     pub p99_target_ms: f64,
+    /// The user it runs as (`match.user`).
+    pub user: RunAs,
 }
 
 /// One of `ml`'s tunables, `KEY=VALUE` (`--ml margin=0.95`), as the `key = value` entry
@@ -214,6 +216,8 @@ pub struct CohabitConfig<'a> {
     pub services: &'a [LcEntry],
     /// Process names of the batch jobs' workers.
     pub batch_names: &'a [String],
+    /// The user the batch jobs run as (`match.user`).
+    pub batch_user: RunAs,
     /// Probe requests per second.
     pub probe_rate_hz: u32,
     /// Probe time-out.
@@ -257,10 +261,11 @@ pub fn cohabit_toml(c: &CohabitConfig<'_>) -> String {
     for s in c.services {
         let _ = writeln!(
             t,
-            "\n[[service]]\nname = {}\np99_target_ms = {}\nmatch = {{ process_name = {} }}\nlatency = {{ probe = {}, rate_hz = {}, timeout_ms = {} }}",
+            "\n[[service]]\nname = {}\np99_target_ms = {}\nmatch = {{ process_name = {}, user = {} }}\nlatency = {{ probe = {}, rate_hz = {}, timeout_ms = {} }}",
             quoted(s.kind.name()),
             s.p99_target_ms,
             quoted(s.kind.comm()),
+            s.user.toml(),
             quoted(&s.kind.probe_url(s.port)),
             c.probe_rate_hz,
             c.probe_timeout_ms,
@@ -269,8 +274,9 @@ pub fn cohabit_toml(c: &CohabitConfig<'_>) -> String {
     for (i, n) in c.batch_names.iter().enumerate() {
         let _ = writeln!(
             t,
-            "\n[[best_effort]]\nname = \"batch-{i}\"\nmatch = {{ process_name = {} }}",
-            quoted(n)
+            "\n[[best_effort]]\nname = \"batch-{i}\"\nmatch = {{ process_name = {}, user = {} }}",
+            quoted(n),
+            c.batch_user.toml()
         );
     }
     t
@@ -295,6 +301,7 @@ mod tests {
             kind: Kind::Memcached,
             port: 11311,
             p99_target_ms: 1.5,
+            user: RunAs::Name("nobody"),
         }];
         let names = ["stress-ng-cpu".to_string()];
         let t = cohabit_toml(&CohabitConfig {
@@ -305,6 +312,7 @@ mod tests {
             state_dir: Path::new("/tmp/run/cohabit-state"),
             services: &services,
             batch_names: &names,
+            batch_user: RunAs::Uid(1000),
             probe_rate_hz: 200,
             probe_timeout_ms: 100,
             best_effort_cpus: None,
@@ -314,8 +322,9 @@ mod tests {
         assert!(t.contains(
             "latency = { probe = \"memcached://127.0.0.1:11311\", rate_hz = 200, timeout_ms = 100 }"
         ));
-        assert!(t.contains("match = { process_name = \"rb-memcached\" }"));
-        assert!(t.contains("match = { process_name = \"stress-ng-cpu\" }"));
+        // Every name matcher says whose processes count (cohabit refuses one without).
+        assert!(t.contains("match = { process_name = \"rb-memcached\", user = \"nobody\" }"));
+        assert!(t.contains("match = { process_name = \"stress-ng-cpu\", user = 1000 }"));
         assert!(t.contains("p99_target_ms = 1.5"));
         assert!(t.contains("[paths]\nstate_dir = \"/tmp/run/cohabit-state\""));
         assert!(!t.contains("model"));
@@ -353,6 +362,7 @@ mod tests {
                 state_dir: Path::new("/tmp/run/cohabit-state"),
                 services: &[],
                 batch_names: &[],
+                batch_user: RunAs::Uid(0),
                 probe_rate_hz: 200,
                 probe_timeout_ms: 100,
                 best_effort_cpus: None,
@@ -393,6 +403,7 @@ mod tests {
                 state_dir: Path::new("/tmp/run/cohabit-state"),
                 services: &[],
                 batch_names: &[],
+                batch_user: RunAs::Uid(0),
                 probe_rate_hz: 200,
                 probe_timeout_ms: 100,
                 best_effort_cpus: b,

@@ -4,7 +4,8 @@
 //! Each is started through a symbolic link with a name of its own (`rb-memcached`,
 //! `rb-nginx`, `rb-redis`): the kernel names a process after the path it was started by,
 //! so cohabit's `process_name` matcher finds exactly the benchmark's processes (and
-//! nginx's workers, which keep the name), never a system instance.
+//! nginx's workers, which keep the name), never a system instance; its `user` is the one
+//! each runs as ([`Kind::runs_as`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,34 @@ impl std::str::FromStr for Kind {
 /// Size of the page nginx serves.
 const PAGE_BYTES: usize = 4096;
 
+/// The user memcached becomes when the benchmark runs as root (it refuses to run as root).
+const MEMCACHED_USER_AS_ROOT: &str = "nobody";
+
+/// Who a process the benchmark starts runs as: cohabit's `match.user` for it (cohabit
+/// refuses a name matcher without one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAs {
+    /// A user by name (memcached started as root becomes `nobody`).
+    Name(&'static str),
+    /// A uid.
+    Uid(u32),
+}
+
+impl RunAs {
+    /// The benchmark's own user (its children keep it).
+    pub fn benchmark() -> Self {
+        RunAs::Uid(crate::sys::euid())
+    }
+
+    /// As a TOML value: a quoted name or a number.
+    pub fn toml(self) -> String {
+        match self {
+            RunAs::Name(n) => format!("\"{n}\""),
+            RunAs::Uid(u) => u.to_string(),
+        }
+    }
+}
+
 impl Kind {
     /// Its name in results and in cohabit's configuration.
     pub fn name(self) -> &'static str {
@@ -67,6 +96,16 @@ impl Kind {
             Kind::Memcached => "rb-memcached",
             Kind::Nginx => "rb-nginx",
             Kind::Redis => "rb-redis",
+        }
+    }
+
+    /// The user its processes run as: memcached started as root becomes
+    /// [`MEMCACHED_USER_AS_ROOT`]; the others (nginx's workers too, `user root;` as root)
+    /// keep the benchmark's.
+    pub fn runs_as(self) -> RunAs {
+        match self {
+            Kind::Memcached if crate::sys::is_root() => RunAs::Name(MEMCACHED_USER_AS_ROOT),
+            _ => RunAs::benchmark(),
         }
     }
 
@@ -100,7 +139,7 @@ impl Kind {
                     .to_vec();
                 if crate::sys::is_root() {
                     // memcached refuses to run as root without naming a user to become.
-                    a.extend(["-u".into(), "nobody".into()]);
+                    a.extend(["-u".into(), MEMCACHED_USER_AS_ROOT.into()]);
                 }
                 a
             }

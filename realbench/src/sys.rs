@@ -38,6 +38,11 @@ fn signal(target: i32, sig: impl Into<Option<Signal>>) -> io::Result<bool> {
     }
 }
 
+/// This process's effective uid (the user the processes it starts run as).
+pub fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
 /// Whether this process runs as root (cgroups and the daemon need it).
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")

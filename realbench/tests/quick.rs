@@ -504,7 +504,7 @@ fn a_probe_that_does_not_answer_stops_the_daemon_before_it_changes_anything() {
     std::fs::write(
         &config,
         format!(
-            "metrics_addr = \"\"\n[paths]\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"rb-none\" }}\nlatency = {{ probe = \"memcached://127.0.0.1:{port}\", timeout_ms = 200 }}\n",
+            "metrics_addr = \"\"\n[paths]\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"rb-none\", user = 0 }}\nlatency = {{ probe = \"memcached://127.0.0.1:{port}\", timeout_ms = 200 }}\n",
             dir.path().join("state").display()
         ),
     )

@@ -30,9 +30,17 @@
 //! are assumptions chosen to exhibit the behaviour the literature reports (sub-linear
 //! MPS scaling of small batches, streaming jobs that saturate memory bandwidth, cache-hungry
 //! jobs that pollute the LLC).
+//!
+//! Every model is built from a row of named parameters ([`Physics`], [`crate::params`]) by
+//! [`ServiceModel::build`]; a scenario may change any parameter of a row or state rows of its
+//! own (`physics = { … }`, `[[catalogue]]`: [`crate::scenario`]), and the model is rebuilt
+//! and recalibrated the same way.
+
+use std::sync::Arc;
 
 use cohabit_core::{GpuCapacity, HostCapacity};
 
+use crate::params::{Param, Physics, PhysicsError, RowKind};
 use crate::physics::MissRatioCurve;
 
 const MB: f64 = 1024.0 * 1024.0;
@@ -239,17 +247,88 @@ pub struct LatencyTarget {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceModel {
     /// Catalogue name (`model = "..."` in scenarios).
-    pub name: &'static str,
+    pub name: String,
     /// One line on what it stands for.
-    pub about: &'static str,
+    pub about: String,
     /// Where its numbers come from.
-    pub source: &'static str,
+    pub source: String,
+    /// The row it was built from.
+    pub physics: Physics,
     /// Present for latency-critical services.
     pub latency: Option<LatencyTarget>,
     /// CPU behaviour, if it runs on the CPU.
     pub cpu: Option<CpuWork>,
     /// GPU behaviour, if it runs on a GPU.
     pub gpu: Option<GpuWork>,
+}
+
+/// The lowest knee a latency-critical model may have: a service that meets its target at no
+/// higher load alone on the reference host meets it at none (the knee search's floor).
+const MIN_KNEE_RPS: f64 = 2e-3;
+
+impl ServiceModel {
+    /// The model the row `physics` describes, calibrated on the reference platform (the
+    /// E5-2697 v4, with its A100 for GPU services; see `world::calibrate`). Refused when a
+    /// latency-critical service meets its target at no load there.
+    pub fn build(
+        name: impl Into<String>,
+        about: impl Into<String>,
+        source: impl Into<String>,
+        physics: Physics,
+    ) -> Result<ServiceModel, PhysicsError> {
+        let mut m = match physics.kind() {
+            RowKind::Service => lc_model(&physics),
+            RowKind::GpuService => gpu_lc(&physics),
+            RowKind::BestEffort => be_cpu(&physics),
+            RowKind::GpuBestEffort => gpu_be(&physics),
+        };
+        m.name = name.into();
+        m.about = about.into();
+        m.source = source.into();
+        m.physics = physics;
+        let reference = Platform::XeonE5_2697V4A100.host();
+        if let Some(knee) = crate::world::calibrate(&mut m, &reference) {
+            if !(knee.is_finite() && knee >= MIN_KNEE_RPS) {
+                return Err(PhysicsError::NoKnee { knee_rps: knee });
+            }
+            if let Some(l) = m.latency.as_mut() {
+                l.knee_rps = knee;
+            }
+        }
+        Ok(m)
+    }
+
+    /// This model with `changes` to its row, rebuilt and recalibrated; its name and what it
+    /// stands for are kept, its source says what changed. Refused by the first change the
+    /// row's kind lacks or its range refuses, or when the result has no knee.
+    pub fn with_changes(&self, changes: &[(Param, f64)]) -> Result<ServiceModel, PhysicsError> {
+        if changes.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut physics = self.physics.clone();
+        for &(p, v) in changes {
+            physics.set(p, v)?;
+        }
+        let names: Vec<String> = changes
+            .iter()
+            .map(|(p, v)| format!("{} = {v}", p.name()))
+            .collect();
+        ServiceModel::build(
+            self.name.clone(),
+            self.about.clone(),
+            format!(
+                "{}; changed by the scenario: {}",
+                self.source,
+                names.join(", ")
+            ),
+            physics,
+        )
+    }
+
+    /// The kind of row it was built from.
+    pub fn kind(&self) -> RowKind {
+        self.physics.kind()
+    }
 }
 
 struct Row {
@@ -432,197 +511,352 @@ const LC_ROWS: [Row; 10] = [
     },
 ];
 
-/// Memory-level parallelism assumed for the CPU services above.
-const LC_MLP: f64 = 2.0;
-
-fn lc_model(row: &Row) -> ServiceModel {
-    let reference = Platform::XeonE5_2697V4.host();
-    let mrc = MissRatioCurve {
-        wss_bytes: row.wss_mb * MB,
-        m_inf: row.m_inf,
-        steepness: row.steepness,
-    };
-    let full_cache = reference.capacity.llc_bytes() as f64;
-    let apki = row.llc_mpki / mrc.miss_ratio(full_cache);
-    let miss_cycles = reference.mem_latency_ns * reference.capacity.freq_ghz / LC_MLP;
-    let cpi_base = (1.0 / row.ipc - row.llc_mpki / 1000.0 * miss_cycles).max(0.25);
-    ServiceModel {
-        name: row.name,
-        about: row.about,
-        source: row.source,
-        latency: Some(LatencyTarget {
-            p99_target_ms: row.target_ms,
-            max_load_rps: row.max_load,
-            service_cv: row.cv,
-            knee_rps: f64::NAN,
-        }),
-        cpu: Some(CpuWork {
-            cpi_base,
-            apki,
-            mrc,
-            mlp: LC_MLP,
-            instructions_per_request: f64::NAN,
-            kernel_llc_pki: row.icache_mpki * row.sys_share * KERNEL_LLC_FRACTION,
-        }),
-        gpu: None,
+impl Row {
+    /// The row's parameters.
+    fn physics(&self) -> Result<Physics, PhysicsError> {
+        Physics::new(
+            RowKind::Service,
+            [
+                (Param::TargetMs, self.target_ms),
+                (Param::MaxLoad, self.max_load),
+                (Param::Cv, self.cv),
+                (Param::Ipc, self.ipc),
+                (Param::LlcMpki, self.llc_mpki),
+                (Param::WssMb, self.wss_mb),
+                (Param::MInf, self.m_inf),
+                (Param::Steepness, self.steepness),
+                (Param::IcacheMpki, self.icache_mpki),
+                (Param::SysShare, self.sys_share),
+            ],
+        )
     }
 }
 
-fn gpu_lc(
-    name: &'static str,
-    about: &'static str,
+/// Memory-level parallelism assumed for the CPU services above.
+const LC_MLP: f64 = 2.0;
+
+/// A model with nothing but its work; [`ServiceModel::build`] names and calibrates it.
+fn unnamed(
+    physics: &Physics,
+    latency: Option<LatencyTarget>,
+    cpu: Option<CpuWork>,
+    gpu: Option<GpuWork>,
+) -> ServiceModel {
+    ServiceModel {
+        name: String::new(),
+        about: String::new(),
+        source: String::new(),
+        physics: physics.clone(),
+        latency,
+        cpu,
+        gpu,
+    }
+}
+
+fn miss_ratio_curve(p: &Physics) -> MissRatioCurve {
+    MissRatioCurve {
+        wss_bytes: p.at(Param::WssMb) * MB,
+        m_inf: p.at(Param::MInf),
+        steepness: p.at(Param::Steepness),
+    }
+}
+
+fn latency_target(p: &Physics) -> LatencyTarget {
+    LatencyTarget {
+        p99_target_ms: p.at(Param::TargetMs),
+        max_load_rps: p.at(Param::MaxLoad),
+        service_cv: p.at(Param::Cv),
+        knee_rps: f64::NAN,
+    }
+}
+
+/// A latency-critical CPU service: the IPC and LLC MPKI at max load on the whole reference
+/// LLC fix its LLC access rate (through the miss-ratio curve) and its base CPI.
+fn lc_model(p: &Physics) -> ServiceModel {
+    let reference = Platform::XeonE5_2697V4.host();
+    let mrc = miss_ratio_curve(p);
+    let full_cache = reference.capacity.llc_bytes() as f64;
+    let llc_mpki = p.at(Param::LlcMpki);
+    let apki = llc_mpki / mrc.miss_ratio(full_cache);
+    let miss_cycles = reference.mem_latency_ns * reference.capacity.freq_ghz / LC_MLP;
+    let cpi_base = (1.0 / p.at(Param::Ipc) - llc_mpki / 1000.0 * miss_cycles).max(0.25);
+    let cpu = CpuWork {
+        cpi_base,
+        apki,
+        mrc,
+        mlp: LC_MLP,
+        instructions_per_request: f64::NAN,
+        kernel_llc_pki: p.at(Param::IcacheMpki) * p.at(Param::SysShare) * KERNEL_LLC_FRACTION,
+    };
+    unnamed(p, Some(latency_target(p)), Some(cpu), None)
+}
+
+/// A latency-critical GPU inference service: its host side is a fixed small CPU profile.
+fn gpu_lc(p: &Physics) -> ServiceModel {
+    let cpu = CpuWork {
+        cpi_base: 0.8,
+        apki: 4.0,
+        mrc: MissRatioCurve {
+            wss_bytes: 4.0 * MB,
+            m_inf: 0.05,
+            steepness: 2.0,
+        },
+        mlp: 2.0,
+        // Pre- and post-processing on the host: ~0.4 ms at 2.3 GHz.
+        instructions_per_request: 1.0e6,
+        kernel_llc_pki: 0.0,
+    };
+    let gpu = GpuWork {
+        ms_per_request_full: f64::NAN,
+        share_exponent: p.at(Param::ShareExponent),
+        mem_intensity: p.at(Param::MemIntensity),
+        streams: whole_u32(p.at(Param::Streams)),
+        restart_ms: p.at(Param::RestartMs),
+    };
+    unnamed(p, Some(latency_target(p)), Some(cpu), Some(gpu))
+}
+
+/// A best-effort CPU job.
+fn be_cpu(p: &Physics) -> ServiceModel {
+    let cpu = CpuWork {
+        cpi_base: p.at(Param::CpiBase),
+        apki: p.at(Param::Apki),
+        mrc: miss_ratio_curve(p),
+        mlp: p.at(Param::Mlp),
+        instructions_per_request: 0.0,
+        kernel_llc_pki: 0.0,
+    };
+    unnamed(p, None, Some(cpu), None)
+}
+
+/// A best-effort GPU job.
+fn gpu_be(p: &Physics) -> ServiceModel {
+    let gpu = GpuWork {
+        ms_per_request_full: 0.0,
+        share_exponent: p.at(Param::ShareExponent),
+        mem_intensity: p.at(Param::MemIntensity),
+        streams: 1,
+        restart_ms: p.at(Param::RestartMs),
+    };
+    unnamed(p, None, None, Some(gpu))
+}
+
+/// `v`, a whole number in `u32`'s range ([`Param::Streams`]' range guarantees it).
+fn whole_u32(v: f64) -> u32 {
+    u32::try_from(crate::whole(v)).unwrap_or(u32::MAX)
+}
+
+/// A catalogue entry before it is built: name, what it stands for, source, row.
+type Entry = (&'static str, &'static str, &'static str, Physics);
+
+fn gpu_service_row(
     target_ms: f64,
     max_load: f64,
     exponent: f64,
     intensity: f64,
-    streams: u32,
-) -> ServiceModel {
-    ServiceModel {
-        name,
-        about,
-        source: "assumed: small-batch GPU inference behind MPS (sub-linear SM scaling)",
-        latency: Some(LatencyTarget {
-            p99_target_ms: target_ms,
-            max_load_rps: max_load,
-            service_cv: 0.5,
-            knee_rps: f64::NAN,
-        }),
-        cpu: Some(CpuWork {
-            cpi_base: 0.8,
-            apki: 4.0,
-            mrc: MissRatioCurve {
-                wss_bytes: 4.0 * MB,
-                m_inf: 0.05,
-                steepness: 2.0,
-            },
-            mlp: 2.0,
-            // Pre- and post-processing on the host: ~0.4 ms at 2.3 GHz.
-            instructions_per_request: 1.0e6,
-            kernel_llc_pki: 0.0,
-        }),
-        gpu: Some(GpuWork {
-            ms_per_request_full: f64::NAN,
-            share_exponent: exponent,
-            mem_intensity: intensity,
-            streams,
-            restart_ms: 3000.0,
-        }),
-    }
+    streams: f64,
+) -> Result<Physics, PhysicsError> {
+    Physics::new(
+        RowKind::GpuService,
+        [
+            (Param::TargetMs, target_ms),
+            (Param::MaxLoad, max_load),
+            (Param::Cv, 0.5),
+            (Param::ShareExponent, exponent),
+            (Param::MemIntensity, intensity),
+            (Param::Streams, streams),
+            (Param::RestartMs, 3000.0),
+        ],
+    )
 }
 
-fn be_cpu(
-    name: &'static str,
-    about: &'static str,
+fn best_effort_row(
     cpi_base: f64,
     apki: f64,
-    mrc: MissRatioCurve,
+    wss_mb: f64,
+    m_inf: f64,
+    steepness: f64,
     mlp: f64,
-) -> ServiceModel {
-    ServiceModel {
-        name,
-        about,
-        source: "assumed best-effort profile",
-        latency: None,
-        cpu: Some(CpuWork {
-            cpi_base,
-            apki,
-            mrc,
-            mlp,
-            instructions_per_request: 0.0,
-            kernel_llc_pki: 0.0,
-        }),
-        gpu: None,
+) -> Result<Physics, PhysicsError> {
+    Physics::new(
+        RowKind::BestEffort,
+        [
+            (Param::CpiBase, cpi_base),
+            (Param::Apki, apki),
+            (Param::WssMb, wss_mb),
+            (Param::MInf, m_inf),
+            (Param::Steepness, steepness),
+            (Param::Mlp, mlp),
+        ],
+    )
+}
+
+const GPU_LC: &str = "assumed: small-batch GPU inference behind MPS (sub-linear SM scaling)";
+const BE: &str = "assumed best-effort profile";
+
+/// Every row of the built-in catalogue, in catalogue order.
+fn entries() -> Result<Vec<Entry>, PhysicsError> {
+    let mut out = Vec::new();
+    for row in &LC_ROWS {
+        out.push((row.name, row.about, row.source, row.physics()?));
     }
+    out.push((
+        "resnet-infer",
+        "ResNet-50 image classification on a GPU (MPS client)",
+        GPU_LC,
+        gpu_service_row(25.0, 900.0, 0.45, 0.3, 4.0)?,
+    ));
+    out.push((
+        "llm-infer",
+        "LLM generation requests on a GPU (MPS client)",
+        GPU_LC,
+        gpu_service_row(1500.0, 24.0, 0.7, 0.6, 16.0)?,
+    ));
+    out.push((
+        "stream",
+        "memory-bandwidth streaming kernel (STREAM-like)",
+        BE,
+        best_effort_row(0.6, 60.0, 2048.0, 0.9, 1.0, 6.0)?,
+    ));
+    out.push((
+        "graph",
+        "graph analytics with a cache-sized working set (PageRank-like)",
+        BE,
+        best_effort_row(0.9, 25.0, 24.0, 0.15, 3.0, 2.0)?,
+    ));
+    out.push((
+        "compute",
+        "compute-bound batch job (compression, encoding)",
+        BE,
+        best_effort_row(0.7, 0.5, 0.5, 0.01, 2.0, 2.0)?,
+    ));
+    out.push((
+        "gpu-train",
+        "GPU training job (best effort, memory-bandwidth heavy)",
+        BE,
+        Physics::new(
+            RowKind::GpuBestEffort,
+            [
+                (Param::ShareExponent, 0.9),
+                (Param::MemIntensity, 0.8),
+                (Param::RestartMs, 3000.0),
+            ],
+        )?,
+    ));
+    Ok(out)
 }
 
 /// Every service model, calibrated on the reference platform (once per process).
-pub fn catalogue() -> &'static [ServiceModel] {
-    static CATALOGUE: std::sync::OnceLock<Vec<ServiceModel>> = std::sync::OnceLock::new();
-    CATALOGUE.get_or_init(build_catalogue)
+pub fn catalogue() -> &'static [Arc<ServiceModel>] {
+    static CATALOGUE: std::sync::OnceLock<Vec<Arc<ServiceModel>>> = std::sync::OnceLock::new();
+    CATALOGUE.get_or_init(|| {
+        build_catalogue().unwrap_or_else(|e| unreachable!("the built-in catalogue builds: {e}"))
+    })
 }
 
-fn build_catalogue() -> Vec<ServiceModel> {
-    let mut out: Vec<ServiceModel> = LC_ROWS.iter().map(lc_model).collect();
-    out.push(gpu_lc(
-        "resnet-infer",
-        "ResNet-50 image classification on a GPU (MPS client)",
-        25.0,
-        900.0,
-        0.45,
-        0.3,
-        4,
-    ));
-    out.push(gpu_lc(
-        "llm-infer",
-        "LLM generation requests on a GPU (MPS client)",
-        1500.0,
-        24.0,
-        0.7,
-        0.6,
-        16,
-    ));
-    out.push(be_cpu(
-        "stream",
-        "memory-bandwidth streaming kernel (STREAM-like)",
-        0.6,
-        60.0,
-        MissRatioCurve {
-            wss_bytes: 2048.0 * MB,
-            m_inf: 0.9,
-            steepness: 1.0,
-        },
-        6.0,
-    ));
-    out.push(be_cpu(
-        "graph",
-        "graph analytics with a cache-sized working set (PageRank-like)",
-        0.9,
-        25.0,
-        MissRatioCurve {
-            wss_bytes: 24.0 * MB,
-            m_inf: 0.15,
-            steepness: 3.0,
-        },
-        2.0,
-    ));
-    out.push(be_cpu(
-        "compute",
-        "compute-bound batch job (compression, encoding)",
-        0.7,
-        0.5,
-        MissRatioCurve {
-            wss_bytes: 0.5 * MB,
-            m_inf: 0.01,
-            steepness: 2.0,
-        },
-        2.0,
-    ));
-    out.push(ServiceModel {
-        name: "gpu-train",
-        about: "GPU training job (best effort, memory-bandwidth heavy)",
-        source: "assumed best-effort profile",
-        latency: None,
-        cpu: None,
-        gpu: Some(GpuWork {
-            ms_per_request_full: 0.0,
-            share_exponent: 0.9,
-            mem_intensity: 0.8,
-            streams: 1,
-            restart_ms: 3000.0,
-        }),
-    });
-    let reference = Platform::XeonE5_2697V4A100.host();
-    for m in &mut out {
-        if let Some(knee) = crate::world::calibrate(m, &reference) {
-            if let Some(l) = m.latency.as_mut() {
-                l.knee_rps = knee;
-            }
-        }
-    }
-    out
+fn build_catalogue() -> Result<Vec<Arc<ServiceModel>>, PhysicsError> {
+    entries()?
+        .into_iter()
+        .map(|(name, about, source, physics)| {
+            ServiceModel::build(name, about, source, physics).map(Arc::new)
+        })
+        .collect()
 }
 
 /// Looks a calibrated model up by name.
-pub fn model(name: &str) -> Option<&'static ServiceModel> {
+pub fn model(name: &str) -> Option<&'static Arc<ServiceModel>> {
     catalogue().iter().find(|m| m.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_catalogue_builds_and_each_model_keeps_its_row() {
+        let models = build_catalogue().unwrap();
+        assert_eq!(models.len(), LC_ROWS.len() + 6);
+        for m in &models {
+            if m.latency.is_some() {
+                let knee = m.latency.map_or(f64::NAN, |l| l.knee_rps);
+                assert!(knee.is_finite() && knee > 0.0, "{}: {knee}", m.name);
+            }
+            assert_eq!(
+                m.kind().is_latency_critical(),
+                m.latency.is_some(),
+                "{}",
+                m.name
+            );
+            // Rebuilt from its own row, a model is the same model.
+            let again = ServiceModel::build(
+                m.name.clone(),
+                m.about.clone(),
+                m.source.clone(),
+                m.physics.clone(),
+            )
+            .unwrap();
+            assert_eq!(&again, &**m);
+        }
+        let moses = model("moses").unwrap();
+        assert_eq!(moses.physics.get(Param::LlcMpki), Some(10.48));
+        assert_eq!(model("gpu-train").unwrap().kind(), RowKind::GpuBestEffort);
+    }
+
+    /// LLC misses per thousand instructions of `m` holding `ways` ways of the reference LLC.
+    fn mpki(m: &ServiceModel, ways: f64) -> f64 {
+        let way = Platform::XeonE5_2697V4.host().capacity.llc_way_bytes as f64;
+        let c = m.cpu.unwrap();
+        c.apki * c.mrc.miss_ratio(ways * way)
+    }
+
+    #[test]
+    fn a_changed_row_keeps_its_published_point_and_moves_the_rest() {
+        let moses = model("moses").unwrap();
+        // More misses at the published point: more at every way count.
+        let missy = moses.with_changes(&[(Param::LlcMpki, 20.0)]).unwrap();
+        assert_eq!(missy.name, "moses");
+        assert!(missy.source.contains("llc_mpki = 20"), "{}", missy.source);
+        for ways in [1.0, 2.0, 4.0, 8.0, 20.0] {
+            let ratio = mpki(&missy, ways) / mpki(moses, ways);
+            assert!((ratio - 20.0 / 10.48).abs() < 1e-9, "{ways} ways: {ratio}");
+        }
+        // A working set of another size at the same published MPKI (measured on the whole
+        // reference LLC): the same misses there, other misses in fewer ways.
+        let big = moses.with_changes(&[(Param::WssMb, 60.0)]).unwrap();
+        assert!((mpki(&big, 20.0) - 10.48).abs() < 1e-9);
+        assert!((mpki(moses, 20.0) - 10.48).abs() < 1e-9);
+        assert!((mpki(&big, 4.0) / mpki(moses, 4.0) - 1.0).abs() > 0.3);
+        // A best-effort job states its LLC accesses outright: a larger working set misses
+        // more in the same ways.
+        let graph = model("graph").unwrap();
+        let huge = graph.with_changes(&[(Param::WssMb, 64.0)]).unwrap();
+        for ways in [8.0, 12.0, 16.0] {
+            assert!(mpki(&huge, ways) > 1.2 * mpki(graph, ways), "{ways} ways");
+        }
+    }
+
+    #[test]
+    fn a_change_the_row_lacks_or_its_range_refuses_is_named() {
+        let stream = model("stream").unwrap();
+        let err = stream
+            .with_changes(&[(Param::Ipc, 1.0)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ipc") && err.contains("best-effort"), "{err}");
+        let err = stream
+            .with_changes(&[(Param::MInf, 1.2)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("m_inf") && err.contains("1.2"), "{err}");
+    }
+
+    #[test]
+    fn a_service_that_meets_its_target_at_no_load_is_refused() {
+        // A GPU service's host side alone takes ~0.4 ms a request: a 0.1 ms target is met
+        // at no load.
+        let resnet = model("resnet-infer").unwrap();
+        let err = resnet.with_changes(&[(Param::TargetMs, 0.1)]).unwrap_err();
+        assert!(matches!(err, PhysicsError::NoKnee { .. }), "{err}");
+        assert!(resnet.with_changes(&[(Param::TargetMs, 5.0)]).is_ok());
+    }
 }

@@ -39,7 +39,7 @@ impl TruthModel {
                 if s.model.latency.is_some() {
                     0.0
                 } else {
-                    world::solo_rate(&scenario.host, s.model)
+                    world::solo_rate(&scenario.host, &s.model)
                 }
             })
             .collect();
@@ -93,7 +93,7 @@ impl TruthModel {
                     f64::from(alloc.cores) / cpu_be
                 };
                 Tenant {
-                    model: s.model,
+                    model: &s.model,
                     p99_target_ms: s.spec.p99_target_ms(),
                     cores,
                     ways: alloc.llc_ways,

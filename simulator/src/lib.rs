@@ -8,7 +8,8 @@
 //!   exposure to LLC churn, memory queueing, MBA, CFS on shared CPUs, Erlang-C tail
 //!   latency, GPU share scaling).
 //! - [`world`]: one interval of the whole host (the fixed point between demand and CPI).
-//! - [`catalogue`]: platforms and calibrated services.
+//! - [`catalogue`]: platforms and calibrated services; [`params`]: the rows they are built
+//!   from, which a scenario may change.
 //! - [`trace`]: load over time; [`scenario`]: TOML scenarios and the built-in ones.
 //! - [`host`]: the simulated host behind the controller's collector and actuator traits.
 //! - [`sensitivity`]: each service beside memory-bandwidth, cache and CPU antagonists,
@@ -16,6 +17,7 @@
 
 pub mod catalogue;
 pub mod host;
+pub mod params;
 pub mod physics;
 pub mod scenario;
 pub mod sensitivity;

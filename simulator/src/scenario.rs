@@ -26,18 +26,38 @@
 //! load = { kind = "steps", steps = [{ at_s = 0, fraction = 0.2 }, { at_s = 300, fraction = 0.3 }] }
 //! # p99_target_ms = 0.6       # overrides the catalogue's target
 //! # gpu = 0                   # GPU index, for GPU services
+//! # physics = { wss_mb = 40, m_inf = 0.2 }  # changes to the catalogue row (below)
 //!
 //! [[best_effort]]
 //! name = "stream"
 //! model = "stream"
+//! # physics = { apki = 90 }
+//!
+//! [[catalogue]]               # a service of the scenario's own, `model = "kv"`
+//! name = "kv"
+//! kind = "service"            # service, gpu-service, best-effort, gpu-best-effort
+//! about = "our key-value store"
+//! physics = { target_ms = 2, max_load = 50000, cv = 1.2, ipc = 0.9, llc_mpki = 3,
+//!             wss_mb = 50, m_inf = 0.1, steepness = 2.5, icache_mpki = 10, sys_share = 0.4 }
 //! ```
+//!
+//! `physics` names parameters of the model's catalogue row ([`crate::params::Param`], the
+//! ones its [`RowKind`] has); a `[[catalogue]]` row gives every one of its kind. Each is
+//! range-checked ([`Param::range`]) and an unknown or misplaced name is refused, with its
+//! line. The model is then rebuilt and recalibrated from the row, so a service's load
+//! fractions are of its changed knee, and `target_ms` is the row's knee target (the
+//! controller's target unless `p99_target_ms` says otherwise).
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use cohabit_core::{HostCapacity, Sample, ServiceClass, ServiceSpec, BEST_EFFORT_GROUP};
 use serde::Deserialize;
+use toml::Spanned;
 
 use crate::catalogue::{self, Platform, ServiceModel, SimHost};
+use crate::params::{Param, Physics, PhysicsError, RowKind};
 use crate::trace::LoadTrace;
 use crate::SimError;
 
@@ -111,8 +131,9 @@ impl Telemetry {
 pub struct SimService {
     /// What the controller is told.
     pub spec: ServiceSpec,
-    /// Its physics.
-    pub model: &'static ServiceModel,
+    /// Its physics: a catalogue model, the scenario's own (`[[catalogue]]`), or either with
+    /// the changes of its `physics = { … }`.
+    pub model: Arc<ServiceModel>,
     /// Offered load (latency-critical only).
     pub load: Option<LoadTrace>,
 }
@@ -202,6 +223,8 @@ struct ScenarioFile {
     #[serde(default)]
     best_effort: Vec<BestEffortFile>,
     #[serde(default)]
+    catalogue: Vec<CatalogueFile>,
+    #[serde(default)]
     noise: Noise,
 }
 
@@ -246,7 +269,7 @@ pub struct HostSection {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ServiceFile {
-    name: String,
+    name: Spanned<String>,
     model: String,
     load: LoadTrace,
     p99_target_ms: Option<f64>,
@@ -254,15 +277,35 @@ struct ServiceFile {
     /// Overload priority (`ServiceSpec::priority`): higher wins, default 0.
     #[serde(default)]
     priority: i32,
+    /// Changes to the model's row.
+    physics: Option<PhysicsFile>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BestEffortFile {
-    name: String,
+    name: Spanned<String>,
     model: String,
     gpu: Option<i64>,
+    /// Changes to the model's row.
+    physics: Option<PhysicsFile>,
 }
+
+/// A row of the scenario's own catalogue: a service or job of its own, usable as
+/// `model = "its name"`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CatalogueFile {
+    name: Spanned<String>,
+    kind: RowKind,
+    #[serde(default)]
+    about: String,
+    /// Every parameter of the kind.
+    physics: PhysicsFile,
+}
+
+/// A `physics = { … }` table as written: parameter names and values, with where each is.
+type PhysicsFile = BTreeMap<Spanned<String>, Spanned<f64>>;
 
 /// The scenarios built into the binary: (name, TOML text).
 const BUILTIN: [(&str, &str); 6] = [
@@ -367,124 +410,37 @@ impl Scenario {
                 "needs at least one [[service]] (latency-critical)".into(),
             ));
         }
+        let lines = Lines(text);
+        let models = Models {
+            own: own_catalogue(&file.catalogue, &lines).map_err(&scenario_err)?,
+            lines,
+        };
         let gpus = host.capacity.gpus.len();
-        let check_gpu =
-            |name: &str, model: &ServiceModel, gpu: Option<i64>| -> Result<Option<u32>, String> {
-                match (model.gpu.is_some(), gpu) {
-                    (false, None) => Ok(None),
-                    (false, Some(_)) => Err(format!(
-                        "service {name}: model {} does not use a GPU, remove `gpu`",
-                        model.name
-                    )),
-                    (true, g) => {
-                        let g = g.unwrap_or(0);
-                        u32::try_from(g)
-                            .ok()
-                            .filter(|i| usize::try_from(*i).is_ok_and(|i| i < gpus))
-                            .map(Some)
-                            .ok_or_else(|| {
-                                format!("service {name}: gpu = {g} but the host has {gpus} GPU(s)")
-                            })
-                    }
-                }
-            };
         let mut services = Vec::new();
-        for s in file.service {
-            let model = find_model(&s.name, &s.model).map_err(&scenario_err)?;
-            let Some(lat) = model.latency else {
-                return Err(scenario_err(format!(
-                    "service {}: model {} is a best-effort job; put it under [[best_effort]]",
-                    s.name, s.model
-                )));
-            };
-            let target = s.p99_target_ms.unwrap_or(lat.p99_target_ms);
-            let gpu = check_gpu(&s.name, model, s.gpu).map_err(&scenario_err)?;
-            let mut load = s.load;
+        for mut s in file.service {
             match traces {
                 TraceSource::Builtin => {
-                    if let LoadTrace::Replay { file, .. } = &load {
+                    if let LoadTrace::Replay { file, .. } = &s.load {
                         let text = BUILTIN_TRACES
                             .iter()
                             .find(|(n, _)| n == file)
                             .map(|(_, t)| *t)
                             .ok_or_else(|| scenario_err(format!("no built-in trace {file}")))?;
-                        load.load_text(text)?;
+                        s.load.load_text(text)?;
                     }
                 }
-                TraceSource::Dir(dir) => load.load_file(dir)?,
+                TraceSource::Dir(dir) => s.load.load_file(dir)?,
             }
-            load.validate(&s.name)
+            s.load
+                .validate(s.name.get_ref())
                 .map_err(|e| scenario_err(e.to_string()))?;
-            let spec = ServiceSpec {
-                name: s.name,
-                class: ServiceClass::LatencyCritical {
-                    p99_target_ms: target,
-                },
-                gpu,
-                priority: s.priority,
-            };
-            spec.validate().map_err(|e| scenario_err(e.to_string()))?;
-            services.push(SimService {
-                spec,
-                model,
-                load: Some(load),
-            });
+            services.push(latency_critical(s, &models, gpus).map_err(&scenario_err)?);
         }
         for b in file.best_effort {
-            let model = find_model(&b.name, &b.model).map_err(&scenario_err)?;
-            if model.latency.is_some() {
-                return Err(scenario_err(format!(
-                    "best-effort job {}: model {} is latency-critical; put it under [[service]]",
-                    b.name, b.model
-                )));
-            }
-            let gpu = check_gpu(&b.name, model, b.gpu).map_err(&scenario_err)?;
-            let spec = ServiceSpec {
-                name: b.name,
-                class: ServiceClass::BestEffort,
-                gpu,
-                priority: 0,
-            };
-            spec.validate().map_err(|e| scenario_err(e.to_string()))?;
-            services.push(SimService {
-                spec,
-                model,
-                load: None,
-            });
+            services.push(best_effort(b, &models, gpus).map_err(&scenario_err)?);
         }
-        for (i, s) in services.iter().enumerate() {
-            if s.spec.name == BEST_EFFORT_GROUP {
-                return Err(scenario_err(format!(
-                    "the name {BEST_EFFORT_GROUP} is reserved for the pool"
-                )));
-            }
-            if services[..i].iter().any(|o| o.spec.name == s.spec.name) {
-                return Err(scenario_err(format!(
-                    "service name {} is used twice",
-                    s.spec.name
-                )));
-            }
-        }
-        let n = &file.noise;
-        if !(1..=crate::host::MAX_LATENCY_WINDOW).contains(&n.latency_window) {
-            return Err(scenario_err(format!(
-                "noise.latency_window must be between 1 and {} intervals, got {}",
-                crate::host::MAX_LATENCY_WINDOW,
-                n.latency_window
-            )));
-        }
-        for (what, v, max) in [
-            ("noise.counter_sigma", n.counter_sigma, 2.0),
-            ("noise.p99_sigma", n.p99_sigma, 2.0),
-            ("noise.glitch_prob", n.glitch_prob, 1.0),
-            ("noise.missing_prob", n.missing_prob, 1.0),
-        ] {
-            if !(v.is_finite() && (0.0..=max).contains(&v)) {
-                return Err(scenario_err(format!(
-                    "{what} must be between 0 and {max}, got {v}"
-                )));
-            }
-        }
+        check_names(&services).map_err(&scenario_err)?;
+        check_noise(&file.noise).map_err(&scenario_err)?;
         Ok(Scenario {
             name: file.name,
             description: file.description,
@@ -563,14 +519,260 @@ enum TraceSource<'a> {
     Dir(&'a Path),
 }
 
-fn find_model(service: &str, model: &str) -> Result<&'static ServiceModel, String> {
-    catalogue::model(model).ok_or_else(|| {
-        let names: Vec<&str> = catalogue::catalogue().iter().map(|m| m.name).collect();
-        format!(
-            "service {service}: unknown model {model:?}; the catalogue has {}",
-            names.join(", ")
+/// Line numbers in a scenario's text, for errors about what TOML accepted and the scenario
+/// refuses.
+struct Lines<'a>(&'a str);
+
+impl Lines<'_> {
+    /// The line (from 1) where `item` starts.
+    fn of<T>(&self, item: &Spanned<T>) -> usize {
+        self.0
+            .get(..item.span().start)
+            .map_or(0, |before| before.matches('\n').count())
+            + 1
+    }
+}
+
+/// The models a scenario's services may name: its own `[[catalogue]]` rows, then the
+/// built-in catalogue.
+struct Models<'a> {
+    own: Vec<Arc<ServiceModel>>,
+    lines: Lines<'a>,
+}
+
+impl Models<'_> {
+    /// The model `model` of `who` (`service kv`), changed as its `physics` table says.
+    fn resolve(
+        &self,
+        who: &str,
+        at: &Spanned<String>,
+        model: &str,
+        physics: Option<&PhysicsFile>,
+    ) -> Result<Arc<ServiceModel>, String> {
+        let base = self
+            .own
+            .iter()
+            .find(|m| m.name == model)
+            .or_else(|| catalogue::model(model))
+            .ok_or_else(|| {
+                let names: Vec<&str> = catalogue::catalogue()
+                    .iter()
+                    .chain(&self.own)
+                    .map(|m| m.name.as_str())
+                    .collect();
+                format!(
+                    "{who}: unknown model {model:?}; the catalogue has {}",
+                    names.join(", ")
+                )
+            })?;
+        let Some(table) = physics else {
+            return Ok(Arc::clone(base));
+        };
+        let changes = physics_changes(table, base.kind(), who, &self.lines)?;
+        base.with_changes(&changes)
+            .map(Arc::new)
+            .map_err(|e| format!("line {}: {who}: {e}", self.lines.of(at)))
+    }
+}
+
+/// The changes a `physics = { … }` table makes to a row of `kind`: each key a parameter of
+/// the kind, each value within the parameter's range; `who` names the service in errors.
+fn physics_changes(
+    table: &PhysicsFile,
+    kind: RowKind,
+    who: &str,
+    lines: &Lines<'_>,
+) -> Result<Vec<(Param, f64)>, String> {
+    table
+        .iter()
+        .map(|(key, value)| {
+            let refused = |e: PhysicsError| format!("line {}: {who}: physics.{e}", lines.of(key));
+            let param = Param::by_name(key.get_ref())
+                .filter(|p| kind.params().contains(p))
+                .ok_or_else(|| {
+                    refused(PhysicsError::Unknown {
+                        key: key.get_ref().clone(),
+                        kind,
+                    })
+                })?;
+            let value = *value.get_ref();
+            if !param.range().contains(value) {
+                return Err(refused(PhysicsError::OutOfRange { param, value }));
+            }
+            Ok((param, value))
+        })
+        .collect()
+}
+
+/// The scenario's own `[[catalogue]]` rows, built and calibrated like the built-in ones.
+fn own_catalogue(
+    rows: &[CatalogueFile],
+    lines: &Lines<'_>,
+) -> Result<Vec<Arc<ServiceModel>>, String> {
+    let mut out: Vec<Arc<ServiceModel>> = Vec::new();
+    for row in rows {
+        let name = row.name.get_ref();
+        let line = lines.of(&row.name);
+        let who = format!("catalogue row {name:?}");
+        if name.trim().is_empty() {
+            return Err(format!("line {line}: a [[catalogue]] row needs a name"));
+        }
+        if catalogue::model(name).is_some() {
+            return Err(format!(
+                "line {line}: {who}: the built-in catalogue has a model of that name; name yours \
+                 otherwise, or change the built-in one with `physics = {{ … }}` where it is used"
+            ));
+        }
+        if out.iter().any(|m| m.name == *name) {
+            return Err(format!("line {line}: {who} is defined twice"));
+        }
+        let values = physics_changes(&row.physics, row.kind, &who, lines)?;
+        let physics = Physics::new(row.kind, values)
+            .map_err(|e| format!("line {line}: {who}: physics.{e}"))?;
+        let about = if row.about.is_empty() {
+            "the scenario's own service"
+        } else {
+            &row.about
+        };
+        let model = ServiceModel::build(
+            name.clone(),
+            about,
+            "a scenario's [[catalogue]] row",
+            physics,
         )
+        .map_err(|e| format!("line {line}: {who}: {e}"))?;
+        out.push(Arc::new(model));
+    }
+    Ok(out)
+}
+
+/// The GPU a service runs on: none for a CPU model, else `gpu` (default 0), which the host
+/// must have.
+fn check_gpu(
+    name: &str,
+    model: &ServiceModel,
+    gpu: Option<i64>,
+    gpus: usize,
+) -> Result<Option<u32>, String> {
+    match (model.gpu.is_some(), gpu) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(format!(
+            "service {name}: model {} does not use a GPU, remove `gpu`",
+            model.name
+        )),
+        (true, g) => {
+            let g = g.unwrap_or(0);
+            u32::try_from(g)
+                .ok()
+                .filter(|i| usize::try_from(*i).is_ok_and(|i| i < gpus))
+                .map(Some)
+                .ok_or_else(|| format!("service {name}: gpu = {g} but the host has {gpus} GPU(s)"))
+        }
+    }
+}
+
+/// A `[[service]]` whose load trace is read and checked: its model and spec, checked.
+fn latency_critical(
+    s: ServiceFile,
+    models: &Models<'_>,
+    gpus: usize,
+) -> Result<SimService, String> {
+    let name = s.name.get_ref().clone();
+    let model = models.resolve(
+        &format!("service {name}"),
+        &s.name,
+        &s.model,
+        s.physics.as_ref(),
+    )?;
+    let Some(lat) = model.latency else {
+        return Err(format!(
+            "service {name}: model {} is a best-effort job; put it under [[best_effort]]",
+            s.model
+        ));
+    };
+    let target = s.p99_target_ms.unwrap_or(lat.p99_target_ms);
+    let gpu = check_gpu(&name, &model, s.gpu, gpus)?;
+    let spec = ServiceSpec {
+        name,
+        class: ServiceClass::LatencyCritical {
+            p99_target_ms: target,
+        },
+        gpu,
+        priority: s.priority,
+    };
+    spec.validate().map_err(|e| e.to_string())?;
+    Ok(SimService {
+        spec,
+        model,
+        load: Some(s.load),
     })
+}
+
+/// A `[[best_effort]]` job: its model and spec, checked.
+fn best_effort(b: BestEffortFile, models: &Models<'_>, gpus: usize) -> Result<SimService, String> {
+    let name = b.name.get_ref().clone();
+    let model = models.resolve(
+        &format!("best-effort job {name}"),
+        &b.name,
+        &b.model,
+        b.physics.as_ref(),
+    )?;
+    if model.latency.is_some() {
+        return Err(format!(
+            "best-effort job {name}: model {} is latency-critical; put it under [[service]]",
+            b.model
+        ));
+    }
+    let gpu = check_gpu(&name, &model, b.gpu, gpus)?;
+    let spec = ServiceSpec {
+        name,
+        class: ServiceClass::BestEffort,
+        gpu,
+        priority: 0,
+    };
+    spec.validate().map_err(|e| e.to_string())?;
+    Ok(SimService {
+        spec,
+        model,
+        load: None,
+    })
+}
+
+/// Names are unique and none is the pool's.
+fn check_names(services: &[SimService]) -> Result<(), String> {
+    for (i, s) in services.iter().enumerate() {
+        if s.spec.name == BEST_EFFORT_GROUP {
+            return Err(format!(
+                "the name {BEST_EFFORT_GROUP} is reserved for the pool"
+            ));
+        }
+        if services[..i].iter().any(|o| o.spec.name == s.spec.name) {
+            return Err(format!("service name {} is used twice", s.spec.name));
+        }
+    }
+    Ok(())
+}
+
+/// The noise section's values are within their ranges.
+fn check_noise(n: &Noise) -> Result<(), String> {
+    if !(1..=crate::host::MAX_LATENCY_WINDOW).contains(&n.latency_window) {
+        return Err(format!(
+            "noise.latency_window must be between 1 and {} intervals, got {}",
+            crate::host::MAX_LATENCY_WINDOW,
+            n.latency_window
+        ));
+    }
+    for (what, v, max) in [
+        ("noise.counter_sigma", n.counter_sigma, 2.0),
+        ("noise.p99_sigma", n.p99_sigma, 2.0),
+        ("noise.glitch_prob", n.glitch_prob, 1.0),
+        ("noise.missing_prob", n.missing_prob, 1.0),
+    ] {
+        if !(v.is_finite() && (0.0..=max).contains(&v)) {
+            return Err(format!("{what} must be between 0 and {max}, got {v}"));
+        }
+    }
+    Ok(())
 }
 
 fn host_from(f: &HostSection) -> Result<SimHost, String> {
@@ -855,6 +1057,227 @@ model = "stream"
             .unwrap_err()
             .to_string();
         assert!(err.contains("load.csv"), "{err}");
+    }
+
+    /// Moses with `physics` (a TOML inline table's inside, or none) beside stream.
+    fn moses(physics: &str) -> String {
+        let line = if physics.is_empty() {
+            String::new()
+        } else {
+            format!("physics = {{ {physics} }}\n")
+        };
+        GOOD.replace(
+            "model = \"memcached\"\n",
+            &format!("model = \"moses\"\n{line}"),
+        )
+    }
+
+    /// The first service on `cores` cores and `ways` ways, the pool on the rest.
+    fn first_on(sc: &Scenario, cores: u32, ways: u32) -> cohabit_core::Plan {
+        use cohabit_core::{Allocation, Plan, WayRange};
+        let cap = sc.capacity();
+        let lc = Allocation {
+            cores,
+            llc_ways: WayRange::new(0, ways),
+            mba_pct: 100,
+            gpu_mps_pct: None,
+        };
+        Plan {
+            services: [(sc.services[0].spec.name.clone(), lc)].into(),
+            best_effort: Allocation {
+                cores: cap.cores - cores,
+                llc_ways: WayRange::new(ways, cap.llc_ways - ways),
+                ..lc
+            },
+        }
+    }
+
+    /// LLC misses per instruction of every service and job, and the first service's p99
+    /// against its target, with 20 cores and 8 ways for it, the pool on the rest, at the
+    /// scenario's load.
+    fn misses_and_p99(sc: Scenario) -> (Vec<f64>, f64) {
+        let plan = first_on(&sc, 20, 8);
+        let n = sc.services.len();
+        let target = sc.services[0].spec.p99_target_ms().unwrap();
+        let truth = crate::TruthModel::new(Arc::new(sc));
+        let loads = truth.loads_at(1.0);
+        let (eval, _) = truth.evaluate(&plan, &loads, &vec![None; n], &vec![0.0; n]);
+        let misses = eval
+            .outcomes
+            .iter()
+            .map(|o| o.llc_misses_per_s / o.instructions_per_s)
+            .collect();
+        (misses, eval.outcomes[0].p99_ms.unwrap() / target)
+    }
+
+    #[test]
+    fn physics_changes_the_simulated_service() {
+        let base = parse(&moses("")).unwrap();
+        let missy = parse(&moses("llc_mpki = 20")).unwrap();
+        assert_eq!(
+            missy.services[0].model.physics.get(Param::LlcMpki),
+            Some(20.0)
+        );
+        assert!(missy.services[0].model.source.contains("llc_mpki = 20"));
+        // More misses at the published point: more in the same 8 ways beside the same
+        // pool, and the service further from its target there (neither saturated).
+        let (m0, p0) = misses_and_p99(base);
+        let (m1, p1) = misses_and_p99(missy);
+        assert!(m1[0] > 1.5 * m0[0], "{m1:?} vs {m0:?}");
+        assert!(p1 > 1.05 * p0 && p1 < 5.0, "{p1} vs {p0}");
+        // A best-effort job with a larger working set misses more in the pool's ways.
+        let big_job = parse(&GOOD.replace(
+            "model = \"stream\"",
+            "model = \"graph\"\nphysics = { wss_mb = 64 }",
+        ))
+        .unwrap();
+        let graph = parse(&GOOD.replace("model = \"stream\"", "model = \"graph\"")).unwrap();
+        let (mb, _) = misses_and_p99(big_job);
+        let (mg, _) = misses_and_p99(graph);
+        assert!(mb[1] > 1.2 * mg[1], "{mb:?} vs {mg:?}");
+        // The row's target and max load are recalibrated on: a tighter target makes each
+        // request lighter; a max load past moses' knee (11k requests/s: its own service time
+        // sets it) moves the knee the loads are fractions of to it.
+        let base = parse(&moses("")).unwrap();
+        let work = |sc: &Scenario| sc.services[0].model.cpu.unwrap().instructions_per_request;
+        let tight = parse(&moses("target_ms = 7.5")).unwrap();
+        assert_eq!(tight.services[0].spec.p99_target_ms(), Some(7.5));
+        assert!(
+            work(&tight) < 0.9 * work(&base),
+            "{} {}",
+            work(&tight),
+            work(&base)
+        );
+        let busy = parse(&moses("max_load = 28000")).unwrap();
+        let knee = busy.services[0].model.latency.unwrap().knee_rps;
+        assert!((28_000.0..28_500.0).contains(&knee), "{knee}");
+        let ratio = busy.load_rps(0, 0.0) / base.load_rps(0, 0.0);
+        assert!(ratio > 2.0, "{ratio}");
+        // A best-effort job takes its own parameters.
+        let heavy = parse(&GOOD.replace(
+            "model = \"stream\"",
+            "model = \"stream\"\nphysics = { apki = 120, mlp = 3 }",
+        ))
+        .unwrap();
+        let cpu = heavy.services[1].model.cpu.unwrap();
+        assert_eq!((cpu.apki, cpu.mlp), (120.0, 3.0));
+    }
+
+    #[test]
+    fn a_bad_physics_key_or_value_is_named_with_its_line() {
+        // GOOD's [[service]] starts on line 6; moses' physics is on line 9.
+        for (physics, words) in [
+            ("wss_mbb = 40", &["physics.wss_mbb", "wss_mb,"][..]),
+            ("wss_mb = -3", &["physics.wss_mb", "-3"]),
+            ("m_inf = 1.5", &["physics.m_inf", "between 0 and 1"]),
+            ("ipc = inf", &["physics.ipc", "inf"]),
+            (
+                "cpi_base = 1",
+                &["physics.cpi_base", "not a parameter of a service row"],
+            ),
+            ("streams = 2", &["physics.streams"]),
+        ] {
+            let err = parse(&moses(physics)).unwrap_err().to_string();
+            assert!(
+                err.contains("test.toml: line 9: service mc"),
+                "{physics}: {err}"
+            );
+            for w in words {
+                assert!(err.contains(w), "{physics}: {err}");
+            }
+        }
+        let err = parse(&GOOD.replace(
+            "model = \"stream\"",
+            "model = \"stream\"\nphysics = { ipc = 1 }",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("best-effort job s: physics.ipc") && err.contains("best-effort row"),
+            "{err}"
+        );
+        // Not a number: TOML's own error, with its line.
+        let err = parse(&moses("wss_mb = \"big\"")).unwrap_err().to_string();
+        assert!(err.contains("line 9") && err.contains("wss_mb"), "{err}");
+    }
+
+    const OWN: &str = r#"
+[[catalogue]]
+name = "kv"
+kind = "service"
+about = "our key-value store, measured"
+physics = { target_ms = 2, max_load = 50000, cv = 1.2, ipc = 0.9, llc_mpki = 3, wss_mb = 50, m_inf = 0.1, steepness = 2.5, icache_mpki = 10, sys_share = 0.4 }
+"#;
+
+    #[test]
+    fn a_scenario_catalogue_service_runs() {
+        let text = format!(
+            "{}{OWN}",
+            GOOD.replace("model = \"memcached\"", "model = \"kv\"")
+        );
+        let sc = Arc::new(parse(&text).unwrap());
+        let kv = &sc.services[0].model;
+        assert_eq!((kv.name.as_str(), kv.kind()), ("kv", RowKind::Service));
+        assert_eq!(sc.services[0].spec.p99_target_ms(), Some(2.0));
+        let knee = kv.latency.unwrap().knee_rps;
+        assert!(knee >= 50_000.0 * 0.999 && knee.is_finite(), "{knee}");
+        // It runs: the simulated host serves a fifth of its knee on 16 cores and 10 ways.
+        use cohabit_core::Collector;
+        let p = first_on(&sc, 16, 10);
+        let mut host = crate::SimulatedHost::launch(Arc::clone(&sc), &p, Some(1)).unwrap();
+        let obs: Vec<_> = (0..5).map(|_| host.collect().unwrap()).collect();
+        let last = &obs[4].services[0].sample;
+        assert!(last.requests_per_s.unwrap() > 0.15 * knee, "{last:?}");
+        assert!(last.p99_ms.unwrap() < 2.0, "{last:?}");
+    }
+
+    #[test]
+    fn a_scenario_catalogue_row_is_checked_by_name() {
+        let with = |own: &str| {
+            format!(
+                "{}{own}",
+                GOOD.replace("model = \"memcached\"", "model = \"kv\"")
+            )
+        };
+        let err = parse(&with(&OWN.replace("ipc = 0.9, ", "")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 15: catalogue row \"kv\": physics.ipc is missing"),
+            "{err}"
+        );
+        let err = parse(&with(&OWN.replace("\"kv\"", "\"memcached\"")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("built-in catalogue has a model of that name"),
+            "{err}"
+        );
+        let err = parse(&with(
+            &OWN.replace("kind = \"service\"", "kind = \"daemon\""),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("daemon") && err.contains("best-effort"),
+            "{err}"
+        );
+        let err = parse(&with(&format!("{OWN}{OWN}")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("defined twice"), "{err}");
+        // Its own parameters are range-checked too.
+        let err = parse(&with(&OWN.replace("sys_share = 0.4", "sys_share = 4")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("physics.sys_share") && err.contains("line 18"),
+            "{err}"
+        );
+        // And a service may change a row of the scenario's own like a built-in one.
+        let text = with(OWN).replace("model = \"kv\"", "model = \"kv\"\nphysics = { wss_mb = 5 }");
+        let sc = parse(&text).unwrap();
+        assert_eq!(sc.services[0].model.physics.get(Param::WssMb), Some(5.0));
     }
 
     #[test]

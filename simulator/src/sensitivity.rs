@@ -187,6 +187,7 @@ fn cpu_services() -> impl Iterator<Item = &'static ServiceModel> {
     catalogue::catalogue()
         .iter()
         .filter(|m| m.latency.is_some() && m.gpu.is_none() && m.cpu.is_some())
+        .map(|m| &**m)
 }
 
 /// The p99 (ms) of `service` at `load_rps` with half the cores of `host` and every way,
@@ -285,7 +286,7 @@ pub fn table(platform: Platform) -> Vec<Row> {
                 }
             });
             Row {
-                service: m.name,
+                service: &m.name,
                 alone_rps: alone,
                 ratio,
             }
@@ -448,7 +449,7 @@ mod tests {
     fn the_kernel_path_not_the_llc_footprint_makes_memcached_fear_a_streaming_job() {
         let host = Platform::XeonE5_2697V4.host();
         let m = catalogue::model("memcached").unwrap();
-        let mut footprint_only = m.clone();
+        let mut footprint_only = ServiceModel::clone(m);
         if let Some(c) = footprint_only.cpu.as_mut() {
             c.kernel_llc_pki = 0.0;
         }

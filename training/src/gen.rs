@@ -12,8 +12,28 @@
 //! RDT (no CAT, no MBA: every group on the whole LLC, as cohabit sees a VM) ([`HOST_KINDS`]),
 //! and in some intervals a service has no latency reading ([`LATENCY_MISSING`]), so the model
 //! has seen every presence flag at 0, and `ways_now = 1`, and `ml` can use it on such hosts.
+//!
+//! **What it draws from.** [`crate::drawn`] states these as tables ([`DRAWN_HOST`],
+//! [`DRAWN_SERVICE`], [`DRAWN_BEST_EFFORT`], [`DRAWN_LOAD`]), checked against the catalogue
+//! and the platforms; a host or service outside them is one the models never saw
+//! ([`foreign_parameters`]).
+//!
+//! | | drawn |
+//! |---|---|
+//! | host | the one preset given (`--platform`); the shipped models: `xeon-e5-2697v4` (36 cores, 20 ways of 45 MiB, 2.3 GHz, 76.8 GB/s, 90 ns) and `xeon-gold-6338` (64 cores, 12 ways of 48 MiB, 2.0 GHz, 94 GB/s, 95 ns); 20 % of scenes without RDT allocation (one way) |
+//! | latency-critical services | 1–3 of the catalogue's 10 CPU rows, unchanged: `target_ms` 0.6–2500, `max_load` 14–1.28 M, `cv` 0.4–2.1, `ipc` 0.4–1.2, `llc_mpki` 0.01–10.48, `wss_mb` 4–30, `m_inf` 0.002–0.3, `steepness` 2–3, `icache_mpki` 0–33.07, `sys_share` 0–0.78 |
+//! | their load | constant, 0.03–0.4 of the knee |
+//! | best-effort jobs | 0–2 of `stream`, `graph`, `compute`: `cpi_base` 0.6–0.9, `apki` 0.5–60, `wss_mb` 0.5–2048, `m_inf` 0.01–0.9, `steepness` 1–3, `mlp` 2–6 |
+//! | allocations | current: 1 to cores/n cores and side-by-side ways per service, the pool the rest; candidates: 1 to 2× the cores in force, any ways from the service's first; MBA levels as above |
+//!
+//! [`DRAWN_HOST`]: crate::drawn::DRAWN_HOST
+//! [`DRAWN_SERVICE`]: crate::drawn::DRAWN_SERVICE
+//! [`DRAWN_BEST_EFFORT`]: crate::drawn::DRAWN_BEST_EFFORT
+//! [`DRAWN_LOAD`]: crate::drawn::DRAWN_LOAD
+//! [`foreign_parameters`]: crate::drawn::foreign_parameters
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cohabit_core::{Allocation, HostCapacity, Plan, ServiceClass, ServiceSpec, WayRange};
 use cohabit_models::{features, Neighbours};
@@ -25,6 +45,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::dataset::{Dataset, Row};
+use crate::drawn::DRAWN_LOAD;
 use crate::scene::{generate_scenes, Scene, SceneKind};
 
 // Where it has always been named; the scene loop of both generators applies it.
@@ -86,7 +107,7 @@ pub fn cpu_services() -> Vec<&'static str> {
     catalogue::catalogue()
         .iter()
         .filter(|m| m.latency.is_some() && m.gpu.is_none())
-        .map(|m| m.name)
+        .map(|m| m.name.as_str())
         .collect()
 }
 
@@ -120,7 +141,7 @@ fn random_alloc(
 }
 
 /// The best-effort jobs a CPU scene draws from.
-const BEST_EFFORT: [&str; 3] = ["stream", "graph", "compute"];
+pub const BEST_EFFORT: [&str; 3] = ["stream", "graph", "compute"];
 
 /// Generates a dataset; `progress` is called with (done, total) scenes.
 pub fn generate(cfg: &GenConfig, progress: impl FnMut(usize, usize)) -> Dataset {
@@ -172,9 +193,9 @@ impl SceneKind for CpuScenes<'_> {
                     gpu: None,
                     priority: 0,
                 },
-                model,
+                model: Arc::clone(model),
                 load: Some(LoadTrace::Constant {
-                    fraction: rng.gen_range(0.03..0.4),
+                    fraction: rng.gen_range(DRAWN_LOAD.0..DRAWN_LOAD.1),
                 }),
             });
         }
@@ -189,7 +210,7 @@ impl SceneKind for CpuScenes<'_> {
                     gpu: None,
                     priority: 0,
                 },
-                model,
+                model: Arc::clone(model),
                 load: None,
             });
         }

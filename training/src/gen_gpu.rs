@@ -12,6 +12,7 @@
 //! utilisation reading ([`GPU_UTIL_MISSING`]), so the model has seen those flags at 0.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cohabit_core::{
     Allocation, HostCapacity, Observation, Plan, Sample, ServiceClass, ServiceObservation,
@@ -48,7 +49,7 @@ pub fn gpu_services() -> Vec<&'static str> {
     catalogue::catalogue()
         .iter()
         .filter(|m| m.latency.is_some() && m.gpu.is_some())
-        .map(|m| m.name)
+        .map(|m| m.name.as_str())
         .collect()
 }
 
@@ -134,7 +135,7 @@ impl SceneKind for GpuScenes<'_> {
                     },
                     Some(0),
                 ),
-                model,
+                model: Arc::clone(model),
                 load: Some(LoadTrace::Constant {
                     fraction: rng.gen_range(0.03..0.7),
                 }),
@@ -144,7 +145,7 @@ impl SceneKind for GpuScenes<'_> {
             if let Some(model) = catalogue::model("gpu-train") {
                 services.push(SimService {
                     spec: spec("gpu-train#be".into(), ServiceClass::BestEffort, Some(0)),
-                    model,
+                    model: Arc::clone(model),
                     load: None,
                 });
             }
@@ -153,7 +154,7 @@ impl SceneKind for GpuScenes<'_> {
             if let Some(model) = catalogue::model("compute") {
                 services.push(SimService {
                     spec: spec("compute#be".into(), ServiceClass::BestEffort, None),
-                    model,
+                    model: Arc::clone(model),
                     load: None,
                 });
             }

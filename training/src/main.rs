@@ -107,6 +107,23 @@ enum Command {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Fold a fleet's per-host posteriors (each host's `state_dir/posterior.json`) into the
+    /// model's output layer: the precision-weighted average of their corrections, written
+    /// as a new artifact.
+    Fold {
+        /// The model the posteriors were learnt on (its .json).
+        #[arg(long)]
+        model: PathBuf,
+        /// Posterior files, one or more per host.
+        #[arg(value_name = "POSTERIOR", required = true)]
+        posteriors: Vec<PathBuf>,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Artifact name.
+        #[arg(long, default_value = "qos-folded")]
+        name: String,
+    },
     /// Evaluate an artifact on a dataset.
     Eval {
         /// A GPU model and dataset.
@@ -386,6 +403,23 @@ fn main() -> Result<()> {
                 );
             }
             println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        Command::Fold {
+            model,
+            posteriors,
+            out,
+            name,
+        } => {
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let (report, path) =
+                cohabit_training::fold::fold_files(&model, &posteriors, &out, &name)?;
+            println!(
+                "folded {} posteriors ({:.0} readings; {} of another model skipped) into {}",
+                report.folded,
+                report.samples,
+                report.skipped,
+                path.display()
+            );
         }
     }
     Ok(())

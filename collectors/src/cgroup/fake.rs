@@ -117,6 +117,13 @@ impl FakeCgroup2Builder {
         ] {
             std::fs::write(root.join(file), text)?;
         }
+        // The host's online CPUs, as sysfs lists them (`[host] cpus` is checked against it).
+        let cpu = dir.path().join("sys/devices/system/cpu");
+        std::fs::create_dir_all(&cpu)?;
+        std::fs::write(
+            cpu.join("online"),
+            CpuList((0..self.cpus).collect()).to_string(),
+        )?;
         let proc_self = dir.path().join("proc/self");
         std::fs::create_dir_all(&proc_self)?;
         std::fs::write(

@@ -31,7 +31,7 @@
 //! state_dir = "/run/cohabit"         # lock and record of changes (root-owned, 0700)
 //!
 //! [host]
-//! cpus = "0-35"                      # CPUs cohabit manages; default: all online
+//! cpus = "0-35"                      # CPUs cohabit manages (online ones); default: all online
 //! mem_bw_gbps = 76.8                 # peak memory bandwidth (MBA in MBps mode, telemetry sanity)
 //! unmanaged_cache = "shared"         # or "pool": processes cohabit does not manage (the root
 //!                                    # resctrl group) get the pool's cache ways, not every way
@@ -42,7 +42,8 @@
 //! name = "memcached"
 //! p99_target_ms = 0.6
 //! match = { process_name = "memcached",   # or cgroup / systemd_unit / pid_file
-//!           user = "memcache",             # only processes running as this user (name or uid)
+//!           user = "memcache",             # only processes running as this user (name or uid;
+//!                                          # needed by process_name and pid_file)
 //!           exe = "/usr/bin/memcached" }   # … and this executable
 //! latency = { unix = "/run/cohabit/memcached.sock",  # datagrams of one latency (µs) per line
 //!             group = "memcache", mode = "0660",     # socket owner/group/mode (owner: root)
@@ -66,9 +67,15 @@
 //! cgroup_driver = "auto"             # or cgroupfs | systemd (the kubelet's cgroupDriver)
 //! kubelet_dir = "/var/lib/kubelet"   # its cpu_manager_state is read
 //! cgroup_root = "/"                  # the kubelet's --cgroup-root
-//! socket_dir = "/run/cohabit/pods"   # a pod's unix latency socket must lie here
+//! socket_dir = "/run/cohabit/pods"   # a pod's unix latency socket: only
+//!                                    # <socket_dir>/<namespace>.<name>.sock
+//! latency_critical_namespaces = ["shop"] # only these namespaces' pods may be latency-
+//!                                    # critical (default: none; others are best effort)
+//! max_pod_priority = 0               # highest cohabit.io/priority honoured (-1000 to 1000)
+//! min_pod_p99_target_ms = 0.05       # lower cohabit.io/p99-target-ms are raised to this
 //! # api_url = "https://10.0.0.1:6443" # out of the cluster (in it: the service account),
 //! # token_file = "/etc/cohabit/token", ca_file = "/etc/cohabit/ca.pem"
+//! # insecure_http = false            # true: token_file may go to an http:// api_url
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -493,6 +500,62 @@ pub struct ServiceConfig {
     pub priority: i32,
 }
 
+/// A matcher any local user could satisfy, given without `match.user` to say whose
+/// processes are the service's (security review 2026-12, row 2). Refused outside
+/// `--dry-run` ([`ServiceConfig::unbound_matcher`]; `host::find::require_users`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("service {service}: match.{key} without match.user: {}; set match.user to the user the service runs as (a name or uid), or run with --dry-run to only watch", .key.risk())]
+pub struct UnboundMatcher {
+    /// The service.
+    pub service: String,
+    /// Its matcher.
+    pub key: MatcherKey,
+}
+
+/// The matchers that need `match.user`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatcherKey {
+    /// `match.process_name`.
+    ProcessName,
+    /// `match.pid_file`.
+    PidFile,
+}
+
+impl MatcherKey {
+    /// What could go wrong without `match.user`.
+    fn risk(self) -> &'static str {
+        match self {
+            MatcherKey::ProcessName => "any user can give a process that name and have it managed as the service (its cgroup given the service's CPUs, its latency believed)",
+            MatcherKey::PidFile => "only a root-owned file naming a root process would be believed, so a service that runs as another user is never found",
+        }
+    }
+}
+
+impl std::fmt::Display for MatcherKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MatcherKey::ProcessName => "process_name",
+            MatcherKey::PidFile => "pid_file",
+        })
+    }
+}
+
+impl ServiceConfig {
+    /// The service's matcher, if it is found by process name or pid file without
+    /// `match.user`.
+    pub fn unbound_matcher(&self) -> Option<UnboundMatcher> {
+        let key = match self.matcher {
+            Matcher::ProcessName(_) => MatcherKey::ProcessName,
+            Matcher::PidFile(_) => MatcherKey::PidFile,
+            _ => return None,
+        };
+        self.constraint.user.is_none().then(|| UnboundMatcher {
+            service: self.name.clone(),
+            key,
+        })
+    }
+}
+
 /// A validated daemon configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DaemonConfig {
@@ -724,7 +787,7 @@ impl DaemonConfig {
         let kubernetes = f
             .kubernetes
             .as_ref()
-            .map(|k| kubernetes(k, env))
+            .map(|k| kubernetes(k, env, f.collect_timeout_ms.unsigned_abs()))
             .transpose()
             .map_err(err)?;
         if services.is_empty() && kubernetes.is_none() {
@@ -1162,6 +1225,11 @@ fn latency(l: &LatencyFile) -> Result<LatencySource, String> {
             if !url.starts_with("http://") {
                 return Err(format!("latency.prometheus {url:?} must be an http:// URL"));
             }
+            if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!(
+                    "latency.prometheus {url:?} contains white space or control characters"
+                ));
+            }
             let metric = l
                 .metric
                 .clone()
@@ -1232,7 +1300,23 @@ struct KubernetesFile {
     api_url: Option<String>,
     token_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
+    #[serde(default)]
+    insecure_http: bool,
     socket_dir: Option<PathBuf>,
+    #[serde(default)]
+    latency_critical_namespaces: Vec<String>,
+    #[serde(default = "default_max_pod_priority")]
+    max_pod_priority: i64,
+    #[serde(default = "default_min_pod_target")]
+    min_pod_p99_target_ms: f64,
+}
+
+fn default_max_pod_priority() -> i64 {
+    i64::from(cohabit_kube::trust::DEFAULT_MAX_POD_PRIORITY)
+}
+
+fn default_min_pod_target() -> f64 {
+    cohabit_kube::trust::DEFAULT_MIN_POD_P99_TARGET_MS
 }
 
 fn default_driver() -> String {
@@ -1251,17 +1335,25 @@ pub enum KubeApi {
     InCluster,
     /// An explicit server (`api_url`), for out-of-cluster use and tests.
     Url {
-        /// `https://host:port` or `http://host:port`.
+        /// `https://host:port`, or `http://host:port` (with a token only when
+        /// `insecure_http` is set).
         url: String,
         /// A file holding the bearer token.
         token_file: Option<PathBuf>,
         /// The CA bundle (PEM) to trust.
         ca_file: Option<PathBuf>,
+        /// `insecure_http = true`: a bearer token may go over plain http.
+        insecure_http: bool,
     },
 }
 
+/// The highest rate a pod's probe may ask for.
+pub const MAX_POD_PROBE_RATE_HZ: u32 = 200;
+/// The longest request path (or Prometheus URL) a pod's annotation may give, in bytes.
+pub const MAX_POD_URL_BYTES: usize = 2048;
+
 /// `[kubernetes]`, validated: services also come from the pods of this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct KubernetesConfig {
     /// This node's name (`node_name`, else the environment variable `NODE_NAME`).
     pub node_name: String,
@@ -1273,14 +1365,23 @@ pub struct KubernetesConfig {
     pub kubelet_dir: PathBuf,
     /// The API server.
     pub api: KubeApi,
-    /// The only directory under which a pod's `cohabit.io/latency` may name a Unix socket.
+    /// The directory of pods' Unix sockets: a pod's `cohabit.io/latency` may name only
+    /// `<socket_dir>/<namespace>.<name>.sock`.
     pub socket_dir: PathBuf,
+    /// What pods may claim: which namespaces may be latency-critical, the highest
+    /// priority, the lowest target (`latency_critical_namespaces`, `max_pod_priority`,
+    /// `min_pod_p99_target_ms`).
+    pub trust: cohabit_kube::trust::PodTrust,
+    /// The longest time-out a pod's probe may ask for: the daemon's `collect_timeout_ms`.
+    pub max_pod_probe_timeout_ms: u64,
 }
 
-/// Validates `[kubernetes]`; `env` reads the environment (`NODE_NAME`).
+/// Validates `[kubernetes]`; `env` reads the environment (`NODE_NAME`);
+/// `collect_timeout_ms` bounds pods' probe time-outs.
 fn kubernetes(
     k: &KubernetesFile,
     env: &dyn Fn(&str) -> Option<String>,
+    collect_timeout_ms: u64,
 ) -> Result<KubernetesConfig, String> {
     let node_name = match (&k.node_name, env("NODE_NAME")) {
         (Some(n), _) => n.clone(),
@@ -1338,7 +1439,35 @@ fn kubernetes(
             .as_deref()
             .unwrap_or(Path::new(DEFAULT_POD_SOCKET_DIR)),
     )?;
-    let api = match &k.api_url {
+    let api = kube_api(k)?;
+    Ok(KubernetesConfig {
+        node_name,
+        cgroup_driver,
+        cgroup_root,
+        kubelet_dir,
+        api,
+        socket_dir,
+        trust: pod_trust(k)?,
+        max_pod_probe_timeout_ms: collect_timeout_ms,
+    })
+}
+
+/// `api_url`, `token_file`, `ca_file` and `insecure_http`, checked: the API server.
+fn kube_api(k: &KubernetesFile) -> Result<KubeApi, String> {
+    let absolute = |key: &str, p: &Path| {
+        if p.is_absolute() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!(
+                "kubernetes.{key} {} must be an absolute path",
+                p.display()
+            ))
+        }
+    };
+    if k.insecure_http && k.api_url.is_none() {
+        return Err("kubernetes.insecure_http goes with an http:// api_url".into());
+    }
+    Ok(match &k.api_url {
         None if k.token_file.is_some() || k.ca_file.is_some() => {
             return Err("kubernetes.token_file and ca_file go with api_url (in the cluster the service account's are used)".into())
         }
@@ -1353,7 +1482,13 @@ fn kubernetes(
                     "kubernetes.api_url {url:?} must be an https:// (or http://) URL"
                 ));
             }
+            if url.starts_with("http://") && k.token_file.is_some() && !k.insecure_http {
+                return Err(format!(
+                    "kubernetes.api_url {url:?} would send the bearer token (token_file) in clear: use https://, or set insecure_http = true for a test server on a trusted path"
+                ));
+            }
             KubeApi::Url {
+                insecure_http: k.insecure_http,
                 url: url.clone(),
                 token_file: k
                     .token_file
@@ -1367,27 +1502,79 @@ fn kubernetes(
                     .transpose()?,
             }
         }
-    };
-    Ok(KubernetesConfig {
-        node_name,
-        cgroup_driver,
-        cgroup_root,
-        kubelet_dir,
-        api,
-        socket_dir,
+    })
+}
+
+/// `latency_critical_namespaces`, `max_pod_priority` and `min_pod_p99_target_ms`, checked.
+fn pod_trust(k: &KubernetesFile) -> Result<cohabit_kube::trust::PodTrust, String> {
+    use cohabit_kube::trust::{MAX_PRIORITY, MIN_POD_P99_TARGET_FLOOR_MS, MIN_PRIORITY};
+    let mut namespaces = BTreeSet::new();
+    for ns in &k.latency_critical_namespaces {
+        // A namespace name is an RFC 1123 label.
+        let label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label {
+            return Err(format!(
+                "kubernetes.latency_critical_namespaces: {ns:?} is not a namespace name (lowercase letters, digits and -, at most 63)"
+            ));
+        }
+        if !namespaces.insert(ns.clone()) {
+            return Err(format!(
+                "kubernetes.latency_critical_namespaces: {ns:?} is listed twice"
+            ));
+        }
+    }
+    let max_priority = i32::try_from(k.max_pod_priority)
+        .ok()
+        .filter(|p| (MIN_PRIORITY..=MAX_PRIORITY).contains(p))
+        .ok_or_else(|| {
+            format!(
+                "kubernetes.max_pod_priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} (the bounds of configured services), got {}",
+                k.max_pod_priority
+            )
+        })?;
+    let floor = k.min_pod_p99_target_ms;
+    if !(MIN_POD_P99_TARGET_FLOOR_MS..=cohabit_kube::annotations::MAX_P99_TARGET_MS)
+        .contains(&floor)
+    {
+        return Err(format!(
+            "kubernetes.min_pod_p99_target_ms must be from {MIN_POD_P99_TARGET_FLOOR_MS} to {} milliseconds, got {floor}",
+            cohabit_kube::annotations::MAX_P99_TARGET_MS
+        ));
+    }
+    Ok(cohabit_kube::trust::PodTrust {
+        latency_critical_namespaces: namespaces,
+        max_priority,
+        min_p99_target_ms: floor,
     })
 }
 
 /// A pod's `cohabit.io/latency` annotation as a latency source: a probe URL
-/// (`memcached://`, `redis://`, `http://`, with the default rate and time-out), or an inline
-/// table with the keys of a `[[service]]`'s `latency`, checked the same way, e.g.
+/// (`memcached://`, `redis://`, `http://`, with the default rate and a time-out of at most
+/// `collect_timeout_ms`), or an inline table with the keys of a `[[service]]`'s `latency`,
+/// checked the same way, e.g.
 /// `{ prometheus = "http://10.0.0.5:9150/metrics", metric = "request_duration_seconds" }`.
-/// A Unix socket must lie in `socket_dir` (the annotation comes from whoever may create
-/// pods, and cohabit binds the socket as root).
+///
+/// The annotation comes from whoever may create pods, and cohabit acts on it as root, so
+/// more is refused than in a `[[service]]`:
+/// - UDP `push` (the root daemon would bind whatever loopback port the pod names, and every
+///   local user could send to it);
+/// - a Unix socket anywhere but `<socket_dir>/<namespace>.<name>.sock` (one pod must not
+///   take another's path);
+/// - a probe's `rate_hz` above [`MAX_POD_PROBE_RATE_HZ`] or `timeout_ms` above the daemon's
+///   `collect_timeout_ms`, and a request path or Prometheus URL longer than
+///   [`MAX_POD_URL_BYTES`];
+/// - any address but the pod's own (`ips`).
 pub fn pod_latency(
     text: &str,
-    socket_dir: &Path,
-    pod_ips: &[std::net::IpAddr],
+    pod: &cohabit_kube::PodKey,
+    ips: &[std::net::IpAddr],
+    k: &KubernetesConfig,
 ) -> Result<LatencySource, String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -1395,7 +1582,7 @@ pub fn pod_latency(
         latency: LatencyFile,
     }
     let t = text.trim();
-    let file = if t.starts_with('{') {
+    let mut file = if t.starts_with('{') {
         toml::from_str::<Wrapper>(&format!("latency = {t}"))
             .map_err(|e| format!("not a latency table: {}", e.message()))?
             .latency
@@ -1405,40 +1592,64 @@ pub fn pod_latency(
             ..LatencyFile::default()
         }
     };
+    if file.push.is_some() {
+        return Err(format!(
+            "latency.push: a pod cannot push over UDP (any local user could send to the port); use unix = \"{}\"",
+            pod_socket(pod, k).display()
+        ));
+    }
+    pod_probe_limits(&mut file, k.max_pod_probe_timeout_ms)?;
     let source = latency(&file)?;
-    if let LatencySource::Push {
-        addr: PushAddr::Unix(p),
-        ..
-    } = &source
-    {
-        let inside = p.starts_with(socket_dir)
-            && p.components()
-                .all(|c| !matches!(c, std::path::Component::ParentDir));
-        if !inside {
+    match &source {
+        LatencySource::Push {
+            addr: PushAddr::Unix(p),
+            ..
+        } => {
+            let only = pod_socket(pod, k);
+            if *p != only {
+                return Err(format!(
+                    "latency.unix {} must be {} (kubernetes.socket_dir, then the pod's namespace and name)",
+                    p.display(),
+                    only.display()
+                ));
+            }
+        }
+        LatencySource::Probe { url, .. } if url.path.len() > MAX_POD_URL_BYTES => {
             return Err(format!(
-                "latency.unix {} must lie in {} (kubernetes.socket_dir)",
-                p.display(),
-                socket_dir.display()
+                "latency.probe: the request path is {} bytes, more than the {MAX_POD_URL_BYTES} a pod may ask for",
+                url.path.len()
             ));
         }
+        LatencySource::Prometheus { url, .. } if url.len() > MAX_POD_URL_BYTES => {
+            return Err(format!(
+                "latency.prometheus: the URL is {} bytes, more than the {MAX_POD_URL_BYTES} a pod may ask for",
+                url.len()
+            ));
+        }
+        _ => {}
     }
-    // Whoever may create pods may write annotations: the root daemon contacts only the
-    // pod's own addresses, never one an annotation picks elsewhere on the network.
-    let contacted = match &source {
+    only_the_pods_addresses(&source, ips)?;
+    Ok(source)
+}
+
+/// The root daemon contacts only the pod's own addresses (`ips`), never one an annotation
+/// picks elsewhere on the network.
+fn only_the_pods_addresses(source: &LatencySource, ips: &[std::net::IpAddr]) -> Result<(), String> {
+    let contacted = match source {
         LatencySource::Probe { url, .. } => Some((url.addr.ip(), url.to_string())),
         LatencySource::Prometheus { url, .. } => Some((
             url_ip(url).ok_or_else(|| {
-                format!("latency.prometheus {url}: the host must be the pod's IP address")
+                format!("latency.prometheus {url:?}: the host must be the pod's IP address")
             })?,
             url.clone(),
         )),
         LatencySource::Push { .. } => None,
     };
     if let Some((ip, url)) = contacted {
-        if !pod_ips.contains(&ip) {
-            let ips: Vec<String> = pod_ips.iter().map(ToString::to_string).collect();
+        if !ips.contains(&ip) {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
             return Err(format!(
-                "{url}: {ip} is not one of the pod's addresses ({})",
+                "{url:?}: {ip} is not one of the pod's addresses ({})",
                 if ips.is_empty() {
                     "none reported yet".to_string()
                 } else {
@@ -1447,7 +1658,42 @@ pub fn pod_latency(
             ));
         }
     }
-    Ok(source)
+    Ok(())
+}
+
+/// The only Unix socket a pod may name: `<socket_dir>/<namespace>.<name>.sock`.
+pub fn pod_socket(pod: &cohabit_kube::PodKey, k: &KubernetesConfig) -> PathBuf {
+    k.socket_dir
+        .join(format!("{}.{}.sock", pod.namespace, pod.name))
+}
+
+/// A pod's probe may ask for at most [`MAX_POD_PROBE_RATE_HZ`] and a time-out of at most
+/// `max_timeout_ms` (refused beyond, so that the pod's owner sees an Event rather than a
+/// probe that silently differs from the annotation); without a time-out it gets the
+/// default, cut to `max_timeout_ms`.
+fn pod_probe_limits(file: &mut LatencyFile, max_timeout_ms: u64) -> Result<(), String> {
+    if file.probe.is_none() {
+        return Ok(());
+    }
+    if let Some(r) = file
+        .rate_hz
+        .filter(|r| *r > i64::from(MAX_POD_PROBE_RATE_HZ))
+    {
+        return Err(format!(
+            "latency.rate_hz {r} is above {MAX_POD_PROBE_RATE_HZ}, the most a pod's probe may ask for"
+        ));
+    }
+    match file.timeout_ms {
+        Some(t) if t.unsigned_abs() > max_timeout_ms => Err(format!(
+            "latency.timeout_ms {t} is above {max_timeout_ms}, the daemon's collect_timeout_ms (the most a pod's probe may wait)"
+        )),
+        Some(_) => Ok(()),
+        None => {
+            let t = DEFAULT_PROBE_TIMEOUT_MS.min(max_timeout_ms);
+            file.timeout_ms = Some(i64::try_from(t).unwrap_or(i64::MAX));
+            Ok(())
+        }
+    }
 }
 
 /// The IP address literal an `http://` URL names (`None` for a host name, user info or
@@ -2176,6 +2422,7 @@ log_keep = 0
                 url: "https://10.0.0.1:6443".into(),
                 token_file: Some("/etc/cohabit/token".into()),
                 ca_file: Some("/etc/cohabit/ca.pem".into()),
+                insecure_http: false,
             }
         );
         for (section, why) in [
@@ -2215,33 +2462,125 @@ log_keep = 0
     }
 
     #[test]
-    fn a_pods_latency_annotation_is_a_probe_url_or_a_latency_table() {
-        let dir = Path::new(DEFAULT_POD_SOCKET_DIR);
-        let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
-        let pod_latency = |text: &str, dir: &Path| super::pod_latency(text, dir, &ips);
+    fn what_pods_may_claim_defaults_to_nothing_latency_critical_and_is_checked() {
+        use cohabit_kube::trust::{DEFAULT_MAX_POD_PRIORITY, DEFAULT_MIN_POD_P99_TARGET_MS};
+        let node = |k: &str| (k == "NODE_NAME").then(|| "node-7".to_string());
+        let parse = |t: &str| DaemonConfig::parse_with_env(t, "t.toml", &node);
+        let k = parse("[kubernetes]\n").unwrap().kubernetes.unwrap();
+        assert!(k.trust.latency_critical_namespaces.is_empty());
+        assert_eq!(k.trust.max_priority, DEFAULT_MAX_POD_PRIORITY);
+        assert_eq!(k.trust.min_p99_target_ms, DEFAULT_MIN_POD_P99_TARGET_MS);
+        assert_eq!(k.max_pod_probe_timeout_ms, 500, "collect_timeout_ms");
+        let k = parse("collect_timeout_ms = 200\n[kubernetes]\nlatency_critical_namespaces = [\"shop\", \"kv-1\"]\nmax_pod_priority = 1000\nmin_pod_p99_target_ms = 0.2\n")
+            .unwrap()
+            .kubernetes
+            .unwrap();
+        assert_eq!(
+            k.trust.latency_critical_namespaces,
+            ["kv-1", "shop"].map(String::from).into()
+        );
+        assert_eq!(
+            (k.trust.max_priority, k.trust.min_p99_target_ms),
+            (1000, 0.2)
+        );
+        assert_eq!(k.max_pod_probe_timeout_ms, 200);
+        for (section, why) in [
+            ("max_pod_priority = 1001", "kubernetes.max_pod_priority"),
+            ("max_pod_priority = 2147483647", "from -1000 to 1000"),
+            ("max_pod_priority = -1001", "kubernetes.max_pod_priority"),
+            (
+                "min_pod_p99_target_ms = 0.0",
+                "kubernetes.min_pod_p99_target_ms",
+            ),
+            (
+                "min_pod_p99_target_ms = 5e-324",
+                "kubernetes.min_pod_p99_target_ms",
+            ),
+            (
+                "min_pod_p99_target_ms = nan",
+                "kubernetes.min_pod_p99_target_ms",
+            ),
+            (
+                "min_pod_p99_target_ms = inf",
+                "kubernetes.min_pod_p99_target_ms",
+            ),
+            (
+                "latency_critical_namespaces = [\"Shop\"]",
+                "\"Shop\" is not a namespace name",
+            ),
+            (
+                "latency_critical_namespaces = [\"\"]",
+                "not a namespace name",
+            ),
+            (
+                "latency_critical_namespaces = [\"a\", \"a\"]",
+                "listed twice",
+            ),
+        ] {
+            let e = parse(&format!("[kubernetes]\n{section}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{section}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_bearer_token_over_plain_http_is_refused_unless_insecure_http_is_set() {
+        let node = |k: &str| (k == "NODE_NAME").then(|| "node-7".to_string());
+        let parse = |t: &str| DaemonConfig::parse_with_env(t, "t.toml", &node);
+        let http = "[kubernetes]\napi_url = \"http://10.0.0.1:8080\"\ntoken_file = \"/etc/cohabit/token\"\n";
+        let e = parse(http).unwrap_err().to_string();
+        assert!(
+            e.contains("kubernetes.api_url")
+                && e.contains("in clear")
+                && e.contains("insecure_http"),
+            "{e}"
+        );
+        let k = parse(&format!("{http}insecure_http = true\n"))
+            .unwrap()
+            .kubernetes
+            .unwrap();
         assert!(matches!(
-            pod_latency("memcached://10.1.2.3:11211", dir),
+            k.api,
+            KubeApi::Url {
+                insecure_http: true,
+                ..
+            }
+        ));
+        // No token, nothing to leak; https needs no waiver.
+        parse("[kubernetes]\napi_url = \"http://10.0.0.1:8080\"\n").unwrap();
+        parse("[kubernetes]\napi_url = \"https://10.0.0.1:6443\"\ntoken_file = \"/t\"\n").unwrap();
+        let e = parse("[kubernetes]\ninsecure_http = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("insecure_http goes with"), "{e}");
+    }
+
+    #[test]
+    fn a_pods_latency_annotation_is_a_probe_url_or_a_latency_table() {
+        let k = kube_section("");
+        let pod = pod_key("shop", "kv");
+        let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
+        let pod_latency = |text: &str| super::pod_latency(text, &pod, &ips, &k);
+        assert!(matches!(
+            pod_latency("memcached://10.1.2.3:11211"),
             Ok(LatencySource::Probe {
                 rate_hz: DEFAULT_PROBE_RATE_HZ,
                 ..
             })
         ));
         assert!(matches!(
-            pod_latency(
-                " { probe = \"http://10.1.2.3:8080/health\", rate_hz = 10 } ",
-                dir
-            ),
+            pod_latency(" { probe = \"http://10.1.2.3:8080/health\", rate_hz = 10 } "),
             Ok(LatencySource::Probe { rate_hz: 10, .. })
         ));
         assert!(matches!(
             pod_latency(
-                "{ prometheus = \"http://10.1.2.3:9150/metrics\", metric = \"rpc_seconds\" }",
-                dir
+                "{ prometheus = \"http://10.1.2.3:9150/metrics\", metric = \"rpc_seconds\" }"
             ),
             Ok(LatencySource::Prometheus { .. })
         ));
         assert!(matches!(
-            pod_latency("{ unix = \"/run/cohabit/pods/kv.sock\" }", dir),
+            pod_latency("{ unix = \"/run/cohabit/pods/shop.kv.sock\" }"),
             Ok(LatencySource::Push { .. })
         ));
         for (bad, why) in [
@@ -2256,11 +2595,11 @@ log_keep = 0
             ),
             (
                 "{ unix = \"/run/kv.sock\" }",
-                "must lie in /run/cohabit/pods",
+                "must be /run/cohabit/pods/shop.kv.sock",
             ),
             (
                 "{ unix = \"/run/cohabit/pods/../../etc/x\" }",
-                "must lie in",
+                "must be /run/cohabit/pods/shop.kv.sock",
             ),
             ("redis://cache.internal", "names are not resolved"),
             (
@@ -2280,8 +2619,121 @@ log_keep = 0
                 "the host must be the pod's IP address",
             ),
         ] {
-            let e = pod_latency(bad, dir).unwrap_err();
+            let e = pod_latency(bad).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    fn kube_section(extra: &str) -> KubernetesConfig {
+        let node = |k: &str| (k == "NODE_NAME").then(|| "node-7".to_string());
+        DaemonConfig::parse_with_env(&format!("[kubernetes]\n{extra}"), "t.toml", &node)
+            .unwrap()
+            .kubernetes
+            .unwrap()
+    }
+
+    fn pod_key(ns: &str, name: &str) -> cohabit_kube::PodKey {
+        cohabit_kube::PodKey {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: "u".into(),
+        }
+    }
+
+    #[test]
+    fn a_pod_cannot_push_over_udp_even_on_loopback() {
+        let k = kube_section("");
+        let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
+        for addr in ["127.0.0.1:9", "127.0.0.1:0", "[::1]:9400", "10.1.2.3:9400"] {
+            let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
+            let e = pod_latency(&text, &pod_key("shop", "kv"), &ips, &k).unwrap_err();
+            assert!(
+                e.contains("cannot push over UDP") && e.contains("/run/cohabit/pods/shop.kv.sock"),
+                "{addr}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pods_unix_socket_is_only_its_own_path_in_the_socket_dir() {
+        let k = kube_section("socket_dir = \"/run/cohabit/pods\"\n");
+        let unix = |path: &str, ns: &str, name: &str| {
+            pod_latency(
+                &format!("{{ unix = \"{path}\" }}"),
+                &pod_key(ns, name),
+                &[],
+                &k,
+            )
+        };
+        let Ok(LatencySource::Push {
+            addr: PushAddr::Unix(p),
+            ..
+        }) = unix("/run/cohabit/pods/shop.kv.sock", "shop", "kv")
+        else {
+            panic!("its own path is refused");
+        };
+        assert_eq!(p, PathBuf::from("/run/cohabit/pods/shop.kv.sock"));
+        // Another pod's path, a path of its own choosing, or one that walks out: refused.
+        for (path, ns, name) in [
+            ("/run/cohabit/pods/shop.kv.sock", "other", "kv"),
+            ("/run/cohabit/pods/shop.kv.sock", "shop", "kv2"),
+            ("/run/cohabit/pods/kv.sock", "shop", "kv"),
+            ("/run/cohabit/pods/sub/shop.kv.sock", "shop", "kv"),
+            ("/run/cohabit/pods/../pods/shop.kv.sock", "shop", "kv"),
+        ] {
+            let e = unix(path, ns, name).unwrap_err();
+            assert!(
+                e.contains(&format!("must be /run/cohabit/pods/{ns}.{name}.sock")),
+                "{path} for {ns}/{name}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pods_probe_is_held_to_the_daemons_limits() {
+        let k = kube_section("");
+        let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
+        let pod = pod_key("shop", "kv");
+        let probe = |text: &str| pod_latency(text, &pod, &ips, &k);
+        // Without a time-out a pod's probe gets the default cut to collect_timeout_ms.
+        assert!(matches!(
+            probe("memcached://10.1.2.3:11211"),
+            Ok(LatencySource::Probe {
+                timeout_ms: 500,
+                ..
+            })
+        ));
+        assert!(matches!(
+            probe("{ probe = \"http://10.1.2.3:80/\", rate_hz = 200, timeout_ms = 500 }"),
+            Ok(LatencySource::Probe {
+                rate_hz: 200,
+                timeout_ms: 500,
+                ..
+            })
+        ));
+        let long_path = format!("http://10.1.2.3:80/{}", "a".repeat(MAX_POD_URL_BYTES));
+        let long_scrape = format!(
+            "{{ prometheus = \"http://10.1.2.3:80/{}\", metric = \"m\" }}",
+            "a".repeat(MAX_POD_URL_BYTES)
+        );
+        for (bad, why) in [
+            (
+                "{ probe = \"http://10.1.2.3:80/\", rate_hz = 201 }".to_string(),
+                "latency.rate_hz 201 is above 200",
+            ),
+            (
+                "{ probe = \"http://10.1.2.3:80/\", rate_hz = 10000 }".to_string(),
+                "latency.rate_hz 10000 is above 200",
+            ),
+            (
+                "{ probe = \"http://10.1.2.3:80/\", timeout_ms = 600000 }".to_string(),
+                "latency.timeout_ms 600000 is above 500",
+            ),
+            (long_path, "more than the 2048"),
+            (long_scrape, "more than the 2048"),
+        ] {
+            let e = probe(&bad).unwrap_err();
+            assert!(e.contains(why), "{}: {e}", &bad[..bad.len().min(80)]);
         }
     }
 }

@@ -172,9 +172,13 @@ const KUBERNETES_API_REACHABLE: MetricDef = gauge(
     "cohabit_kubernetes_api_reachable",
     "1 when the last request to the Kubernetes API server succeeded, else 0 (the pods known stay controlled meanwhile).",
 );
+const STATE_QUARANTINED_ENTRIES: MetricDef = gauge(
+    "cohabit_state_quarantined_entries",
+    "Entries of the state file this start could not restore and moved to quarantine (quarantine.json in the state directory; an unreadable state file, moved aside whole, counts as one); 0 when the start restored everything.",
+);
 
 /// Every metric the daemon exports.
-pub const METRICS: [MetricDef; 17] = [
+pub const METRICS: [MetricDef; 18] = [
     SERVICE_P99_MS,
     SERVICE_TARGET_MS,
     ALLOCATION,
@@ -192,6 +196,7 @@ pub const METRICS: [MetricDef; 17] = [
     MODEL_RELOAD_FAILURES,
     KUBERNETES_PODS,
     KUBERNETES_API_REACHABLE,
+    STATE_QUARANTINED_ENTRIES,
 ];
 
 /// Kinds of errors counted in `cohabit_errors_total`.
@@ -344,6 +349,7 @@ pub struct Exporter {
     model_reload_failures: Counter,
     kubernetes_pods: Family<PodStateLabels, Gauge>,
     kubernetes_api_reachable: Gauge,
+    state_quarantined_entries: Gauge,
     health: Health,
 }
 
@@ -412,6 +418,7 @@ impl Exporter {
             model_reload_failures: Counter::default(),
             kubernetes_pods: Family::default(),
             kubernetes_api_reachable: Gauge::default(),
+            state_quarantined_entries: Gauge::default(),
             health: Health::new(Duration::from_secs(1), UNHEALTHY_AFTER_TICKS),
         };
         let mut r = Registry::default();
@@ -443,6 +450,11 @@ impl Exporter {
             &mut r,
             &KUBERNETES_API_REACHABLE,
             e.kubernetes_api_reachable.clone(),
+        );
+        register(
+            &mut r,
+            &STATE_QUARANTINED_ENTRIES,
+            e.state_quarantined_entries.clone(),
         );
         for kind in ErrorKind::ALL {
             e.errors.get_or_create(&ErrorLabels { kind }).inc_by(0);
@@ -494,6 +506,12 @@ impl Exporter {
         if matches!(rec.apply, Some(ApplyOutcome::Refused { .. })) {
             self.error(ErrorKind::Apply);
         }
+    }
+
+    /// Sets how many entries of the state file this start moved to quarantine.
+    pub fn state_quarantined(&mut self, entries: u64) {
+        self.state_quarantined_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
     }
 
     /// Counts a model reload: `loaded`, or it failed and the previous model stayed.
@@ -1009,15 +1027,9 @@ mod tests {
             .into(),
             apply: None,
             decision_us: 10.0,
-            predictions: [(
-                "kv".to_string(),
-                Prediction {
-                    log_qos_ratio: -0.2,
-                    log_qos_sigma: 0.1,
-                },
-            )]
-            .into(),
+            predictions: [("kv".to_string(), Prediction::new(-0.2, 0.1))].into(),
             truth: None,
+            from_pods: Default::default(),
         }
     }
 
@@ -1033,6 +1045,7 @@ mod tests {
         e.model_reload(true);
         e.model_reload(false);
         e.kubernetes(2, 1, true);
+        e.state_quarantined(1);
         e
     }
 

@@ -2,23 +2,37 @@
 //! clients' environment files.
 //!
 //! Root writing into a directory another user can write is how a symlink or a swapped file
-//! turns a log line into `/etc/shadow` being truncated (security review rows 3 and 22). So
-//! every such file:
+//! turns a log line into `/etc/shadow` being truncated (security review rows 3 and 22, and
+//! L4 of the 2026-12b review). So every such file:
+//! - is reached by walking its path from `/` (or the working directory, for a relative
+//!   path) one directory at a time, each opened with `openat(O_NOFOLLOW | O_DIRECTORY)`
+//!   relative to the one before ([`Dir::open`]): a symbolic link anywhere in the path is
+//!   refused, naming it, and every later step (open, rename, unlink, sync) goes through the
+//!   directory descriptor the walk ended on, never through the path again;
 //! - lives in a directory owned by root (or by the user cohabit runs as, for tests) that
 //!   group and others cannot write ([`check_private_dir`]);
-//! - is opened with `O_NOFOLLOW` and must be a regular file: a symlink at the path is an
-//!   error and its target is never touched ([`read_regular`], [`open_log_file`]);
+//! - is opened with `O_NOFOLLOW | O_NONBLOCK` and must be a regular file: a symlink at the
+//!   path is an error and its target is never touched, a FIFO never blocks the daemon
+//!   ([`read_regular`], [`open_log_file`]);
 //! - when rewritten, is replaced whole: a temporary file in the same directory, `fsync`ed,
-//!   then `rename(2)`d over it, so a reader sees the old content or the new, never a half
+//!   then `renameat(2)`d over it, so a reader sees the old content or the new, never a half
 //!   ([`replace`]).
 //!
-//! Only the last directory is checked, not its ancestors: a group-writable `/var/log` (some
-//! distributions) would otherwise stop the daemon.
+//! Ownership and mode are checked on the last directory only, not on its ancestors: a
+//! group-writable `/var/log` (some distributions) would otherwise stop the daemon. A link in
+//! the path is refused even where root made it (`/var/run` → `/run`): configure the path it
+//! leads to.
 
-use std::fs::{File, Metadata, OpenOptions, Permissions};
+use std::ffi::OsStr;
+use std::fs::{File, Metadata, Permissions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{Mode, SFlag};
 
 /// Largest environment file cohabit reads (they hold a few variables).
 const MAX_READ_BYTES: u64 = 1 << 20;
@@ -54,6 +68,17 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
+fn errno<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> FileError + 'a {
+    move |e| io_error(what, path)(io::Error::from(e))
+}
+
+fn unsafe_path(path: &Path, why: &str) -> FileError {
+    FileError::Unsafe {
+        path: path.to_path_buf(),
+        why: why.into(),
+    }
+}
+
 /// The directory a file path is in (`.` for a bare file name).
 pub fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
@@ -84,70 +109,165 @@ fn unsafe_dir(uid: u32, mode: u32, me: u32) -> Option<String> {
     None
 }
 
-/// Checks that `dir` is a directory owned by root (or by this process's user) that group and
-/// others cannot write.
+/// A directory reached without following a symbolic link, held open: what is done in it
+/// goes through this descriptor (see the module doc).
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+impl Dir {
+    /// Walks to `dir` one component at a time without following a link; with `create`,
+    /// missing directories are made with that mode. Nothing about owners is checked.
+    fn walk(dir: &Path, create: Option<u32>) -> Result<Dir, FileError> {
+        let start = if dir.is_absolute() { "/" } else { "." };
+        let mut at = PathBuf::from(start);
+        let mut fd = nix::fcntl::openat(nix::fcntl::AT_FDCWD, start, DIR_FLAGS, Mode::empty())
+            .map_err(errno("opening", &at))?;
+        for c in dir.components() {
+            let name = match c {
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => continue,
+                Component::ParentDir => OsStr::new(".."),
+                Component::Normal(n) => n,
+            };
+            at.push(name);
+            fd = step(&fd, name, &at, create)?;
+        }
+        Ok(Dir { fd, path: at })
+    }
+
+    /// [`Self::walk`] to `dir`, then checks it is owned by root (or this process's user) and
+    /// that group and others cannot write it.
+    pub fn open(dir: &Path) -> Result<Dir, FileError> {
+        Self::checked(Self::walk(dir, None)?)
+    }
+
+    /// [`Self::open`], making missing directories (with `mode`) on the way.
+    pub fn ensure(dir: &Path, mode: u32) -> Result<Dir, FileError> {
+        Self::checked(Self::walk(dir, Some(mode))?)
+    }
+
+    fn checked(d: Dir) -> Result<Dir, FileError> {
+        let st = nix::sys::stat::fstat(&d.fd).map_err(errno("checking", &d.path))?;
+        match unsafe_dir(st.st_uid, st.st_mode, euid()) {
+            Some(why) => Err(FileError::Unsafe { path: d.path, why }),
+            None => Ok(d),
+        }
+    }
+
+    /// The path the walk took.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens `name` in this directory with `O_NOFOLLOW | O_NONBLOCK` and checks the result
+    /// is a regular file; `None` when it does not exist (and `flags` do not create it).
+    fn open_file(&self, name: &OsStr, flags: OFlag, mode: u32) -> Result<Option<File>, FileError> {
+        let path = self.path.join(name);
+        let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::openat(&self.fd, name, flags, Mode::from_bits_truncate(mode)) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP) => return Err(unsafe_path(&path, "it is a symbolic link")),
+            Err(e) => return Err(errno("opening", &path)(e)),
+        };
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(io_error("checking", &path))?;
+        if !meta.is_file() {
+            return Err(unsafe_path(&path, "not a regular file"));
+        }
+        Ok(Some(file))
+    }
+
+    /// Renames `from` to `to`, both in this directory.
+    pub fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        nix::fcntl::renameat(&self.fd, from, &self.fd, to).map_err(io::Error::from)
+    }
+
+    /// Removes the file `name` (a symlink is removed itself, never its target).
+    pub fn remove(&self, name: &OsStr) -> io::Result<()> {
+        nix::unistd::unlinkat(&self.fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+            .map_err(io::Error::from)
+    }
+
+    /// Makes renames and new files in this directory durable.
+    fn sync(&self) -> io::Result<()> {
+        File::from(self.fd.try_clone()?).sync_all()
+    }
+}
+
+/// Opens the directory `name` in `parent` (at `at`) without following a link, making it
+/// with `create`'s mode when missing.
+fn step(
+    parent: &OwnedFd,
+    name: &OsStr,
+    at: &Path,
+    create: Option<u32>,
+) -> Result<OwnedFd, FileError> {
+    match nix::fcntl::openat(parent, name, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::ENOENT) if create.is_some() => {
+            let mode = Mode::from_bits_truncate(create.unwrap_or(0o700));
+            match nix::sys::stat::mkdirat(parent, name, mode) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(errno("creating", at)(e)),
+            }
+            nix::fcntl::openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(errno("opening", at))
+        }
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => {
+            let st = nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(errno("checking", at))?;
+            let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+            if kind == SFlag::S_IFLNK {
+                Err(unsafe_path(
+                    at,
+                    "a symbolic link in the path (give the path it leads to)",
+                ))
+            } else if kind == SFlag::S_IFDIR {
+                Err(errno("opening", at)(e))
+            } else {
+                Err(unsafe_path(at, "not a directory"))
+            }
+        }
+        Err(e) => Err(errno("opening", at)(e)),
+    }
+}
+
+/// The file name of `path`, or an error naming it.
+fn file_name(path: &Path) -> Result<&OsStr, FileError> {
+    path.file_name()
+        .ok_or_else(|| unsafe_path(path, "no file name"))
+}
+
+/// Checks that `dir` is a directory reached without a symbolic link, owned by root (or by
+/// this process's user), that group and others cannot write.
 pub fn check_private_dir(dir: &Path) -> Result<(), FileError> {
-    let meta = std::fs::metadata(dir).map_err(io_error("checking", dir))?;
-    if !meta.is_dir() {
-        return Err(FileError::Unsafe {
-            path: dir.to_path_buf(),
-            why: "not a directory".into(),
-        });
-    }
-    match unsafe_dir(meta.uid(), meta.mode(), euid()) {
-        Some(why) => Err(FileError::Unsafe {
-            path: dir.to_path_buf(),
-            why,
-        }),
-        None => Ok(()),
-    }
+    Dir::open(dir).map(drop)
 }
 
 /// Creates `dir` (and missing parents) with `mode` if it is missing, then checks it
 /// ([`check_private_dir`]).
 pub fn ensure_private_dir(dir: &Path, mode: u32) -> Result<(), FileError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(dir)
-            .map_err(io_error("creating", dir))?;
-    }
-    check_private_dir(dir)
-}
-
-/// Opens with `O_NOFOLLOW` (and `O_NONBLOCK`, so a FIFO planted at the path cannot hang
-/// the daemon) and checks the result is a regular file. A symlink is [`FileError::Unsafe`].
-fn open_regular(path: &Path, opts: &mut OpenOptions) -> Result<Option<File>, FileError> {
-    let file = match opts
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(FileError::Unsafe {
-                path: path.to_path_buf(),
-                why: "it is a symbolic link".into(),
-            })
-        }
-        Err(e) => return Err(io_error("opening", path)(e)),
-    };
-    let meta = file.metadata().map_err(io_error("checking", path))?;
-    if !meta.is_file() {
-        return Err(FileError::Unsafe {
-            path: path.to_path_buf(),
-            why: "not a regular file".into(),
-        });
-    }
-    Ok(Some(file))
+    Dir::ensure(dir, mode).map(drop)
 }
 
 /// Reads a regular file without following a symlink: its text and metadata, or `None` when
-/// it does not exist.
+/// it does not exist. Its directory is walked ([`Dir`]) but not checked for owner and mode.
 pub fn read_regular(path: &Path) -> Result<Option<(String, Metadata)>, FileError> {
-    let Some(file) = open_regular(path, OpenOptions::new().read(true))? else {
+    let dir = match Dir::walk(parent_dir(path), None) {
+        Ok(d) => d,
+        Err(FileError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(file) = dir.open_file(file_name(path)?, OFlag::O_RDONLY, 0)? else {
         return Ok(None);
     };
     let meta = file.metadata().map_err(io_error("checking", path))?;
@@ -169,48 +289,50 @@ pub fn read_regular(path: &Path) -> Result<Option<(String, Metadata)>, FileError
 /// `fsync`ed and renamed over it; the directory is then synced. The directory must pass
 /// [`check_private_dir`], and a symlink at `path` is refused.
 pub fn replace(path: &Path, contents: &[u8], like: Option<&Metadata>) -> Result<(), FileError> {
-    let dir = parent_dir(path);
-    check_private_dir(dir)?;
+    let dir = Dir::open(parent_dir(path))?;
+    let name = file_name(path)?;
     // The file itself: refused when it is a symlink or not a regular file.
-    open_regular(path, OpenOptions::new().read(true))?;
-    let name = path.file_name().ok_or_else(|| FileError::Unsafe {
-        path: path.to_path_buf(),
-        why: "no file name".into(),
-    })?;
-    let tmp = dir.join(format!(".{}.cohabit-tmp", name.to_string_lossy()));
+    dir.open_file(name, OFlag::O_RDONLY, 0)?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".cohabit-tmp");
+    let tmp = dir.path().join(&tmp_name);
     // A leftover from a crash; the directory is root's, so it is ours.
-    match std::fs::remove_file(&tmp) {
+    match dir.remove(&tmp_name) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_error("removing", &tmp)(e)),
     }
-    let written = write_new(&tmp, contents, like).and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|e| FileError::Io {
+    let written = write_new(&dir, &tmp_name, &tmp, contents, like).and_then(|()| {
+        dir.rename(&tmp_name, name).map_err(|e| FileError::Io {
             what: "renaming a new version over",
             path: path.to_path_buf(),
             source: e,
         })
     });
     if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = dir.remove(&tmp_name);
     }
     written?;
     // The rename is durable once the directory is; a failure here loses nothing written.
-    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-        tracing::debug!(dir = %dir.display(), error = %e, "directory not synced");
+    if let Err(e) = dir.sync() {
+        tracing::debug!(dir = %dir.path().display(), error = %e, "directory not synced");
     }
     Ok(())
 }
 
-fn write_new(tmp: &Path, contents: &[u8], like: Option<&Metadata>) -> Result<(), FileError> {
+fn write_new(
+    dir: &Dir,
+    name: &OsStr,
+    tmp: &Path,
+    contents: &[u8],
+    like: Option<&Metadata>,
+) -> Result<(), FileError> {
     let mode = like.map_or(0o644, |m| m.mode() & 0o7777);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(tmp)
-        .map_err(io_error("creating", tmp))?;
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+    let mut f = dir
+        .open_file(name, flags, 0o600)?
+        .ok_or_else(|| io_error("creating", tmp)(io::ErrorKind::NotFound.into()))?;
     if let Some(m) = like {
         std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()))
             .map_err(io_error("setting the owner of", tmp))?;
@@ -224,8 +346,8 @@ fn write_new(tmp: &Path, contents: &[u8], like: Option<&Metadata>) -> Result<(),
 /// Removes `path` if it is there. The directory must pass [`check_private_dir`]; a symlink
 /// is removed itself, never its target (unlink does not follow).
 pub fn remove(path: &Path) -> Result<(), FileError> {
-    check_private_dir(parent_dir(path))?;
-    match std::fs::remove_file(path) {
+    let dir = Dir::open(parent_dir(path))?;
+    match dir.remove(file_name(path)?) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_error("removing", path)(e)),
@@ -234,24 +356,31 @@ pub fn remove(path: &Path) -> Result<(), FileError> {
 
 /// Opens (creating with mode `0640` if missing) a log file for appending, without following
 /// a symlink; an existing file loses group write and every permission of others. With
-/// `create_new`, a file already at the path is an error.
+/// `create_new`, a file already at the path is an error. The directory must pass
+/// [`check_private_dir`].
 pub fn open_log_file(path: &Path, create_new: bool) -> Result<File, FileError> {
-    let mut opts = OpenOptions::new();
-    opts.read(true).append(true).mode(0o640);
+    let dir = Dir::open(parent_dir(path))?;
+    open_log_in(&dir, file_name(path)?, create_new)
+}
+
+/// [`open_log_file`] for `name` in `dir`.
+pub fn open_log_in(dir: &Dir, name: &OsStr, create_new: bool) -> Result<File, FileError> {
+    let path = dir.path().join(name);
+    let mut flags = OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_CREAT;
     if create_new {
-        opts.create_new(true);
-    } else {
-        opts.create(true);
+        flags |= OFlag::O_EXCL;
     }
-    let file = open_regular(path, &mut opts)?.ok_or_else(|| FileError::Io {
-        what: "opening",
-        path: path.to_path_buf(),
-        source: io::ErrorKind::NotFound.into(),
-    })?;
-    let mode = file.metadata().map_err(io_error("checking", path))?.mode() & 0o7777;
+    let file = dir
+        .open_file(name, flags, 0o640)?
+        .ok_or_else(|| FileError::Io {
+            what: "opening",
+            path: path.clone(),
+            source: io::ErrorKind::NotFound.into(),
+        })?;
+    let mode = file.metadata().map_err(io_error("checking", &path))?.mode() & 0o7777;
     if mode & !0o640 != 0 {
         file.set_permissions(Permissions::from_mode(mode & 0o640))
-            .map_err(io_error("setting the mode of", path))?;
+            .map_err(io_error("setting the mode of", &path))?;
     }
     Ok(file)
 }
@@ -301,6 +430,51 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
+    }
+
+    #[test]
+    fn a_path_through_a_symlinked_directory_is_refused_and_nothing_there_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("x.env"), "A=1\n").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let env = link.join("x.env");
+        for e in [
+            replace(&env, b"A=2\n", None).unwrap_err(),
+            read_regular(&env).unwrap_err(),
+            remove(&env).unwrap_err(),
+            open_log_file(&link.join("d.jsonl"), false).unwrap_err(),
+            ensure_private_dir(&link.join("sub"), 0o755).unwrap_err(),
+            check_private_dir(&link.join(".")).unwrap_err(),
+        ] {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("a symbolic link in the path")
+                    && msg.contains(&link.display().to_string()),
+                "{msg}"
+            );
+        }
+        // Deeper: a link two levels up is met the same way.
+        std::fs::create_dir(real.join("inner")).unwrap();
+        let e = replace(&link.join("inner/y.env"), b"B=1\n", None).unwrap_err();
+        assert!(e.to_string().contains("a symbolic link in the path"), "{e}");
+        let names: Vec<_> = std::fs::read_dir(&real)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(
+            std::fs::read_to_string(real.join("x.env")).unwrap(),
+            "A=1\n"
+        );
+        // The same directory reached by its own path is fine.
+        replace(&real.join("x.env"), b"A=2\n", None).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(real.join("x.env")).unwrap(),
+            "A=2\n"
+        );
     }
 
     #[test]

@@ -9,16 +9,26 @@
 //! and dropped, so a chatty hook never blocks on a full pipe). When the time-out passes, or
 //! the caller cancels, the whole group gets SIGKILL: a hook's children die with it.
 //!
+//! The pipes are read without blocking, on the caller's thread, between its checks of the
+//! hook ([`Capture`]): no thread of their own waits on them. After the hook exits they are
+//! read for at most [`OUTPUT_GRACE`] more, then closed: a background child that still holds
+//! them (the 2026-12b review's L8) then meets a closed pipe when it writes, and nothing of
+//! the daemon's waits for it.
+//!
 //! A hook that exits normally keeps its children: a hook may start the client itself in the
 //! background.
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, OFlag};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 /// Most bytes of a hook's stdout, and of its stderr, that are kept for the log.
 pub const OUTPUT_CAP: usize = 64 * 1024;
@@ -27,7 +37,7 @@ pub const OUTPUT_CAP: usize = 64 * 1024;
 const POLL: Duration = Duration::from_millis(10);
 
 /// How long output is still read after the hook exited (a background child it started may
-/// hold the pipes open for ever).
+/// hold the pipes open for ever); the pipes are closed then.
 const OUTPUT_GRACE: Duration = Duration::from_millis(500);
 
 /// `PATH` for a hook when the daemon has none.
@@ -123,11 +133,13 @@ pub fn run(hook: &Hook, cancel: &AtomicBool) -> Outcome {
         Ok(c) => c,
         Err(e) => return Outcome::NotStarted(e),
     };
-    let stdout = child.stdout.take().map(drain);
-    let stderr = child.stderr.take().map(drain);
+    let mut out = Capture::new([
+        child.stdout.take().map(OwnedFd::from),
+        child.stderr.take().map(OwnedFd::from),
+    ]);
     let started = Instant::now();
-    let ended = wait(&mut child, started + hook.timeout, cancel);
-    let output = collect(stdout, stderr);
+    let ended = wait(&mut child, &mut out, started + hook.timeout, cancel);
+    let output = out.finish(Instant::now() + OUTPUT_GRACE);
     match ended {
         Ok(Ended::Exited(status)) => Outcome::Exited { status, output },
         Ok(Ended::Killed { cancelled }) => Outcome::Killed {
@@ -144,8 +156,14 @@ enum Ended {
     Killed { cancelled: bool },
 }
 
-/// Waits for `child` until `deadline` or `cancel`; then kills its process group.
-fn wait(child: &mut Child, deadline: Instant, cancel: &AtomicBool) -> io::Result<Ended> {
+/// Waits for `child` until `deadline` or `cancel`, reading its output meanwhile; then kills
+/// its process group.
+fn wait(
+    child: &mut Child,
+    out: &mut Capture,
+    deadline: Instant,
+    cancel: &AtomicBool,
+) -> io::Result<Ended> {
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Ended::Exited(status));
@@ -161,7 +179,7 @@ fn wait(child: &mut Child, deadline: Instant, cancel: &AtomicBool) -> io::Result
             child.wait()?;
             return Ok(Ended::Killed { cancelled });
         }
-        std::thread::sleep(POLL);
+        out.pump(POLL);
     }
 }
 
@@ -178,55 +196,125 @@ fn kill_group(pgid: u32) -> io::Result<()> {
     .map_err(io::Error::from)
 }
 
-/// Reads a pipe to its end on a thread, keeping the first [`OUTPUT_CAP`] bytes. Returns them
-/// and whether more came.
-fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<(Vec<u8>, bool)> {
-    std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut more = false;
+/// A hook's stdout and stderr, read without blocking: the first [`OUTPUT_CAP`] bytes of
+/// each are kept, the rest read and dropped.
+struct Capture {
+    streams: [Stream; 2],
+}
+
+#[derive(Default)]
+struct Stream {
+    /// Open until its end was read, or until [`Capture::finish`] closed it.
+    pipe: Option<File>,
+    kept: Vec<u8>,
+    more: bool,
+}
+
+impl Stream {
+    fn new(fd: Option<OwnedFd>) -> Self {
+        let pipe = fd.and_then(|fd| {
+            match nix::fcntl::fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)) {
+                Ok(_) => Some(File::from(fd)),
+                Err(e) => {
+                    // A blocking read could hang the caller: this stream is not read.
+                    tracing::warn!(error = %e, "a restart hook's output is not captured");
+                    None
+                }
+            }
+        });
+        Self {
+            pipe,
+            ..Self::default()
+        }
+    }
+
+    /// Reads what is there now; at the end of the stream, or on an error, closes it.
+    fn read_available(&mut self) {
+        let Some(pipe) = &mut self.pipe else {
+            return;
+        };
         let mut buf = [0u8; 8192];
         loop {
             match pipe.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    let room = OUTPUT_CAP - kept.len();
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                    more |= n > room;
+                    let room = OUTPUT_CAP - self.kept.len();
+                    self.kept.extend_from_slice(&buf[..n.min(room)]);
+                    self.more |= n > room;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => break,
             }
         }
-        (kept, more)
-    })
+        self.pipe = None;
+    }
+
+    /// The text kept, noting a pipe still open when it was closed.
+    fn text(&self, closed_open: bool) -> String {
+        let text = String::from_utf8_lossy(&self.kept).trim().to_string();
+        match (closed_open, text.is_empty()) {
+            (false, _) => text,
+            (true, true) => "(output still open; not waited for)".into(),
+            (true, false) => format!("{text}\n(output still open; not waited for)"),
+        }
+    }
 }
 
-/// The captured output, waiting at most [`OUTPUT_GRACE`] for the pipes to close.
-fn collect(
-    stdout: Option<JoinHandle<(Vec<u8>, bool)>>,
-    stderr: Option<JoinHandle<(Vec<u8>, bool)>>,
-) -> Output {
-    let deadline = Instant::now() + OUTPUT_GRACE;
-    let take = |h: Option<JoinHandle<(Vec<u8>, bool)>>| -> (String, bool) {
-        let Some(h) = h else {
-            return (String::new(), false);
+impl Capture {
+    fn new([out, err]: [Option<OwnedFd>; 2]) -> Self {
+        Self {
+            streams: [Stream::new(out), Stream::new(err)],
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.streams.iter().any(|s| s.pipe.is_some())
+    }
+
+    /// Waits at most `timeout` for output (or the end of a stream), and reads what came.
+    fn pump(&mut self, timeout: Duration) {
+        if !self.open() {
+            std::thread::sleep(timeout);
+            return;
+        }
+        let ready = {
+            let mut fds: Vec<PollFd<'_>> = self
+                .streams
+                .iter()
+                .filter_map(|s| s.pipe.as_ref())
+                .map(|p| PollFd::new(p.as_fd(), PollFlags::POLLIN))
+                .collect();
+            let t = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+            // EINTR and the like: read anyway (the pipes do not block).
+            nix::poll::poll(&mut fds, t).map_or(1, |n| n)
         };
-        while !h.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(POLL);
+        if ready > 0 {
+            for s in &mut self.streams {
+                s.read_available();
+            }
         }
-        if !h.is_finished() {
-            // Left to end on its own when the last holder of the pipe exits.
-            return ("(output still open; not waited for)".into(), false);
+    }
+
+    /// Reads until both streams ended or `deadline`, then closes them: what it kept.
+    fn finish(mut self, deadline: Instant) -> Output {
+        loop {
+            for s in &mut self.streams {
+                s.read_available();
+            }
+            let now = Instant::now();
+            if !self.open() || now >= deadline {
+                break;
+            }
+            self.pump(POLL.min(deadline - now));
         }
-        let (bytes, more) = h.join().unwrap_or_default();
-        (String::from_utf8_lossy(&bytes).trim().to_string(), more)
-    };
-    let (stdout, more_out) = take(stdout);
-    let (stderr, more_err) = take(stderr);
-    Output {
-        stdout,
-        stderr,
-        truncated: more_out || more_err,
+        let [out, err] = &self.streams;
+        Output {
+            stdout: out.text(out.pipe.is_some()),
+            stderr: err.text(err.pipe.is_some()),
+            truncated: out.more || err.more,
+        }
+        // The pipes close here.
     }
 }
 
@@ -380,6 +468,45 @@ pub(crate) mod tests {
             .parse()
             .unwrap();
         assert_eq!(live_members(pgid), Vec::<u32>::new(), "the group is gone");
+    }
+
+    #[test]
+    fn output_pipes_a_background_child_holds_are_closed_once_the_grace_is_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = dir.path().join("status");
+        // The child left behind writes after the hook ended: it must find nobody reading.
+        let h = hook(
+            &format!(
+                "( trap '' PIPE; sleep 2; echo late; echo $? > {} ) & echo early",
+                status.display()
+            ),
+            10_000,
+        );
+        let started = Instant::now();
+        let Outcome::Exited { status: st, output } = run(&h, &AtomicBool::new(false)) else {
+            panic!("the hook did not exit");
+        };
+        assert!(st.success());
+        assert!(
+            started.elapsed() < OUTPUT_GRACE + Duration::from_millis(1500),
+            "waited {:?} for a pipe a background child holds",
+            started.elapsed()
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let code = loop {
+            match std::fs::read_to_string(&status) {
+                Ok(t) if !t.trim().is_empty() => break t.trim().to_string(),
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the background child never wrote"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_ne!(code, "0", "a reader of the hook's pipe was still there");
+        assert!(output.stdout.starts_with("early"), "{output:?}");
+        assert!(output.stdout.contains("not waited for"), "{output:?}");
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The daemon's decision log on disk: core's codec ([`cohabit_core::log`]) over a file that
 //! root opens safely and rotates by size.
 //!
-//! - **Opening** (security review row 22): the log's directory must be owned by root and
-//!   writable by nobody else (it is created `0750` when missing); the file is opened with
-//!   `O_NOFOLLOW`, so a symlink at the path stops the start, and created `0640`.
+//! - **Opening** (security review row 22, and L4 of 2026-12b): the log's path is walked from
+//!   `/` without following a link ([`files::Dir`]), so a symbolic link anywhere in it stops
+//!   the start; its directory must be owned by root and writable by nobody else (it is
+//!   created `0750` when missing); the file is opened with `O_NOFOLLOW`, so a symlink at the
+//!   path stops the start too, and created `0640`.
 //! - **Continuing** ([`LogFile::start`]): a last line cut short by a crash is cut off, so it
 //!   never ends up in the middle of the file; a log whose last header is this run's is
 //!   continued, any other gets this run's header appended (see [`cohabit_core::log`]).
@@ -130,26 +132,29 @@ impl RotatingLog {
         Ok(())
     }
 
-    /// `path.N`.
-    fn numbered(&self, n: u32) -> PathBuf {
-        let mut p = self.path.clone().into_os_string();
-        p.push(format!(".{n}"));
-        p.into()
-    }
-
     /// Moves the files along (`.1` → `.2`, …, the file → `.1`), the oldest dropped, and
-    /// starts a new file with the header.
+    /// starts a new file with the header. The directory is walked and checked again, and
+    /// every rename goes through its descriptor ([`files::Dir`]).
     fn rotate(&mut self) -> io::Result<()> {
-        files::check_private_dir(files::parent_dir(&self.path)).map_err(io::Error::other)?;
+        let dir = files::Dir::open(files::parent_dir(&self.path)).map_err(io::Error::other)?;
+        let name = self
+            .path
+            .file_name()
+            .ok_or_else(|| io::Error::other("the decision log's path has no file name"))?;
+        let numbered = |n: u32| {
+            let mut p = name.to_os_string();
+            p.push(format!(".{n}"));
+            p
+        };
         if self.limits.keep == 0 {
-            ignore_absent(std::fs::remove_file(&self.path))?;
+            ignore_absent(dir.remove(name))?;
         } else {
             for n in (1..self.limits.keep).rev() {
-                ignore_absent(std::fs::rename(self.numbered(n), self.numbered(n + 1)))?;
+                ignore_absent(dir.rename(&numbered(n), &numbered(n + 1)))?;
             }
-            ignore_absent(std::fs::rename(&self.path, self.numbered(1)))?;
+            ignore_absent(dir.rename(name, &numbered(1)))?;
         }
-        let mut file = files::open_log_file(&self.path, true).map_err(io::Error::other)?;
+        let mut file = files::open_log_in(&dir, name, true).map_err(io::Error::other)?;
         file.write_all(&self.header)?;
         self.file = file;
         self.len = self.header.len() as u64;
@@ -368,6 +373,7 @@ mod tests {
             decision_us: 1.0,
             predictions: BTreeMap::new(),
             truth: None,
+            from_pods: Default::default(),
         }
     }
 
@@ -580,6 +586,48 @@ mod tests {
             "{msg}"
         );
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:x:0:0\n");
+    }
+
+    #[test]
+    fn a_log_whose_parent_or_an_ancestor_is_a_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        // Root's private directory, and a link to it where the log is configured.
+        let real = dir.path().join("etc");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        let link = dir.path().join("log");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        for path in [
+            link.join("decisions.jsonl"),
+            link.join("sub/decisions.jsonl"),
+        ] {
+            let e = LogFile::open(&path, BIG).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(
+                msg.contains("a symbolic link in the path")
+                    && msg.contains(&link.display().to_string()),
+                "{msg}"
+            );
+        }
+        assert!(!real.join("decisions.jsonl").exists());
+        assert!(!real.join("sub/decisions.jsonl").exists());
+
+        // A directory swapped for a link while the daemon runs: rotation refuses it.
+        let logs = dir.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let path = logs.join("decisions.jsonl");
+        let tiny = LogLimits {
+            max_bytes: 1,
+            keep: 2,
+        };
+        let header = LogHeader::new("parties", false, host(8));
+        let mut w = LogFile::open(&path, tiny).unwrap().start(&header).unwrap();
+        w.write(&record(0)).unwrap();
+        std::fs::rename(&logs, dir.path().join("logs.old")).unwrap();
+        std::os::unix::fs::symlink(&real, &logs).unwrap();
+        // The next line needs a new file: the walk meets the link.
+        assert!(w.write(&record(1)).is_err());
+        assert!(!real.join("decisions.jsonl").exists());
+        assert!(!real.join("decisions.jsonl.1").exists());
     }
 
     #[test]

@@ -9,11 +9,22 @@
 //! 2. take the state directory's lock ([`state`]): a second instance, `--dry-run` included,
 //!    exits with "another cohabit is running (pid N)";
 //! 3. load the state file; if a previous run left changes in force, restore the host from
-//!    it alone; a state file this build cannot read stops the start unless
-//!    `--discard-state` (`--dry-run` only reports what it would restore);
+//!    it alone. What cannot be restored goes to quarantine and the start goes on: a state
+//!    file this build cannot read is moved aside unread, changes the host refuses to undo
+//!    are kept in `quarantine.json`, each with an error line, and
+//!    `cohabit_state_quarantined_entries` says how many (`--discard-state`, or
+//!    `COHABIT_DISCARD_STATE=1`, moves the file aside without trying; `--dry-run` only
+//!    reports what it would do);
 //! 4. remove leftover cohabit groups, then save an empty record;
 //! 5. only then open the host, build the policy and apply its initial plan (checked against
 //!    the host). From here every change is saved to the state file before it is made.
+//!
+//! Steps 3 to 5 run on a thread of their own while the daemon listens for the stop signals
+//! ([`interruptible`]): a step that blocks cannot make it deaf to SIGTERM. On a signal the
+//! start gives up at its next step, undoing what it did; if it is still blocked after
+//! half a second, the host is restored from the state file and the daemon exits 0 without
+//! it (a change such a thread makes after that is left in the state file for the next
+//! start, as after a crash).
 //!
 //! Every plan is checked against the host before it is applied, and after
 //! `fail_safe_after_ticks` consecutive failed ticks the fair-share plan is put back
@@ -32,6 +43,7 @@ pub mod host;
 pub mod kube;
 pub mod log;
 pub mod model;
+pub mod posterior;
 pub mod probe;
 pub mod signals;
 pub mod state;
@@ -55,7 +67,7 @@ use self::host::RealHost;
 use self::log::{LogFile, LogLimits, RotatingLog};
 use self::model::{ModelWatch, Models};
 use self::signals::{Signals, Stop};
-use self::state::StateDir;
+use self::state::{StateDir, StateError};
 use self::supervise::{panic_message, Checked, FailSafe};
 use cohabit_policy::control;
 use cohabit_policy::{Explore, ExploreConfig, HostContext, Policy, PolicyKind};
@@ -71,6 +83,8 @@ struct Loop {
     model_watch: Option<ModelWatch>,
     /// `[kubernetes]`: services also come from this node's pods ([`kube`]).
     pods: Option<kube::Pods>,
+    /// `state_dir/posterior.json`: what the policy learnt of this host ([`posterior`]).
+    posterior: posterior::PosteriorStore,
 }
 
 /// How `cohabit run` was asked to run.
@@ -92,6 +106,10 @@ pub struct RunOptions {
 /// How long shutdown waits for a tick still in flight before it restores the host from the
 /// state file instead.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a stop signal during the start waits for the start to give up (it checks for
+/// the signal between its steps) before the host is restored from the state file instead.
+const START_STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// [`run_with`] on a runtime of its own, for the command line. When the daemon ends, a tick
 /// stuck in the kernel is not waited for: the runtime is shut down in the background.
@@ -124,27 +142,42 @@ pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
     }
     // Before anything else, so that a signal during the start is not lost.
     let mut signals = Signals::new().context("listening for signals")?;
-    let (state, change_log) = take_over(&cfg, opts)?;
+    // Step 2: quick, and it never waits (the lock is tried, not waited for).
+    let state = Arc::new(StateDir::open(&cfg.state_dir)?);
     // Slots kept for restoring, so that the restore on a stop signal does not meet EMFILE
     // when counters or connections have used every other one (see `fds`).
-    let reserve = fds::FdReserve::open(fds::RESTORE_RESERVE).unwrap_or_else(|e| {
+    let mut reserve = fds::FdReserve::open(fds::RESTORE_RESERVE).unwrap_or_else(|e| {
         tracing::warn!(error = %e, "no descriptors kept for restoring the host");
         fds::FdReserve::default()
     });
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (c, st, flag) = (cfg.clone(), Arc::clone(&state), Arc::clone(&stopping));
+    let started = interruptible(&mut signals, &stopping, START_STOP_GRACE, move || {
+        let (change_log, quarantined) = take_over(&c, &st, opts)?;
+        let looped = start(c, opts.dry_run, change_log, &flag)?;
+        Ok((looped, quarantined))
+    })
+    .await?;
+    let (looped, quarantined) = match started {
+        Started::Done(r) => r?,
+        Started::Stopped { stop, finished } => {
+            reserve.release();
+            return stopped_while_starting(stop, finished, &cfg, &state, opts.dry_run);
+        }
+    };
     let interval = Duration::from_millis(cfg.interval_ms);
     let timeout = Duration::from_millis(cfg.collect_timeout_ms.max(cfg.interval_ms));
     let (fail_safe_after, metrics_addr) = (cfg.fail_safe_after_ticks, cfg.metrics_addr);
-    let host_cfg = cfg.clone();
-    let looped = start(cfg, opts.dry_run, change_log)?;
     let mut ex = Exporter::default();
     // A tick may take up to the time-out, so a period is at least that long.
     ex.set_health(interval.max(timeout), exporter::UNHEALTHY_AFTER_TICKS);
+    ex.state_quarantined(quarantined);
     let exporter = Arc::new(Mutex::new(ex));
     let metrics = serve_metrics(metrics_addr, &exporter).await;
     let ticker = Ticker {
         state: Arc::new(Mutex::new(looped)),
         exporter,
-        stopping: Arc::new(AtomicBool::new(false)),
+        stopping,
         timeout,
     };
     let (ticks, exit) = ticker
@@ -155,9 +188,7 @@ pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
         m.abort();
         let _ = m.await;
     }
-    let restored = ticker
-        .shutdown(&host_cfg, &state, opts.dry_run, reserve)
-        .await;
+    let restored = ticker.shutdown(&cfg, &state, opts.dry_run, reserve).await;
     match exit {
         Exit::Panic(msg) => Err(anyhow::anyhow!(
             "a tick panicked ({msg}); {}; exiting non-zero so that the service manager restarts cohabit",
@@ -175,24 +206,118 @@ pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
     }
 }
 
-/// Start-up steps 2 to 4 (see the module doc): the lock, then the host put back as a
-/// previous run left it. Returns the locked state directory and where the host keeps its
-/// record from now on.
-fn take_over(cfg: &DaemonConfig, opts: RunOptions) -> Result<(StateDir, Box<dyn ChangeLog>)> {
-    let state = StateDir::open(&cfg.state_dir)?;
-    if opts.dry_run {
-        check_left_state(&state, opts.discard_state)?;
-        return Ok((state, Box::new(InMemory)));
-    }
-    reconcile(cfg, &state, opts.discard_state)?;
-    let log = state.change_log();
-    Ok((state, Box::new(log)))
+/// How an [`interruptible`] start ended.
+#[derive(Debug)]
+enum Started<T> {
+    /// It finished first: what it came to.
+    Done(Result<T>),
+    /// A stop signal came first; `finished` is what the start came to within the grace
+    /// (`None`: it is still running, blocked in a step).
+    Stopped {
+        /// The signal.
+        stop: Stop,
+        /// The start's end, if it came within the grace.
+        finished: Option<Result<T>>,
+    },
 }
 
-/// Start-up step 5: the decision log, the model, the host, the policy and its initial plan
-/// (checked against the host).
-fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Result<Loop> {
-    let interval_ms = cfg.interval_ms;
+/// Runs `start` on a thread of its own while listening for the stop signals, so that a step
+/// that blocks (a file, the kernel, a slow endpoint) cannot make the daemon deaf to SIGTERM
+/// (2026-12b review, N7). On a signal, `stopping` is set (the start checks it between its
+/// steps and gives up, undoing what it did) and the start is waited for at most `grace`.
+/// A thread still blocked then is left behind: the daemon is about to exit. Only a thread
+/// that cannot be started is an error.
+async fn interruptible<T: Send + 'static>(
+    signals: &mut Signals,
+    stopping: &AtomicBool,
+    grace: Duration,
+    start: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<Started<T>> {
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cohabit-start".into())
+        .spawn(move || {
+            let end = std::panic::catch_unwind(AssertUnwindSafe(start)).unwrap_or_else(|p| {
+                Err(anyhow::anyhow!(
+                    "the start panicked: {}",
+                    panic_message(p.as_ref())
+                ))
+            });
+            let _ = tx.send(end);
+        })
+        .context("starting the start's thread")?;
+    let ended = |r: Result<Result<T>, _>| {
+        r.unwrap_or_else(|_| Err(anyhow::anyhow!("the start ended without a word")))
+    };
+    tokio::select! {
+        biased;
+        r = &mut rx => Ok(Started::Done(ended(r))),
+        stop = signals.recv() => {
+            tracing::info!(signal = stop.name(), "stop signal during the start");
+            stopping.store(true, Ordering::Release);
+            let finished = tokio::time::timeout(grace, rx).await.ok().map(ended);
+            Ok(Started::Stopped { stop, finished })
+        }
+    }
+}
+
+/// Ends a run stopped by a signal during its start, leaving the host as it was before: a
+/// start that finished meanwhile is undone through its host; one that gave up has undone
+/// itself; one still blocked in a step is left to the process's exit, after the host is
+/// restored from the state file (write-ahead, so it lists every change the start made). A
+/// change such a start makes after that restore is left in the state file for the next
+/// start, like any change of a run that did not end cleanly.
+fn stopped_while_starting(
+    stop: Stop,
+    finished: Option<Result<(Loop, u64)>>,
+    cfg: &DaemonConfig,
+    state: &StateDir,
+    dry_run: bool,
+) -> Result<u64> {
+    match finished {
+        Some(Ok((mut looped, _))) => looped.host.host_mut().restore(),
+        Some(Err(e)) => tracing::info!(error = %format!("{e:#}"), "the start gave up"),
+        None if dry_run => {}
+        None => {
+            tracing::warn!(
+                grace_ms = START_STOP_GRACE.as_millis(),
+                "a start step is still blocked; restoring the host from the state file and exiting without it"
+            );
+            restore_from_state(cfg, state)?;
+        }
+    }
+    tracing::info!(
+        signal = stop.name(),
+        "stopped during the start; the host is as it was"
+    );
+    Ok(0)
+}
+
+/// Start-up steps 3 and 4 (see the module doc): the host put back as a previous run left
+/// it, with the lock already held. Returns where the host keeps its record from now on, and
+/// how many entries went to quarantine.
+fn take_over(
+    cfg: &DaemonConfig,
+    state: &StateDir,
+    opts: RunOptions,
+) -> Result<(Box<dyn ChangeLog>, u64)> {
+    if opts.dry_run {
+        check_left_state(state, opts.discard_state);
+        return Ok((Box::new(InMemory), 0));
+    }
+    let quarantined = reconcile(cfg, state, opts.discard_state)?;
+    Ok((Box::new(state.change_log()), quarantined))
+}
+
+/// Start-up step 5, before the host: the decision log, the GPU clients' environment files
+/// and the models.
+struct Prepared {
+    log: Option<LogFile>,
+    model_watch: Option<ModelWatch>,
+    models: Models,
+}
+
+fn prepare(cfg: &DaemonConfig, dry_run: bool) -> Result<Prepared> {
     let limits = LogLimits {
         max_bytes: cfg.log_max_bytes,
         keep: cfg.log_keep,
@@ -203,33 +328,49 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         .map(|path| LogFile::open(path, limits))
         .transpose()?;
     gpu::check_env_files(&cfg.services, dry_run).context("a GPU client's environment file")?;
-    let policy_kind = cfg.policy;
     // Before the model is loaded, so that a change in between is caught at the first check.
-    let model_watch = match (&cfg.model, policy_kind) {
-        (Some(path), PolicyKind::Ml) if cfg.model_check_every_ticks > 0 => {
-            Some(ModelWatch::new(path, cfg.model_check_every_ticks))
-        }
+    let model_watch = match (&cfg.model, cfg.policy) {
+        (Some(path), PolicyKind::Ml) if cfg.model_check_every_ticks > 0 => Some(
+            ModelWatch::new(path, cfg.model_check_every_ticks)
+                .context("starting the model watcher's thread")?,
+        ),
         _ => None,
     };
-    let explore = cfg.explore.clone();
     // A model that does not load stops the start, naming the file: an operator who asked
     // for ml should not silently get something else.
-    let models = Models::load(&cfg)?;
+    let models = Models::load(cfg)?;
+    Ok(Prepared {
+        log,
+        model_watch,
+        models,
+    })
+}
+
+/// Start-up step 5: the decision log, the model, the host, the policy and its initial plan
+/// (checked against the host). Gives up, undoing what it did, when `stopping` is set
+/// between its steps.
+fn start(
+    cfg: DaemonConfig,
+    dry_run: bool,
+    change_log: Box<dyn ChangeLog>,
+    stopping: &AtomicBool,
+) -> Result<Loop> {
+    let interval_ms = cfg.interval_ms;
+    let Prepared {
+        log,
+        model_watch,
+        models,
+    } = prepare(&cfg, dry_run)?;
+    let policy_kind = cfg.policy;
+    let explore = cfg.explore.clone();
     let ml_tunables = models.ml;
     let for_pods = cfg.kubernetes.is_some().then(|| cfg.clone());
-    // Hardware counters take 3 descriptors per CPU per group: before the host sizes their
-    // budget from the limit, the soft limit goes up to the hard one.
-    match cohabit_collectors::perf::raise_fd_limit() {
-        Ok((was, now)) if now > was => {
-            tracing::info!(
-                was,
-                now,
-                "raised the soft open-files limit to the hard limit"
-            );
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "the open-files limit could not be raised"),
-    }
+    let (state_dir, services) = (cfg.state_dir.clone(), cfg.services.clone());
+    raise_fd_limit();
+    anyhow::ensure!(
+        !stopping.load(Ordering::Acquire),
+        "stopped during the start, before the host was opened"
+    );
     let mut host = Checked::real(open_host(cfg, dry_run, change_log).context("opening the host")?);
     let ctx = HostContext {
         host: host.host().capacity().clone(),
@@ -249,6 +390,8 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         );
         policy = Box::new(Explore::new(policy, ctx, e));
     }
+    let posterior = posterior::PosteriorStore::new(&state_dir, host.host().capacity(), &services);
+    posterior::resume_logged(&posterior, policy.as_mut());
     let log = match log {
         Some(file) => {
             let header = LogHeader::new(
@@ -262,6 +405,10 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         None => None,
     };
     let initial = policy.initial();
+    if stopping.load(Ordering::Acquire) {
+        host.host_mut().restore();
+        anyhow::bail!("stopped during the start, before the initial plan; the host was restored");
+    }
     if let Err(e) = host.launch(&initial.plan) {
         host.host_mut().restore();
         return Err(anyhow::Error::new(e).context("applying the initial plan"));
@@ -280,7 +427,24 @@ fn start(cfg: DaemonConfig, dry_run: bool, change_log: Box<dyn ChangeLog>) -> Re
         fair_share: initial.plan,
         model_watch,
         pods,
+        posterior,
     })
+}
+
+/// Hardware counters take 3 descriptors per CPU per group: before the host sizes their
+/// budget from the limit, the soft limit goes up to the hard one.
+fn raise_fd_limit() {
+    match cohabit_collectors::perf::raise_fd_limit() {
+        Ok((was, now)) if now > was => {
+            tracing::info!(
+                was,
+                now,
+                "raised the soft open-files limit to the hard limit"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "the open-files limit could not be raised"),
+    }
 }
 
 /// Serves the metrics on `addr`, if any (a port that cannot be bound is logged, not fatal).
@@ -368,10 +532,15 @@ impl Loop {
                 ex.kubernetes(s.managed, s.skipped, s.api_reachable);
             }
         }
-        let record = match control::step(&mut self.host, self.policy.as_mut(), self.dry_run) {
+        let mut record = match control::step(&mut self.host, self.policy.as_mut(), self.dry_run) {
             Ok(r) => r,
             Err(e) => return TickEnd::Failed(e.to_string()),
         };
+        if let Some(pods) = &self.pods {
+            // Which services are the pods' word, so that fleet retraining can tell.
+            record.from_pods = pods.from_pods().clone();
+        }
+        posterior::tick_logged(&mut self.posterior, self.policy.as_ref());
         let mut logged = Ok(());
         if let Some(log) = &mut self.log {
             logged = log.write(&record).and_then(|()| log.flush());
@@ -572,6 +741,7 @@ impl Ticker {
             if let Some(log) = &mut guard.log {
                 let _ = log.flush();
             }
+            posterior::save_logged(&guard.posterior, guard.policy.as_ref());
             let host = guard.host.host_mut();
             std::panic::catch_unwind(AssertUnwindSafe(|| host.restore()))
                 .map_err(|p| panic_message(p.as_ref()))
@@ -624,9 +794,14 @@ fn restore_from_state(cfg: &DaemonConfig, state: &StateDir) -> Result<()> {
 }
 
 /// Start-up, before the host is opened: restores what a previous run left in force (the
-/// state file, then any leftover cohabit groups), and starts a new, empty record.
-fn reconcile(cfg: &DaemonConfig, state: &StateDir, discard: bool) -> Result<()> {
+/// state file, then any leftover cohabit groups), and starts a new, empty record. What
+/// cannot be restored goes to quarantine and the start goes on (see [`state`]): a state
+/// file this build cannot read is moved aside unread, and changes the host refuses to undo
+/// are kept in the quarantine file. Returns how many entries went to quarantine (an
+/// unreadable state file counts as one).
+fn reconcile(cfg: &DaemonConfig, state: &StateDir, discard: bool) -> Result<u64> {
     let started = std::time::Instant::now();
+    let mut quarantined = 0u64;
     let saved = if discard {
         if let Some(to) = state.discard()? {
             tracing::warn!(
@@ -636,7 +811,21 @@ fn reconcile(cfg: &DaemonConfig, state: &StateDir, discard: bool) -> Result<()> 
         }
         None
     } else {
-        state.load()?
+        match state.load() {
+            Ok(saved) => saved,
+            Err(StateError::Unreadable { path, why }) => {
+                let to = state.quarantine_file()?;
+                tracing::error!(
+                    file = %path.display(),
+                    moved_to = %to.as_deref().unwrap_or(&path).display(),
+                    why,
+                    "the state file cannot be read; it was moved to quarantine unread and cohabit starts without it: a change it recorded may still be in force, put it back by hand from that file"
+                );
+                quarantined += 1;
+                None
+            }
+            Err(e) => return Err(e.into()),
+        }
     };
     let mut restored = 0;
     if let Some(saved) = saved.filter(|s| !s.changes.is_empty()) {
@@ -649,28 +838,32 @@ fn reconcile(cfg: &DaemonConfig, state: &StateDir, discard: bool) -> Result<()> 
         );
         let left = restore_recorded(cfg, &saved.changes)?;
         if !left.is_empty() {
-            state.save(&left)?;
-            anyhow::bail!(
-                "{} of the {n} changes recorded in {} could not be undone (see the warnings above); fix them by hand, or start with --discard-state",
-                left.changes.len(),
-                state.changes_path().display()
+            let k = left.changes.len();
+            let file = state.quarantine(saved.pid, &left.changes)?;
+            tracing::error!(
+                quarantined = k,
+                of = n,
+                file = %file.display(),
+                "changes recorded by a previous run could not be undone (see the warnings above); they were moved to quarantine and cohabit starts: put them back by hand"
             );
+            quarantined += k as u64;
         }
-        restored = n;
+        restored = n - left.changes.len();
     }
     clean_leftovers(cfg)?;
     state.save(&HostChanges::default())?;
     tracing::info!(
         restored,
+        quarantined,
         reconcile_ms = started.elapsed().as_secs_f64() * 1e3,
         "host reconciled with the state file"
     );
-    Ok(())
+    Ok(quarantined)
 }
 
 /// `--dry-run` changes nothing, so it restores nothing either: it only says what a real
-/// start would restore.
-fn check_left_state(state: &StateDir, discard: bool) -> Result<()> {
+/// start would restore, or move to quarantine.
+fn check_left_state(state: &StateDir, discard: bool) {
     match state.load() {
         Ok(Some(saved)) if !saved.changes.is_empty() => tracing::warn!(
             changes = saved.changes.changes.len(),
@@ -681,9 +874,11 @@ fn check_left_state(state: &StateDir, discard: bool) -> Result<()> {
         Err(e) if discard => {
             tracing::warn!(error = %e, "dry run: the state file would be moved aside")
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "dry run: a start without --dry-run would move the state file to quarantine unread"
+        ),
     }
-    Ok(())
 }
 
 // The host's side of crash safety (`host/`): the only places this module reaches into it.
@@ -717,8 +912,69 @@ fn clean_leftovers(cfg: &DaemonConfig) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The tests that listen for this process's signals (the loop's, the start's): some
+    /// send SIGINT or SIGTERM to it, which every listener would see.
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static ONE: Mutex<()> = Mutex::new(());
+        ONE.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `sig` to this process (its listeners take it; see [`one_at_a_time`]).
+    fn signal_self(sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::this(), sig).unwrap();
+    }
+
+    /// `f` on a thread of its own, waited for at most `limit`: a start that blocks fails
+    /// the test instead of hanging it.
+    fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("still blocked after {limit:?}"))
+    }
+
+    #[test]
+    fn a_fifo_as_the_model_stops_the_start_within_a_second_naming_it() {
+        let _one = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("qos.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !made {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+        let text = format!(
+            "policy = \"ml\"\nmodel = \"{}\"\n[paths]\ncgroup = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:9400\", unauthenticated = true }}\n",
+            fifo.display(),
+            dir.path().join("no-cgroups").display(),
+            dir.path().join("state").display()
+        );
+        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+        let started = std::time::Instant::now();
+        let e = within(Duration::from_secs(1), move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(run(cfg, true, Some(1)))
+                .map_err(|e| format!("{e:#}"))
+        })
+        .unwrap_err();
+        assert!(
+            e.contains("not a regular file (a FIFO)") && e.contains("qos.json"),
+            "{e}"
+        );
+        println!("FIFO model refused after {:?}", started.elapsed());
+    }
+
     #[test]
     fn ml_with_a_model_that_does_not_load_stops_before_touching_the_host() {
+        let _one = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let bad = dir.path().join("qos.json");
         std::fs::write(&bad, "{\"format\": \"something else\"}").unwrap();
@@ -742,6 +998,7 @@ mod tests {
 
     #[test]
     fn ml_with_a_gpu_model_that_does_not_load_stops_before_touching_the_host() {
+        let _one = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let cpu = cohabit_models::Model::synthetic(1, &[], 0)
             .save(dir.path(), "qos")
@@ -802,7 +1059,7 @@ mod tests {
             let pid_file = dir.join("kv.pid");
             std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
             let text = format!(
-                "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ prometheus = \"http://127.0.0.1:1/metrics\", metric = \"x\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+                "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ prometheus = \"http://127.0.0.1:1/metrics\", metric = \"x\" }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\", user = 0 }}\n",
                 fake.root().display(),
                 fake.base().join("proc").display(),
                 dir.join("state").display(),
@@ -817,6 +1074,11 @@ mod tests {
 
         fn ticker(mut host: RealHost, policy: Box<dyn Policy>, fair_share: Plan) -> Ticker {
             host.launch(&fair_share).unwrap();
+            let posterior = posterior::PosteriorStore::new(
+                &std::env::temp_dir().join("cohabit-test-no-posterior"),
+                host.capacity(),
+                &[],
+            );
             Ticker {
                 state: Arc::new(Mutex::new(Loop {
                     host: Checked::real(host),
@@ -826,6 +1088,7 @@ mod tests {
                     fair_share,
                     model_watch: None,
                     pods: None,
+                    posterior,
                 })),
                 exporter: Arc::new(Mutex::new(Exporter::default())),
                 stopping: Arc::new(AtomicBool::new(false)),
@@ -854,12 +1117,6 @@ mod tests {
                 .block_on(f)
         }
 
-        /// The loop tests listen for this process's signals, and one sends SIGINT to it.
-        fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-            static ONE: Mutex<()> = Mutex::new(());
-            ONE.lock().unwrap_or_else(PoisonError::into_inner)
-        }
-
         /// Panics in its first decision.
         struct Boom(StaticPolicy);
 
@@ -873,6 +1130,169 @@ mod tests {
             fn decide(&mut self, _: &Observation, _: u64) -> Decision {
                 panic!("boom in decide");
             }
+        }
+
+        /// A GPU client's environment file in `dir` that a start changed after noting its
+        /// original in the state file (write-ahead, as the host does).
+        fn start_changed_a_file(state: &StateDir, dir: &Path) -> std::path::PathBuf {
+            let env = dir.join("llm.env");
+            std::fs::write(&env, "A=1\n").unwrap();
+            let mut rec = HostChanges::default();
+            rec.note(host::changes::Change::File {
+                path: env.clone(),
+                original: Some("A=1\n".into()),
+            });
+            state.save(&rec).unwrap();
+            std::fs::write(&env, "A=1\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\n").unwrap();
+            env
+        }
+
+        #[test]
+        fn sigterm_during_a_blocked_start_exits_within_a_second_with_the_host_restored() {
+            let _one = one_at_a_time();
+            let fake = FakeResctrl::builder().ways(12).build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, _host, state) = host(&fake, dir.path());
+            let state = Arc::new(state);
+            let (changed, blocked) = std::sync::mpsc::channel();
+            // Never sent: the start's step blocks until the test ends.
+            let (release, wait) = std::sync::mpsc::channel::<()>();
+            let st = Arc::clone(&state);
+            let path = dir.path().to_path_buf();
+            let (stop, finished, after) = block_on(async move {
+                let mut signals = Signals::new().unwrap();
+                let stopping = AtomicBool::new(false);
+                let start = move || -> Result<u64> {
+                    changed.send(start_changed_a_file(&st, &path)).unwrap();
+                    let _ = wait.recv();
+                    anyhow::bail!("released")
+                };
+                let sender = tokio::task::spawn_blocking(move || {
+                    let env = blocked.recv().unwrap();
+                    signal_self(nix::sys::signal::Signal::SIGTERM);
+                    (env, std::time::Instant::now())
+                });
+                let started = interruptible(&mut signals, &stopping, START_STOP_GRACE, start)
+                    .await
+                    .unwrap();
+                let (env, sent) = sender.await.unwrap();
+                assert!(
+                    stopping.load(Ordering::Acquire),
+                    "the start was told to stop"
+                );
+                let Started::Stopped { stop, finished } = started else {
+                    panic!("the start ended before the signal: {started:?}");
+                };
+                (
+                    stop,
+                    finished.map(|r| r.map_err(|e| e.to_string())),
+                    (env, sent),
+                )
+            });
+            let (env, sent) = after;
+            assert_eq!(stop, Stop::Term);
+            assert!(
+                finished.is_none(),
+                "the start is still blocked: {finished:?}"
+            );
+            let ticks = stopped_while_starting(stop, None, &cfg, &state, false).unwrap();
+            let took = sent.elapsed();
+            assert_eq!(ticks, 0);
+            assert!(
+                took < Duration::from_secs(1),
+                "stopped {took:?} after SIGTERM"
+            );
+            assert_eq!(std::fs::read_to_string(&env).unwrap(), "A=1\n", "restored");
+            assert!(state.load().unwrap().unwrap().changes.is_empty());
+            println!("stopped {took:?} after SIGTERM during a blocked start");
+            drop(release);
+        }
+
+        #[test]
+        fn a_start_told_to_stop_gives_up_at_its_next_step() {
+            let _one = one_at_a_time();
+            let stopping = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&stopping);
+            let started = block_on(async move {
+                let mut signals = Signals::new().unwrap();
+                let start = move || -> Result<()> {
+                    signal_self(nix::sys::signal::Signal::SIGTERM);
+                    // A slow step, then the check the start makes between its steps.
+                    while !flag.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    anyhow::bail!("stopped during the start, before the host was opened")
+                };
+                interruptible(&mut signals, &stopping, START_STOP_GRACE, start)
+                    .await
+                    .unwrap()
+            });
+            let Started::Stopped {
+                stop: Stop::Term,
+                finished: Some(Err(e)),
+            } = started
+            else {
+                panic!("{started:?}");
+            };
+            assert!(e.to_string().contains("before the host was opened"), "{e}");
+        }
+
+        #[test]
+        fn changes_the_host_cannot_undo_go_to_quarantine_and_the_start_goes_on() {
+            let fake = FakeResctrl::builder().ways(12).build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let (cfg, _host, state) = host(&fake, dir.path());
+            // A shared directory: root will not write an environment file there.
+            let open = dir.path().join("open");
+            std::fs::create_dir(&open).unwrap();
+            std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                .unwrap();
+            use host::changes::Change;
+            let refused = [
+                // This host has no cgroups (the kubelet removed the pod's, say).
+                Change::CgroupFile {
+                    dir: "/sys/fs/cgroup/cpuset/kubepods/pod1".into(),
+                    file: "cpuset.cpus".into(),
+                    original: "0-4095".into(),
+                },
+                Change::File {
+                    path: open.join("llm.env"),
+                    original: Some("A=1\n".into()),
+                },
+            ];
+            let mut rec = HostChanges::default();
+            rec.note(Change::MovedProcess {
+                pid: u32::MAX - 1,
+                start_time: 1,
+                from: vec!["/sys/fs/cgroup/cpu/user.slice".into()],
+            });
+            for c in &refused {
+                rec.note(c.clone());
+            }
+            state.change_log().save(&rec).unwrap();
+            let quarantined = reconcile(&cfg, &state, false).unwrap();
+            assert_eq!(quarantined, 2);
+            let q = state.quarantined().unwrap();
+            let kept: Vec<Change> = q.iter().map(|e| e.change.clone()).collect();
+            assert_eq!(kept, refused.to_vec());
+            assert!(q.iter().all(|e| e.recorded_by_pid == std::process::id()));
+            assert!(
+                state.load().unwrap().unwrap().changes.is_empty(),
+                "a new, empty record"
+            );
+            // An unreadable state file is moved aside unread, and counts as one.
+            std::fs::write(state.changes_path(), "{ not a record").unwrap();
+            assert_eq!(reconcile(&cfg, &state, false).unwrap(), 1);
+            let aside: Vec<_> = std::fs::read_dir(state.path())
+                .unwrap()
+                .filter_map(|e| {
+                    let n = e.ok()?.file_name().to_string_lossy().into_owned();
+                    n.starts_with(state::UNREADABLE_PREFIX).then_some(n)
+                })
+                .collect();
+            assert_eq!(aside.len(), 1, "{aside:?}");
+            assert!(state.load().unwrap().unwrap().changes.is_empty());
+            assert_eq!(state.quarantined().unwrap().len(), 2, "untouched");
         }
 
         #[test]

@@ -1,37 +1,49 @@
 //! Reloading `ml`'s model when its file changes: a fleet rolls a retrained model out by
 //! replacing the file (a Kubernetes ConfigMap update swaps the mounted files atomically).
 //!
-//! Every `model_check_every_ticks` ticks the watcher looks at the model's two files, the
-//! metadata (`NAME.json`, the configured `model`) and the weights it names beside it. It
-//! stats them (size, modification time, inode; a ConfigMap update changes the inode of the
-//! files its symbolic links lead to); only when a stat changed does it read the metadata
-//! and compare its sha256 digest, which covers the weights' digest that `Model::save`
-//! records. A new version is loaded with [`Model::load`], the hardened loader (regular
-//! files of bounded size, the build's feature schema, shapes, finiteness, the weights'
-//! digest), and swapped into the running policy ([`Policy::replace_model`]).
+//! Every `model_check_every_ticks` ticks the tick asks the watcher's loader thread for a
+//! check, and takes what an earlier check found: no file is opened, read or parsed inside
+//! the tick, so a slow or hostile file cannot stall control (2026-12b review, N7). The
+//! loader stats the model's two files, the metadata (`NAME.json`, the configured `model`)
+//! and the weights it names beside it (size, modification time, inode; a ConfigMap update
+//! changes the inode of the files its symbolic links lead to); only when a stat changed
+//! does it load them, with [`Model::load_files`] under the daemon's [`LoadRules`] (regular
+//! files opened without blocking and checked on the descriptor, owned by root or the
+//! daemon's user and writable by nobody else, of bounded size, the build's feature schema,
+//! shapes, finiteness, a `weights_digest` that matches). Metadata whose bytes are those of
+//! the model in force, beside the same weights, is not a new version. A new version is
+//! handed to the tick, which swaps it into the running policy ([`Policy::replace_model`]).
+//! One check at a time: while one runs, the ticks due meanwhile ask for nothing more.
 //!
 //! A version that does not load (not a model, another schema, weights half-written or not
-//! matching the metadata) is logged with the loader's error and counted in
-//! `cohabit_model_reload_failures_total`; the previous model keeps running. The same
-//! version is not tried again; the next change to either file is. A model that failed at
-//! start stops the start instead ([`Models::load`]): an operator who asked for `ml` must
-//! not silently get something else.
+//! matching the metadata, a FIFO, a file others can write) is logged with the loader's
+//! error and counted in `cohabit_model_reload_failures_total`; the previous model keeps
+//! running. The same version is not tried again; the next change to either file is. A model
+//! that failed at start stops the start instead ([`Models::load`]): an operator who asked
+//! for `ml` must not silently get something else.
 //!
 //! The GPU services' share model (`gpu_model`, schema `qos-gpu`) is loaded at start with the
 //! same loader and the same rule, and kept for the policy's lifetime; it is not watched.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::Context as _;
-use cohabit_models::{Model, Schema, CPU_SCHEMA, GPU_SCHEMA};
+use cohabit_models::artifact::{read_model_file, MAX_METADATA_BYTES};
+use cohabit_models::{LoadRules, Model, Schema, CPU_SCHEMA, GPU_SCHEMA};
 use cohabit_policy::{BuildError, HostContext, MlConfig, Policy, PolicyKind};
-use sha2::{Digest, Sha256};
 
 use super::config::DaemonConfig;
 use super::exporter::Exporter;
+
+/// The rules the daemon loads its models under: files of root or of the user it runs as,
+/// writable by nobody else, with a weights digest ([`LoadRules::daemon`]).
+pub fn daemon_rules() -> LoadRules {
+    LoadRules::daemon(super::files::euid())
+}
 
 /// The models a policy is built with, loaded at start from the files the configuration
 /// names: `ml`'s model (`model`) and its GPU services' share model (`gpu_model`, optional),
@@ -47,19 +59,20 @@ pub struct Models {
 }
 
 impl Models {
-    /// Loads the models `cfg` names for `ml` with the hardened loader ([`Model::load_schema`]),
-    /// each against its schema: a file that does not load, or that holds a model of another
-    /// schema, is an error naming the file, and the start stops before the host is touched.
-    /// Logs the GPU model in force, or its absence where GPU services are configured, and
-    /// `ml`'s tunables moved from the defaults (a line each).
+    /// Loads the models `cfg` names for `ml` with the hardened loader under the daemon's
+    /// rules ([`daemon_rules`]), each against its schema: a file that does not load, or
+    /// that holds a model of another schema, is an error naming the file, and the start
+    /// stops before the host is touched. Logs the GPU model in force, or its absence where
+    /// GPU services are configured, and `ml`'s tunables moved from the defaults (a line each).
     pub fn load(cfg: &DaemonConfig) -> anyhow::Result<Self> {
         if cfg.policy != PolicyKind::Ml {
             return Ok(Self::default());
         }
+        let rules = daemon_rules();
         let load = |path: Option<&Path>, schema: &'static Schema, what: &str| {
             path.map(|p| {
-                Model::load_schema(p, schema)
-                    .map(Arc::new)
+                Model::load_files(p, schema, &rules)
+                    .map(|l| Arc::new(l.model))
                     .with_context(|| format!("loading the {what} for policy ml"))
             })
             .transpose()
@@ -102,10 +115,6 @@ impl Models {
     }
 }
 
-/// Largest metadata file the watcher reads to digest it; a larger one is left to the
-/// loader, which refuses it.
-const MAX_METADATA_BYTES: u64 = 16 << 20;
-
 /// What `stat` says of one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
@@ -116,6 +125,7 @@ struct Stamp {
 }
 
 impl Stamp {
+    /// `stat(2)` only: it never opens the file, so a FIFO at the path does not block it.
     fn of(path: &Path) -> Option<Stamp> {
         let m = std::fs::metadata(path).ok()?;
         Some(Stamp {
@@ -127,19 +137,19 @@ impl Stamp {
     }
 }
 
-/// One version of the model's files, as the watcher saw them.
+/// One version of the model's files, as the loader saw them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Version {
     meta: Option<Stamp>,
     weights: Option<Stamp>,
-    /// sha256 of the metadata's bytes (`None`: unreadable or too large).
-    digest: Option<[u8; 32]>,
+    /// `sha256:` of the metadata in force (`None`: not known).
+    digest: Option<String>,
 }
 
 /// What a check found.
 #[derive(Debug, Clone)]
 pub enum Reload {
-    /// Not due, or the files are the version last seen.
+    /// Not due, no check finished, or the files are the version last seen.
     Unchanged,
     /// A new version loaded.
     Loaded(Arc<Model>),
@@ -147,29 +157,134 @@ pub enum Reload {
     Failed(String),
 }
 
-/// Watches the model file of a running `ml` policy.
+/// The loader's side of the watcher: checks the files and loads a new version. It blocks
+/// on file I/O, so it runs on the watcher's thread, never in a tick.
+#[derive(Debug)]
+struct Checker {
+    path: PathBuf,
+    rules: LoadRules,
+    /// The weights file the metadata in force names.
+    weights: Option<PathBuf>,
+    seen: Version,
+}
+
+impl Checker {
+    /// Notes the files' version now (the metadata read once, under `rules`, for its digest
+    /// and the weights' name).
+    fn new(path: &Path, rules: LoadRules) -> Self {
+        let (digest, weights) = peek(path, &rules);
+        let seen = Version {
+            meta: Stamp::of(path),
+            weights: weights.as_deref().and_then(Stamp::of),
+            digest,
+        };
+        Self {
+            path: path.to_path_buf(),
+            rules,
+            weights,
+            seen,
+        }
+    }
+
+    /// Checks the files now: loads them if they are a version not seen before.
+    fn check(&mut self) -> Reload {
+        let meta = Stamp::of(&self.path);
+        let weights = self.weights.as_deref().and_then(Stamp::of);
+        if meta == self.seen.meta && weights == self.seen.weights {
+            return Reload::Unchanged;
+        }
+        match Model::load_files(&self.path, &CPU_SCHEMA, &self.rules) {
+            Ok(l) => {
+                let weights_now = Stamp::of(&l.weights_path);
+                let same = self.seen.digest.as_deref() == Some(l.meta_digest.as_str())
+                    && self.weights.as_deref() == Some(l.weights_path.as_path())
+                    && weights_now == self.seen.weights;
+                self.seen = Version {
+                    meta,
+                    weights: weights_now,
+                    digest: Some(l.meta_digest),
+                };
+                self.weights = Some(l.weights_path);
+                if same {
+                    // Touched, or the same bytes written again.
+                    return Reload::Unchanged;
+                }
+                Reload::Loaded(Arc::new(l.model))
+            }
+            Err(e) => {
+                self.seen.meta = meta;
+                self.seen.weights = weights;
+                Reload::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+/// The metadata's digest and the weights file it names (a bare file name beside it, as the
+/// loader requires), read once under `rules`; `None`s when it cannot be read.
+fn peek(meta: &Path, rules: &LoadRules) -> (Option<String>, Option<PathBuf>) {
+    #[derive(serde::Deserialize)]
+    struct Names {
+        weights: String,
+    }
+    let Ok(bytes) = read_model_file(meta, MAX_METADATA_BYTES, rules) else {
+        return (None, None);
+    };
+    let digest = cohabit_models::artifact::digest(&bytes);
+    let weights = serde_json::from_slice::<Names>(&bytes).ok().and_then(|n| {
+        let name = Path::new(&n.weights);
+        let bare = name.components().count() == 1 && name.file_name().is_some();
+        bare.then(|| meta.parent().unwrap_or(Path::new(".")).join(name))
+    });
+    (Some(digest), weights)
+}
+
+/// Watches the model file of a running `ml` policy; the files are checked and loaded on a
+/// thread of its own (see the module doc).
 #[derive(Debug)]
 pub struct ModelWatch {
     path: PathBuf,
     every: u32,
     ticks: u32,
-    seen: Version,
     /// The last version that loaded, for a policy built again later (the pods changed).
     latest: Option<Arc<Model>>,
+    /// Asks the loader for a check; full while one waits.
+    ask: SyncSender<()>,
+    /// What the loader's checks found.
+    found: Receiver<Reload>,
 }
 
 impl ModelWatch {
-    /// Watches `path` (the metadata `.json`), checking every `every` ticks (at least 1).
-    /// Call it *before* loading the model at start, so that a change between the two is
-    /// caught at the first check.
-    pub fn new(path: &Path, every: u32) -> Self {
-        Self {
+    /// Watches `path` (the metadata `.json`), checking every `every` ticks (at least 1),
+    /// under the daemon's rules. Call it *before* loading the model at start, so that a
+    /// change between the two is caught at the first check. Starts the loader's thread.
+    pub fn new(path: &Path, every: u32) -> std::io::Result<Self> {
+        Self::with_rules(path, every, daemon_rules())
+    }
+
+    /// [`Self::new`] under `rules`.
+    pub fn with_rules(path: &Path, every: u32, rules: LoadRules) -> std::io::Result<Self> {
+        let mut checker = Checker::new(path, rules);
+        let (ask, asked) = mpsc::sync_channel::<()>(1);
+        let (tell, found) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("cohabit-model".into())
+            .spawn(move || {
+                // Ends when the watch is dropped.
+                for () in asked {
+                    if tell.send(checker.check()).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Self {
             path: path.to_path_buf(),
             every: every.max(1),
             ticks: 0,
-            seen: version(path),
             latest: None,
-        }
+            ask,
+            found,
+        })
     }
 
     /// The last version that loaded since start (`None`: the one loaded at start is
@@ -183,42 +298,26 @@ impl ModelWatch {
         &self.path
     }
 
-    /// Counts a tick and checks the files when one is due.
+    /// Counts a tick, takes what a finished check found, and asks for a check when one is
+    /// due. Never blocks.
     pub fn tick(&mut self) -> Reload {
+        let found = match self.found.try_recv() {
+            Ok(r) => r,
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => Reload::Unchanged,
+        };
+        self.take(&found);
         self.ticks += 1;
-        if self.ticks < self.every {
-            return Reload::Unchanged;
+        if self.ticks >= self.every {
+            self.ticks = 0;
+            // Full: a check is still waiting to run; this one would find the same.
+            let _ = self.ask.try_send(());
         }
-        self.ticks = 0;
-        self.check()
+        found
     }
 
-    /// Checks the files now: loads them if they are a version not seen before.
-    pub fn check(&mut self) -> Reload {
-        let meta = Stamp::of(&self.path);
-        let weights = weights_path(&self.path).and_then(|w| Stamp::of(&w));
-        if meta == self.seen.meta && weights == self.seen.weights {
-            return Reload::Unchanged;
-        }
-        let now = Version {
-            meta,
-            weights,
-            digest: digest(&self.path),
-        };
-        let same_bytes = now.digest.is_some() && now.digest == self.seen.digest;
-        let weights_same = now.weights == self.seen.weights;
-        self.seen = now;
-        if same_bytes && weights_same {
-            // Touched, or the same bytes written again.
-            return Reload::Unchanged;
-        }
-        match Model::load(&self.path) {
-            Ok(m) => {
-                let m = Arc::new(m);
-                self.latest = Some(Arc::clone(&m));
-                Reload::Loaded(m)
-            }
-            Err(e) => Reload::Failed(e.to_string()),
+    fn take(&mut self, found: &Reload) {
+        if let Reload::Loaded(m) = found {
+            self.latest = Some(Arc::clone(m));
         }
     }
 
@@ -227,7 +326,12 @@ impl ModelWatch {
     /// Returns what the check found.
     pub fn tick_and_swap(&mut self, policy: &mut dyn Policy, exporter: &Mutex<Exporter>) -> Reload {
         let found = self.tick();
-        match &found {
+        self.swap(&found, policy, exporter);
+        found
+    }
+
+    fn swap(&self, found: &Reload, policy: &mut dyn Policy, exporter: &Mutex<Exporter>) {
+        match found {
             Reload::Unchanged => {}
             Reload::Loaded(model) => {
                 let taken = policy.replace_model(Arc::clone(model));
@@ -259,48 +363,13 @@ impl ModelWatch {
                 }
             }
         }
-        found
     }
-}
-
-/// The version of the files at `path` now.
-fn version(path: &Path) -> Version {
-    Version {
-        meta: Stamp::of(path),
-        weights: weights_path(path).and_then(|w| Stamp::of(&w)),
-        digest: digest(path),
-    }
-}
-
-/// The sha256 of the metadata's bytes, when it can be read and is not too large.
-fn digest(path: &Path) -> Option<[u8; 32]> {
-    let m = std::fs::metadata(path).ok()?;
-    if !m.is_file() || m.len() > MAX_METADATA_BYTES {
-        return None;
-    }
-    let bytes = std::fs::read(path).ok()?;
-    Some(Sha256::digest(&bytes).into())
-}
-
-/// The weights file the metadata names, beside it (a bare file name only, as the loader
-/// requires).
-fn weights_path(meta: &Path) -> Option<PathBuf> {
-    #[derive(serde::Deserialize)]
-    struct Names {
-        weights: String,
-    }
-    let m = std::fs::metadata(meta).ok()?;
-    if !m.is_file() || m.len() > MAX_METADATA_BYTES {
-        return None;
-    }
-    let names: Names = serde_json::from_slice(&std::fs::read(meta).ok()?).ok()?;
-    let name = Path::new(&names.weights);
-    let bare = name.components().count() == 1 && name.file_name().is_some();
-    bare.then(|| meta.parent().unwrap_or(Path::new(".")).join(name))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use cohabit_core::Observation;
     use cohabit_policy::{Decision, HostContext, MlConfig, MlPolicy, StaticPolicy};
 
@@ -369,40 +438,107 @@ mod tests {
         Model::load(&path).unwrap().meta.weights_digest.unwrap()
     }
 
+    /// Runs `f` on a thread and waits at most `limit` for it: a check that blocks (a FIFO
+    /// opened for reading waits for a writer) fails the test instead of hanging it.
+    fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("still blocked after {limit:?}"))
+    }
+
+    /// Ticks `watch` every 10 ms until a check finds something (at most `limit`); returns
+    /// it, or `Unchanged` when nothing came.
+    fn settle(
+        watch: &mut ModelWatch,
+        policy: &mut dyn Policy,
+        ex: &Mutex<Exporter>,
+        limit: Duration,
+    ) -> Reload {
+        let t = std::time::Instant::now();
+        while t.elapsed() < limit {
+            let found = watch.tick_and_swap(policy, ex);
+            if !matches!(found, Reload::Unchanged) {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Reload::Unchanged
+    }
+
+    #[test]
+    fn a_new_version_is_found_once_and_a_bad_one_is_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = save(dir.path(), 1);
+        let path = dir.path().join("qos.json");
+        let mut c = Checker::new(&path, daemon_rules());
+        assert!(matches!(c.check(), Reload::Unchanged), "nothing changed");
+        // Touched, or the same bytes written again: not a new version.
+        let same = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &same).unwrap();
+        assert!(matches!(c.check(), Reload::Unchanged));
+
+        // A retrained model.
+        let second = save(dir.path(), 2);
+        assert_ne!(first, second);
+        let Reload::Loaded(m) = c.check() else {
+            panic!("the new version was not loaded");
+        };
+        assert_eq!(m.meta.weights_digest.as_deref(), Some(second.as_str()));
+        assert!(matches!(c.check(), Reload::Unchanged), "found once");
+
+        // Not a model: the loader's error, once.
+        std::fs::write(&path, "{\"format\": \"something else\"}").unwrap();
+        assert!(matches!(c.check(), Reload::Failed(e) if e.contains("qos.json")));
+        assert!(matches!(c.check(), Reload::Unchanged), "not retried");
+
+        // Half-written: new metadata whose weights are cut short, until the writer finishes.
+        let third = save(dir.path(), 3);
+        let weights = dir.path().join("qos.safetensors");
+        let bytes = std::fs::read(&weights).unwrap();
+        std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+        assert!(matches!(c.check(), Reload::Failed(_)));
+        std::fs::write(&weights, &bytes).unwrap();
+        assert!(
+            matches!(c.check(), Reload::Loaded(m) if m.meta.weights_digest.as_deref() == Some(third.as_str()))
+        );
+
+        // Another schema: the loader refuses it.
+        let mut other = Model::synthetic(2, &[4], 4);
+        other.meta.schema_version += 1;
+        other.save(dir.path(), "qos").unwrap();
+        assert!(matches!(c.check(), Reload::Failed(e) if e.contains("schema")));
+        // Gone: nothing loads.
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(c.check(), Reload::Failed(_)));
+    }
+
     #[test]
     fn a_good_model_is_swapped_in_and_a_bad_one_leaves_the_previous_running() {
         let dir = tempfile::tempdir().unwrap();
         let first = save(dir.path(), 1);
         let path = dir.path().join("qos.json");
-        let mut watch = ModelWatch::new(&path, 3);
+        let mut watch = ModelWatch::new(&path, 3).unwrap();
         let mut policy = Recorder {
             inner: StaticPolicy::new(ctx()),
             model: Some(first.clone()),
         };
         let ex = Mutex::new(Exporter::default());
-        let tick = |watch: &mut ModelWatch, policy: &mut Recorder| {
-            (0..3)
-                .map(|_| watch.tick_and_swap(policy, &ex))
-                .filter(|r| !matches!(r, Reload::Unchanged))
-                .collect::<Vec<_>>()
-        };
-        assert!(tick(&mut watch, &mut policy).is_empty(), "nothing changed");
+        let wait = Duration::from_secs(5);
+        assert!(
+            matches!(
+                settle(&mut watch, &mut policy, &ex, Duration::from_millis(200)),
+                Reload::Unchanged
+            ),
+            "nothing changed"
+        );
 
-        // A retrained model: swapped in at the next check, not before.
+        // A retrained model: swapped in by a tick once the loader has it.
         let second = save(dir.path(), 2);
-        assert_ne!(first, second);
-        assert!(matches!(
-            watch.tick_and_swap(&mut policy, &ex),
-            Reload::Unchanged
-        ));
-        assert!(matches!(
-            watch.tick_and_swap(&mut policy, &ex),
-            Reload::Unchanged
-        ));
-        assert!(matches!(
-            watch.tick_and_swap(&mut policy, &ex),
-            Reload::Loaded(_)
-        ));
+        let found = settle(&mut watch, &mut policy, &ex, wait);
+        assert!(matches!(found, Reload::Loaded(_)), "{found:?}");
         assert_eq!(policy.model.as_deref(), Some(second.as_str()));
         assert_eq!(counters(&ex), (1.0, 0.0));
         let latest = watch
@@ -411,9 +547,9 @@ mod tests {
 
         // Not a model: the loader's error, counted; the second model stays.
         std::fs::write(&path, "{\"format\": \"something else\"}").unwrap();
-        let found = tick(&mut watch, &mut policy);
+        let found = settle(&mut watch, &mut policy, &ex, wait);
         assert!(
-            matches!(&found[..], [Reload::Failed(e)] if e.contains("qos.json")),
+            matches!(&found, Reload::Failed(e) if e.contains("qos.json")),
             "{found:?}"
         );
         assert_eq!(policy.model.as_deref(), Some(second.as_str()));
@@ -422,40 +558,47 @@ mod tests {
             watch.latest().is_some_and(|m| Arc::ptr_eq(&m, &latest)),
             "a version that failed does not replace the last good one"
         );
-        // The same bad version is not retried.
-        assert!(tick(&mut watch, &mut policy).is_empty());
-        assert_eq!(counters(&ex), (1.0, 1.0));
+    }
 
-        // Half-written: new metadata whose weights are cut short.
-        let third = save(dir.path(), 3);
-        let weights = dir.path().join("qos.safetensors");
-        let bytes = std::fs::read(&weights).unwrap();
-        std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
-        let found = tick(&mut watch, &mut policy);
-        assert!(matches!(&found[..], [Reload::Failed(_)]), "{found:?}");
-        assert_eq!(policy.model.as_deref(), Some(second.as_str()));
-        // … until the writer finishes.
-        std::fs::write(&weights, &bytes).unwrap();
-        let found = tick(&mut watch, &mut policy);
-        assert!(matches!(&found[..], [Reload::Loaded(_)]), "{found:?}");
-        assert_eq!(policy.model.as_deref(), Some(third.as_str()));
-
-        // Another schema: the loader refuses it.
-        let mut other = Model::synthetic(2, &[4], 4);
-        other.meta.schema_version += 1;
-        other.save(dir.path(), "qos").unwrap();
-        let found = tick(&mut watch, &mut policy);
+    #[test]
+    fn a_fifo_swapped_in_for_the_model_fails_its_reload_within_a_second_and_no_tick_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = save(dir.path(), 1);
+        let path = dir.path().join("qos.json");
+        let watch = ModelWatch::new(&path, 1).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !made {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+        let (found, slowest) = within(Duration::from_secs(1), move || {
+            let mut watch = watch;
+            let mut policy = Recorder {
+                inner: StaticPolicy::new(ctx()),
+                model: Some(first),
+            };
+            let ex = Mutex::new(Exporter::default());
+            let mut slowest = Duration::ZERO;
+            loop {
+                let t = std::time::Instant::now();
+                let found = watch.tick_and_swap(&mut policy, &ex);
+                slowest = slowest.max(t.elapsed());
+                if !matches!(found, Reload::Unchanged) {
+                    assert!(policy.model.is_some(), "the model in force stays");
+                    return (found, slowest);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
         assert!(
-            matches!(&found[..], [Reload::Failed(e)] if e.contains("schema")),
+            matches!(&found, Reload::Failed(e) if e.contains("not a regular file") && e.contains("qos.json")),
             "{found:?}"
         );
-        assert_eq!(policy.model.as_deref(), Some(third.as_str()));
-        // Gone: the running model stays, and nothing loads.
-        std::fs::remove_file(&path).unwrap();
-        let found = tick(&mut watch, &mut policy);
-        assert!(matches!(&found[..], [Reload::Failed(_)]), "{found:?}");
-        assert_eq!(policy.model.as_deref(), Some(third.as_str()));
-        assert_eq!(counters(&ex), (2.0, 4.0));
+        println!("slowest tick of the watcher while the FIFO was checked: {slowest:?}");
     }
 
     /// A configuration of `policy` with `model` and `gpu_model` lines (`None`: none).

@@ -14,9 +14,22 @@
 //! writable by nobody else; it is created `0700`. Files in it are opened without following
 //! symbolic links.
 //!
-//! A state file this build cannot read (corrupt, another version) stops the start, naming
-//! the file: it may hold the only copy of a process's original cgroup. `--discard-state`
-//! moves it aside instead.
+//! What a start cannot restore goes to quarantine, and the start goes on (2026-12b review,
+//! N8): a node agent that refuses every start over one stale entry leaves the node
+//! unmanaged in a crash loop, with every other change of the record still in force.
+//! - `quarantine.json`: the changes of a record that could not be undone (the kernel
+//!   refused an old `cpuset.cpus` once the kubelet narrowed the pod's cgroup), each with the
+//!   time and the pid of the run that recorded it, appended at each start, the newest
+//!   [`MAX_QUARANTINED`] kept ([`StateDir::quarantine`]). An operator puts them back by
+//!   hand; the daemon never reads the file.
+//! - `changes.json.unreadable.<unix s>.<pid>.<n>`: a state file this build cannot read
+//!   (corrupt, another version, too large, not a regular file), moved aside unread; the
+//!   newest [`KEEP_UNREADABLE`] are kept ([`StateDir::quarantine_file`]). It may hold the
+//!   only copy of a process's original cgroup: a change it recorded and that is still in
+//!   force is seen by the new run as the original.
+//!
+//! `--discard-state` (or `COHABIT_DISCARD_STATE=1`) moves the state file aside unread
+//! without trying to restore from it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -37,6 +50,16 @@ pub const LOCK_FILE: &str = "lock";
 pub const CHANGES_FILE: &str = "changes.json";
 /// Where `--discard-state` moves a state file it does not use.
 pub const DISCARDED_FILE: &str = "changes.json.discarded";
+/// The quarantine file's name in the state directory.
+pub const QUARANTINE_FILE: &str = "quarantine.json";
+/// How the state files moved aside unread begin (then `<unix s>.<pid>.<n>`).
+pub const UNREADABLE_PREFIX: &str = "changes.json.unreadable.";
+/// Most entries the quarantine file keeps (the oldest go first).
+pub const MAX_QUARANTINED: usize = 4096;
+/// State files moved aside unread that are kept (the oldest go first).
+pub const KEEP_UNREADABLE: usize = 4;
+/// The quarantine file format.
+const QUARANTINE_VERSION: u32 = 1;
 /// The state file format this build writes and reads.
 pub const STATE_VERSION: u32 = 1;
 /// How the temporary files of [`replace_atomically`] end; a crash can leave one, which the
@@ -68,7 +91,7 @@ pub enum StateError {
         lock: PathBuf,
     },
     /// The state file is not one this build can read.
-    #[error("state file {path}: {why}; it may hold the only record of what a previous run changed, so cohabit will not start over it: restore the host by hand, or start once with --discard-state to move it aside")]
+    #[error("state file {path}: {why}")]
     Unreadable {
         /// The file.
         path: PathBuf,
@@ -205,6 +228,136 @@ impl StateDir {
     /// The [`ChangeLog`] that keeps the host's record in this directory.
     pub fn change_log(&self) -> FileChangeLog {
         FileChangeLog::new(self)
+    }
+}
+
+/// One change a start could not undo, as the quarantine file keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quarantined {
+    /// When it was quarantined (Unix seconds).
+    pub at_unix_s: u64,
+    /// The daemon that recorded the change.
+    pub recorded_by_pid: u32,
+    /// The change, as the state file held it.
+    pub change: Change,
+}
+
+/// The quarantine file's content.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuarantineFile {
+    cohabit_quarantine: u32,
+    entries: Vec<Quarantined>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl StateDir {
+    /// The quarantine file.
+    pub fn quarantine_path(&self) -> PathBuf {
+        self.dir.join(QUARANTINE_FILE)
+    }
+
+    /// Adds `changes` (recorded by `pid`, not undone at this start) to the quarantine file,
+    /// which keeps the newest [`MAX_QUARANTINED`]; a quarantine file this build cannot read
+    /// is moved aside first (to `quarantine.json.unreadable`). Returns the file.
+    pub fn quarantine(&self, pid: u32, changes: &[Change]) -> Result<PathBuf, StateError> {
+        let path = self.quarantine_path();
+        let mut entries = match read_private(&path) {
+            Ok(text) => match serde_json::from_str::<QuarantineFile>(&text) {
+                Ok(q) if q.cohabit_quarantine == QUARANTINE_VERSION => q.entries,
+                _ => self.set_aside_quarantine(&path)?,
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(_) => self.set_aside_quarantine(&path)?,
+        };
+        let at_unix_s = unix_now();
+        entries.extend(changes.iter().map(|c| Quarantined {
+            at_unix_s,
+            recorded_by_pid: pid,
+            change: c.clone(),
+        }));
+        if entries.len() > MAX_QUARANTINED {
+            let dropped = entries.len() - MAX_QUARANTINED;
+            tracing::warn!(dropped, file = %path.display(), "the quarantine file is full; its oldest entries were dropped");
+            entries.drain(..dropped);
+        }
+        let file = QuarantineFile {
+            cohabit_quarantine: QUARANTINE_VERSION,
+            entries,
+        };
+        let mut text = serde_json::to_string_pretty(&file)
+            .map_err(|e| IoError::new("serialising", &path, std::io::Error::other(e)))?;
+        text.push('\n');
+        replace_atomically(&self.dir, QUARANTINE_FILE, text.as_bytes())?;
+        Ok(path)
+    }
+
+    fn set_aside_quarantine(&self, path: &Path) -> Result<Vec<Quarantined>, StateError> {
+        let to = self.dir.join(format!("{QUARANTINE_FILE}.unreadable"));
+        std::fs::rename(path, &to).map_err(|e| IoError::new("moving aside", path, e))?;
+        tracing::warn!(file = %path.display(), to = %to.display(), "the quarantine file cannot be read; moved aside, a new one starts");
+        Ok(Vec::new())
+    }
+
+    /// The entries of the quarantine file (none when there is none).
+    pub fn quarantined(&self) -> Result<Vec<Quarantined>, StateError> {
+        let path = self.quarantine_path();
+        match read_private(&path) {
+            Ok(text) => serde_json::from_str::<QuarantineFile>(&text)
+                .map(|q| q.entries)
+                .map_err(|e| StateError::Unreadable {
+                    path,
+                    why: e.to_string(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(StateError::Unreadable {
+                path,
+                why: e.to_string(),
+            }),
+        }
+    }
+
+    /// Moves a state file this build cannot read aside, unread, to
+    /// `changes.json.unreadable.<unix s>.<pid>.<n>`, and drops all but the newest
+    /// [`KEEP_UNREADABLE`] such files. Returns where it went (`None`: there was none).
+    pub fn quarantine_file(&self) -> Result<Option<PathBuf>, StateError> {
+        let from = self.changes_path();
+        static MOVED: AtomicU64 = AtomicU64::new(0);
+        let n = MOVED.fetch_add(1, Ordering::Relaxed);
+        let to = self.dir.join(format!(
+            "{UNREADABLE_PREFIX}{:012}.{}.{n:06}",
+            unix_now(),
+            std::process::id()
+        ));
+        match std::fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(IoError::new("moving aside", &from, e).into()),
+        }
+        sync_dir(&self.dir)?;
+        let mut kept: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map_err(|e| IoError::new("listing", &self.dir, e))?
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(UNREADABLE_PREFIX)
+            })
+            .map(|e| e.path())
+            .collect();
+        kept.sort();
+        for old in kept.iter().rev().skip(KEEP_UNREADABLE) {
+            if let Err(e) = std::fs::remove_file(old) {
+                tracing::warn!(file = %old.display(), error = %e, "could not remove an old unreadable state file");
+            }
+        }
+        Ok(Some(to))
     }
 }
 
@@ -517,11 +670,11 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_or_unknown_state_file_stops_the_start_naming_it_unless_discarded() {
+    fn a_corrupt_or_unknown_state_file_is_named_and_can_be_moved_to_quarantine_unread() {
         let tmp = tempfile::tempdir().unwrap();
         let state = StateDir::open_owned_by(tmp.path(), me(tmp.path())).unwrap();
         let path = state.changes_path();
-        for (text, why) in [
+        let cases = [
             (
                 "{\"cohabit_state\": 1, \"pid\": 1, \"chan",
                 "not valid JSON",
@@ -535,18 +688,81 @@ mod tests {
                 "{\"cohabit_state\": 1, \"pid\": 1, \"changes\": [{\"kind\": \"reboot\"}]}",
                 "malformed record",
             ),
-        ] {
+            (
+                "{\"cohabit_state\": 1, \"pid\": 1, \"changes\": [{\"kind\": \"reboot\"}]} ",
+                "malformed record",
+            ),
+        ];
+        for (text, why) in cases {
             std::fs::write(&path, text).unwrap();
             let e = state.load().unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
             assert!(e.contains(&path.display().to_string()), "{e}");
-            assert!(e.contains("--discard-state"), "{e}");
+            let aside = state.quarantine_file().unwrap().unwrap();
+            assert!(aside
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(UNREADABLE_PREFIX));
+            assert_eq!(
+                std::fs::read_to_string(&aside).unwrap(),
+                text,
+                "moved unread"
+            );
+            assert_eq!(state.load().unwrap(), None);
         }
-        let aside = state.discard().unwrap().unwrap();
-        assert_eq!(aside, tmp.path().join(DISCARDED_FILE));
-        assert!(std::fs::read_to_string(aside).unwrap().contains("reboot"));
+        // Only the newest few are kept.
+        let aside = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(UNREADABLE_PREFIX)
+            })
+            .count();
+        assert_eq!(aside, KEEP_UNREADABLE.min(cases.len()));
+        assert_eq!(state.quarantine_file().unwrap(), None, "none left to move");
+
+        // --discard-state moves it aside unread too.
+        std::fs::write(&path, "{").unwrap();
+        let to = state.discard().unwrap().unwrap();
+        assert_eq!(to, tmp.path().join(DISCARDED_FILE));
         assert_eq!(state.load().unwrap(), None);
         assert_eq!(state.discard().unwrap(), None);
+    }
+
+    #[test]
+    fn changes_that_could_not_be_undone_accumulate_in_the_quarantine_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = StateDir::open_owned_by(tmp.path(), me(tmp.path())).unwrap();
+        assert!(state.quarantined().unwrap().is_empty());
+        let changes = record().changes;
+        let path = state.quarantine(4242, &changes[..1]).unwrap();
+        assert_eq!(path, tmp.path().join(QUARANTINE_FILE));
+        state.quarantine(4343, &changes[1..]).unwrap();
+        let q = state.quarantined().unwrap();
+        assert_eq!(
+            q.iter()
+                .map(|e| (e.recorded_by_pid, e.change.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                (4242, changes[0].clone()),
+                (4343, changes[1].clone()),
+                (4343, changes[2].clone())
+            ]
+        );
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        // A quarantine file this build cannot read is set aside, never a reason to stop.
+        std::fs::write(&path, "garbage").unwrap();
+        state.quarantine(1, &changes[..1]).unwrap();
+        assert_eq!(state.quarantined().unwrap().len(), 1);
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("quarantine.json.unreadable")).unwrap(),
+            "garbage"
+        );
     }
 
     #[test]

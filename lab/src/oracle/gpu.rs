@@ -265,7 +265,7 @@ impl<'a> Planner<'a> {
             .iter()
             .map(|s| ServiceModel {
                 cpu: None,
-                ..s.model.clone()
+                ..(*s.model).clone()
             })
             .collect();
         Some(Self {

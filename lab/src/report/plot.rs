@@ -594,6 +594,7 @@ mod tests {
                 decision_us: 1.0,
                 predictions: Default::default(),
                 truth: None,
+                from_pods: Default::default(),
             })
             .collect();
         Run {

@@ -55,7 +55,7 @@ use cohabit_core::{whole, DecisionPath, Observation, Plan, Reason, MBA_MAX_PCT};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{layout, Decision, HostContext, Policy, Share, StaticPolicy};
+use super::{downcast, layout, Adopted, Decision, HostContext, Policy, Share, StaticPolicy};
 use gp::{expected_improvement, Gp};
 
 /// `clite`'s sampling and search settings.
@@ -507,6 +507,16 @@ impl ClitePolicy {
         Decision::new(plan, self.reasons(DecisionPath::Model, &text))
     }
 
+    /// Whether a search of `other`'s can go on here: the same host, the same
+    /// latency-critical services in the same order with the same specs, and the same room
+    /// for them (the ways they may take, the fair split the configurations start from).
+    fn same_space(&self, other: &Self) -> bool {
+        self.ctx.host == other.ctx.host
+            && self.ctx.latency_critical().eq(other.ctx.latency_critical())
+            && self.lc_ways == other.lc_ways
+            && self.fair == other.fair
+    }
+
     fn reasons(&self, path: DecisionPath, text: &str) -> BTreeMap<String, Reason> {
         self.names
             .iter()
@@ -555,6 +565,29 @@ fn shift(v: u32, step: i64) -> Option<u32> {
 impl Policy for ClitePolicy {
     fn name(&self) -> &'static str {
         "clite"
+    }
+
+    /// From another `clite` over the same configuration space (`same_space`:
+    /// only best-effort jobs came or went): the whole search or held configuration, its
+    /// samples and its random draws, as if nothing had happened (samples scored earlier
+    /// measured the pool's progress with the jobs then). Otherwise the search starts again
+    /// from the fair split: a configuration has one dimension per service, and a sample's
+    /// score is over every target, so samples of another set of services do not apply.
+    fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
+        let Some(previous) = downcast::<Self>(previous) else {
+            return Adopted::default();
+        };
+        if !self.same_space(&previous) {
+            return Adopted::default();
+        }
+        let previous = *previous;
+        self.phase = previous.phase;
+        self.rng = previous.rng;
+        self.retries = previous.retries;
+        Adopted {
+            services: self.names.iter().cloned().collect(),
+            host: true,
+        }
     }
 
     fn initial(&mut self) -> Decision {

@@ -295,3 +295,44 @@ fn fitting_cuts_the_largest_first_and_keeps_one_each() {
     fit(&mut v, 1, None);
     assert_eq!(v, vec![1, 1]);
 }
+
+#[test]
+fn a_rebuilt_clite_goes_on_with_its_search_only_over_the_same_services() {
+    let toy = Toy::new(ctx(2, true, false, 0), &[7.5, 5.5], 2);
+    let mut p = ClitePolicy::new(toy.ctx.clone(), CliteConfig::default());
+    let (mut d, _) = toy.run(&mut p, 20);
+    let Phase::Search(search) = &p.phase else {
+        panic!("still searching after 20 ticks: {:?}", p.phase);
+    };
+    assert!(search.samples.len() >= 3, "{}", search.samples.len());
+
+    // Best-effort jobs came and went (another name): the same configurations, so the
+    // search goes on exactly as it would have.
+    let mut jobs = toy.ctx.clone();
+    jobs.specs[2].name = "another-job".into();
+    let mut rebuilt = ClitePolicy::new(jobs, CliteConfig::default());
+    assert_eq!(
+        rebuilt.adopt(Box::new(p.clone())),
+        Adopted {
+            services: ["lc0", "lc1"].map(String::from).into(),
+            host: true
+        }
+    );
+    let mut old = p.clone();
+    for t in 21..60 {
+        let o = toy.observe(&d.plan, t * 1000);
+        let (a, b) = (rebuilt.decide(&o, t * 1000), old.decide(&o, t * 1000));
+        assert_eq!(a, b, "tick {t}");
+        d = a;
+    }
+
+    // A service more, or a target changed: the search starts again from the fair split.
+    let mut retargeted = toy.ctx.clone();
+    retargeted.specs[1].class = cohabit_core::ServiceClass::LatencyCritical { p99_target_ms: 3.0 };
+    for other in [ctx(3, true, false, 0), retargeted] {
+        let mut rebuilt = ClitePolicy::new(other.clone(), CliteConfig::default());
+        assert_eq!(rebuilt.adopt(Box::new(old.clone())), Adopted::default());
+        let fresh = ClitePolicy::new(other, CliteConfig::default()).initial();
+        assert_eq!(rebuilt.initial(), fresh);
+    }
+}

@@ -61,6 +61,11 @@ pub struct MlConfig {
     /// any other count) may run on the best-effort pool's ways instead of a range of its
     /// own, so that the ways go to the services that need them (`ml` module docs, step 5).
     pub pool_ways_for_insensitive: bool,
+    /// Keep a per-host posterior per service on the model's output layer
+    /// (`policy/src/ml/posterior.rs`): its mean corrects the anchored predictions and its spread
+    /// replaces the ensemble's in the search and the fallback's "model unsure" test. Off:
+    /// the ensemble's spread, a bias and a spread factor per service, as before issue 45.
+    pub posterior: bool,
 }
 
 impl Default for MlConfig {
@@ -84,6 +89,7 @@ impl Default for MlConfig {
             explore_below: 0.75,
             explore_step: 0.0,
             pool_ways_for_insensitive: true,
+            posterior: true,
         }
     }
 }

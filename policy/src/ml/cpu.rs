@@ -10,7 +10,8 @@
 use std::slice;
 
 use cohabit_core::{Allocation, DecisionPath, Observation, Reason, Sample, WayRange, MBA_MAX_PCT};
-use cohabit_models::{log_qos_ratio, Neighbours};
+use cohabit_models::posterior::Blr;
+use cohabit_models::{log_qos_ratio, Model, Neighbours};
 
 use super::pack::Need;
 use super::predict::{at_mba, out_of_range, Pred, Predictor, SATURATED};
@@ -234,12 +235,22 @@ impl MlPolicy {
             cand_neighbours: &v.cand_neighbours,
             basis,
             reference_out: self.references.get(name),
+            posterior: None,
         };
         let probe = predictor.features(&v.current);
         if let Some((feature, z)) = out_of_range(&self.model.meta, &probe, cfg.z_limit) {
             let why = format!("input {feature} outside the training range (z = {z:.1})");
             return fallback(obs, name, &why, false, v.shares_pool, known_good);
         }
+        if self.posterior_model.is_some() {
+            if let Some(st) = self.state.get_mut(name).filter(|st| st.posterior.is_none()) {
+                st.posterior = fit_prior(&predictor, &self.model, v.cand_mba);
+            }
+        }
+        let predictor = Predictor {
+            posterior: self.state.get(name).and_then(|st| st.posterior.as_ref()),
+            ..predictor
+        };
         let held = v.measured.is_some_and(|q| q <= cfg.margin.ln());
         // A sharer's ways are the pool's: sizes up to the range it measured under.
         let ways = if v.shares_pool {
@@ -422,6 +433,29 @@ impl MlPolicy {
     }
 }
 
+/// A service's posterior prior ([`super::posterior::prior`]), its spread per basis unit
+/// fitted to the model's own on the probe steps around the allocation in force
+/// ([`super::posterior::PROBE_STEPS`], at MBA `mba`); `None` before the service has an
+/// anchor (its first reading) or on a model without a basis.
+pub(super) fn fit_prior(p: &Predictor<'_>, model: &Model, mba: u8) -> Option<Blr> {
+    let (cores, ways) = (p.current.cores, p.current.llc_ways.count);
+    let probes: Vec<Allocation> = super::posterior::PROBE_STEPS
+        .iter()
+        .map(|&(k, dw)| {
+            let c = u32::try_from(cohabit_core::whole(f64::from(cores) * k)).unwrap_or(1);
+            let w = u32::try_from(i64::from(ways) + i64::from(dw)).unwrap_or(1);
+            at_mba(
+                c.clamp(1, p.host.cores.max(1)),
+                w.clamp(1, p.host.llc_ways.max(1)),
+                mba,
+            )
+        })
+        .filter(|a| (a.cores, a.llc_ways.count) != (cores, ways))
+        .collect();
+    let scale = p.prior_scale(&probes)?;
+    super::posterior::prior(model.ensemble.basis_width()?, scale)
+}
+
 /// The words for a plan on the model path: placed, held (by the hysteresis), given back,
 /// or resized (to the bare target when no margin was left); `now` is the prediction for
 /// the allocation in force.
@@ -574,11 +608,7 @@ mod tests {
 
     #[test]
     fn a_cut_is_explored_only_where_the_models_mean_stays_within_the_margin() {
-        let pred = |mean: f64| Pred {
-            mean,
-            sigma: 0.5,
-            model_sigma: 0.1,
-        };
+        let pred = |mean: f64| Pred::plain(mean, 0.5, 0.1);
         let limit = 0.9f64.ln();
         // Scored at 6 and 8 cores with 4 ways; the cut to 7 cores and 5 ways is judged by
         // (6, 4), the nearest with no more of either.

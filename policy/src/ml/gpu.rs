@@ -555,10 +555,7 @@ impl MlPolicy {
                 .copied()
         };
         let (mean, sigma) = learned().unwrap_or_else(|| b.online(share));
-        (mean.is_finite() && sigma.is_finite()).then_some(Prediction {
-            log_qos_ratio: mean,
-            log_qos_sigma: sigma,
-        })
+        (mean.is_finite() && sigma.is_finite()).then_some(Prediction::new(mean, sigma))
     }
 
     /// Keeps the GPU services on each GPU within 99 % (the pool keeps 1 %), by

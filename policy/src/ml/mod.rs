@@ -16,7 +16,11 @@
 //!    allocation in force plus the ensemble's predicted *change* to the candidate (and the
 //!    bias); its spread is the members' disagreement on that change, calibrated
 //!    ([`cohabit_models::ModelMetadata::change_sigma_scale`]), and the measurement noise.
-//!    Past saturation or without a reading the model's level is used instead.
+//!    Past saturation or without a reading the model's level is used instead. With a
+//!    per-host posterior ([`posterior`], [`MlConfig::posterior`]), the change is corrected
+//!    by the posterior's mean on the change of the members' last hidden layer, and the
+//!    members' part of the spread is the posterior's, which narrows as the host shows how
+//!    changes land (step 1 teaches it the anchored prediction's error).
 //! 3. **Choose a path.** *Fallback* (grow-only feedback steps) when an input is more than
 //!    `z_limit` training standard deviations from the training mean, when no candidate is
 //!    admissible and certain (spread ≤ `unsure_sigma`), or for `fallback_hold_ms` after
@@ -151,7 +155,8 @@
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
-//! (steps 2–4 for one CPU service and the fallback step), [`search`] (step 4's frontier),
+//! (steps 2–4 for one CPU service and the fallback step), [`posterior`] (the per-host
+//! correction of the model), [`search`] (step 4's frontier),
 //! [`pack`] (steps 5–6), [`mba`] (step 7), [`gpu`] (GPU services' MPS shares). `pack` and `search` are pure
 //! functions over plain data; this file runs the steps in order.
 
@@ -159,16 +164,26 @@ use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use cohabit_core::{DecisionPath, Observation, Plan, Prediction, Reason, WayRange, MBA_MAX_PCT};
+use cohabit_core::{
+    DecisionPath, Estimate, Observation, Plan, PosteriorEstimate, Prediction, Reason, WayRange,
+    MBA_MAX_PCT,
+};
+use cohabit_models::posterior::{
+    model_digest, Blr, PosteriorSet, PosteriorSnapshot, MAX_BASIS_WIDTH,
+};
 use cohabit_models::{log_qos_ratio, Model, Neighbours};
 
-use crate::{fair_shares, layout, slack, Decision, HostContext, Policy, Share};
+use crate::{
+    downcast, fair_shares, layout, same_pool, slack, unchanged_services, Adopted, Decision,
+    HostContext, Policy, Share,
+};
 
 mod config;
 mod cpu;
 mod gpu;
 mod mba;
 mod pack;
+mod posterior;
 mod predict;
 mod search;
 mod state;
@@ -176,7 +191,7 @@ mod state;
 pub use config::MlConfig;
 use mba::PoolBw;
 use pack::{Costs, Demand, Need, Packing, Room};
-use predict::{Pred, Predictor};
+use predict::{Pred, Predictor, Reference};
 use state::{unconfirmed_saturation, LastPrediction, Measurement, Reading, ServiceState};
 
 /// Costs closer than this are equal (sums of the same terms in another order differ in the
@@ -237,7 +252,10 @@ pub struct MlPolicy {
     last_degraded: bool,
     /// This tick's reference outputs per CPU service ([`Predictor::reference_out`]), shared
     /// by every pool level planned.
-    references: BTreeMap<String, OnceCell<Vec<f32>>>,
+    references: BTreeMap<String, OnceCell<Reference>>,
+    /// [`model_digest`] of the model, when the services keep a posterior on it
+    /// ([`MlConfig::posterior`], a basis at most [`MAX_BASIS_WIDTH`] wide).
+    posterior_model: Option<String>,
     /// The CPU services running on the pool's ways in a group of their own this tick
     /// ([`on_pool_ways`]).
     on_pool: BTreeSet<String>,
@@ -264,6 +282,12 @@ fn on_pool_ways(ctx: &HostContext, plan: &Plan) -> BTreeSet<String> {
         .filter(|(name, a)| a.llc_ways == plan.best_effort.llc_ways && !ctx.shares_pool_group(name))
         .map(|(name, _)| name.clone())
         .collect()
+}
+
+/// [`model_digest`] of `model` when `cfg` keeps posteriors and its basis is narrow enough.
+fn posterior_model(model: &Model, cfg: &MlConfig) -> Option<String> {
+    let width = model.ensemble.basis_width()?;
+    (cfg.posterior && width <= MAX_BASIS_WIDTH).then(|| model_digest(model))
 }
 
 /// `plan` as the model is asked about it: a service on the pool's ways has one way (it
@@ -321,6 +345,7 @@ impl MlPolicy {
             .latency_critical()
             .map(|s| (s.name.clone(), ServiceState::default()))
             .collect();
+        let posterior_model = posterior_model(&model, &cfg);
         let pool = PoolBw {
             mba_now: MBA_MAX_PCT,
             bw_now: None,
@@ -338,11 +363,47 @@ impl MlPolicy {
             pool_growth: 1.0,
             last_degraded: false,
             references: BTreeMap::new(),
+            posterior_model,
             on_pool: BTreeSet::new(),
             mba_cliff: None,
             pool_bw_stale: 0,
             throttle: mba::ThrottleCurve::default(),
             raise_ticks: 0,
+        }
+    }
+
+    /// What [`Policy::adopt`] takes from the `ml` policy this one replaces: the model in
+    /// force (a version reloaded since the start); each unchanged service's state (its
+    /// online correction and spread, measurement noise, measured cliffs and safe
+    /// allocations, fallback hold, hysteresis, GPU share model); and, where the host and
+    /// the best-effort jobs are the same ([`same_pool`]), what was learnt of the pool (its
+    /// bandwidth under each MBA limit, its MBA cliff for the services still here, the
+    /// hysteresis of a raise).
+    fn take_over(&mut self, mut previous: MlPolicy) -> Adopted {
+        self.model = Arc::clone(&previous.model);
+        let kept = unchanged_services(&previous.ctx, &self.ctx);
+        for name in &kept {
+            if let Some(st) = previous.state.remove(name) {
+                self.state.insert(name.clone(), st);
+            }
+        }
+        let host = same_pool(&previous.ctx, &self.ctx);
+        if host {
+            let here: BTreeSet<&str> = self.state.keys().map(String::as_str).collect();
+            self.mba_cliff = previous.mba_cliff.take().and_then(|mut c| {
+                c.hurt.retain(|(name, _)| here.contains(name.as_str()));
+                (!c.hurt.is_empty()).then_some(c)
+            });
+            self.pool = previous.pool;
+            self.pool_level = previous.pool_level;
+            self.last_degraded = previous.last_degraded;
+            self.pool_bw_stale = previous.pool_bw_stale;
+            self.throttle = previous.throttle;
+            self.raise_ticks = previous.raise_ticks;
+        }
+        Adopted {
+            services: kept,
+            host,
         }
     }
 
@@ -861,6 +922,16 @@ impl MlPolicy {
         let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
         let cand_neighbours = self.planned_neighbours(neighbours);
         let basis = self.state.get(name).map(|s| s.basis).unwrap_or_default();
+        let known = self.state.get_mut(name).and_then(|st| {
+            let key = (cand.cores, cand.llc_ways.count);
+            let hit = (cand.mba_pct == st.scored_mba)
+                .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
+                .flatten();
+            st.scored.clear();
+            hit
+        });
+        let posterior = self.state.get(name).and_then(|s| s.posterior.as_ref());
+        let samples = posterior.map(Blr::samples);
         let predictor = Predictor {
             model: &self.model,
             host: &self.ctx.host,
@@ -876,25 +947,21 @@ impl MlPolicy {
                 .services
                 .get(name)
                 .and(self.references.get(name)),
+            posterior,
         };
-        let known = self.state.get_mut(name).and_then(|st| {
-            let key = (cand.cores, cand.llc_ways.count);
-            let hit = (cand.mba_pct == st.scored_mba)
-                .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
-                .flatten();
-            st.scored.clear();
-            hit
-        });
         let Pred {
             mean,
             sigma,
             model_sigma,
+            prior,
+            regressor,
+            irreducible,
         } = known.or_else(|| predictor.predict_many(&[cand]).first().copied())?;
         let bias = basis.bias;
         if let Some(st) = self.state.get_mut(name) {
             st.last = Some(LastPrediction {
                 alloc: cand,
-                base: mean - bias,
+                base: prior.0 - bias,
                 corrected: mean,
                 sigma,
                 model_sigma,
@@ -903,12 +970,70 @@ impl MlPolicy {
                     && cand.llc_ways.count <= current.llc_ways.count
                     && (cand.cores, cand.llc_ways.count) != (current.cores, current.llc_ways.count),
                 anchored: basis.anchor.is_some(),
+                regressor,
+                prior_mean: prior.0,
+                irreducible,
             });
         }
-        Some(Prediction {
-            log_qos_ratio: mean,
-            log_qos_sigma: sigma,
-        })
+        let mut p = Prediction::new(mean, sigma);
+        if let (Some(samples), Some(_)) = (samples, regressor) {
+            p.prior = Some(Estimate {
+                log_qos_ratio: prior.0,
+                log_qos_sigma: prior.1,
+            });
+            p.posterior = Some(PosteriorEstimate {
+                log_qos_ratio: mean,
+                log_qos_sigma: sigma,
+                samples,
+            });
+        }
+        Some(p)
+    }
+
+    /// The services' posteriors, for keeping across restarts ([`Policy::learned`]).
+    fn posteriors(&self) -> Option<PosteriorSet> {
+        let model = self.posterior_model.as_ref()?;
+        let services = self
+            .state
+            .iter()
+            .filter_map(|(name, st)| {
+                let blr = st.posterior.as_ref()?;
+                Some((
+                    name.clone(),
+                    PosteriorSnapshot {
+                        model: model.clone(),
+                        blr: blr.snapshot(),
+                    },
+                ))
+            })
+            .collect();
+        Some(PosteriorSet { services })
+    }
+
+    /// Takes back the posteriors in `set` of this model and width for the services it
+    /// manages; the others are left (a snapshot that does not check out is dropped).
+    /// Returns the services resumed.
+    fn resume_posteriors(&mut self, set: &PosteriorSet) -> Vec<String> {
+        let (Some(model), Some(width)) = (
+            self.posterior_model.as_ref(),
+            self.model.ensemble.basis_width(),
+        ) else {
+            return Vec::new();
+        };
+        let mut resumed = Vec::new();
+        for (name, snap) in &set.services {
+            let Some(st) = self.state.get_mut(name) else {
+                continue;
+            };
+            if &snap.model != model || snap.blr.prior_var.len() != width + 1 {
+                continue;
+            }
+            if let Ok(blr) = Blr::from_snapshot(&snap.blr) {
+                st.posterior = Some(blr);
+                resumed.push(name.clone());
+            }
+        }
+        resumed
     }
 }
 
@@ -919,16 +1044,36 @@ impl Policy for MlPolicy {
 
     /// A reloaded model: its predictions start afresh (the online bias, the spread factors
     /// and the last prediction were the old model's errors); the measurement noise, the
-    /// fallback holds and the hysteresis stay, they are the host's.
+    /// fallback holds and the hysteresis stay, they are the host's. The model already in
+    /// force (the same `Arc`) changes nothing.
     fn replace_model(&mut self, model: Arc<Model>) -> bool {
+        if Arc::ptr_eq(&self.model, &model) {
+            // The model in force already (taken over from the policy this one replaced).
+            return true;
+        }
+        self.posterior_model = posterior_model(&model, &self.cfg);
         self.model = model;
         for st in self.state.values_mut() {
             st.bias = 0.0;
             st.bias_samples = 0;
             st.z2 = 1.0;
             st.last = None;
+            // A correction of the old model's output layer means nothing on the new one.
+            st.posterior = None;
         }
         true
+    }
+
+    fn adopt(&mut self, previous: Box<dyn Policy>) -> Adopted {
+        downcast::<Self>(previous).map_or_else(Adopted::default, |p| self.take_over(*p))
+    }
+
+    fn learned(&self) -> Option<PosteriorSet> {
+        self.posteriors()
+    }
+
+    fn resume(&mut self, learned: &PosteriorSet) -> Vec<String> {
+        self.resume_posteriors(learned)
     }
 
     fn initial(&mut self) -> Decision {
@@ -1145,6 +1290,47 @@ pub(super) mod tests {
     /// The best-effort pool's reason in `d`.
     fn pool_reason(d: &Decision) -> &str {
         &d.reasons[cohabit_core::BEST_EFFORT_GROUP].text
+    }
+
+    #[test]
+    fn a_decision_records_the_models_prediction_and_the_posteriors() {
+        // Members that disagree on a core's worth (-0.9 and -4.5 per unit of cores_cand):
+        // the service keeps a posterior, fitted at its first reading.
+        let w1 = [(col("cores_cand"), -0.9)];
+        let w2 = [(col("cores_cand"), -4.5)];
+        let c = ctx(1, 16);
+        let mut ml = MlPolicy::new(
+            c.clone(),
+            Arc::new(linear_model(&[(0.0, &w1), (0.0, &w2)])),
+            MlConfig::default(),
+        );
+        let mut plan = ml.initial().plan;
+        let mut last = None;
+        for t in 1..=3 {
+            let d = ml.decide(&observe(&c, &plan, &sample(Some(0.5))), t * 1_000);
+            plan = d.plan.clone();
+            last = Some(d);
+        }
+        let p = &last.unwrap().predictions["lc0"];
+        let (prior, post) = (p.prior.unwrap(), p.posterior.unwrap());
+        assert_eq!(post.log_qos_ratio, p.log_qos_ratio);
+        assert!(post.samples > 0.0, "{post:?}");
+        assert!(prior.log_qos_sigma > 0.0);
+        // Kept across a restart: what it learnt is handed back whole.
+        let learnt = ml.learned().unwrap();
+        let mut fresh = MlPolicy::new(c.clone(), Arc::clone(&ml.model), MlConfig::default());
+        assert_eq!(fresh.resume(&learnt), vec!["lc0".to_string()]);
+        assert_eq!(fresh.learned(), Some(learnt));
+        // Off, no posterior and nothing to keep.
+        let off = MlConfig {
+            posterior: false,
+            ..MlConfig::default()
+        };
+        let mut ml = MlPolicy::new(c.clone(), Arc::clone(&ml.model), off);
+        let initial = ml.initial().plan;
+        let d = ml.decide(&observe(&c, &initial, &sample(Some(0.5))), 1_000);
+        assert!(d.predictions["lc0"].posterior.is_none());
+        assert_eq!(ml.learned(), None);
     }
 
     #[test]
@@ -1846,5 +2032,76 @@ pub(super) mod tests {
                 "give back (cheaper allocation safe for 5 intervals)".to_string()
             )
         );
+    }
+
+    #[test]
+    fn a_rebuilt_ml_keeps_an_unchanged_services_corrections_and_drops_a_changed_ones() {
+        let c = ctx(2, 16);
+        let w = [(col("cores_cand"), -1.8)];
+        let model = Arc::new(linear_model(&[(0.0, &w), (0.0, &w)]));
+        let mut ml = MlPolicy::new(c.clone(), Arc::clone(&model), MlConfig::default());
+        let mut plan = ml.initial().plan;
+        for (t, p99) in [0.5, 0.6, 0.45, 0.55, 0.5].into_iter().enumerate() {
+            let t = u64::try_from(t).unwrap() + 1;
+            plan = ml
+                .decide(&observe(&c, &plan, &sample(Some(p99))), t * 1_000)
+                .plan;
+        }
+        let learnt = ml.state["lc0"].clone();
+        assert!(
+            learnt.bias_samples > 0 && learnt.bias != 0.0,
+            "lc0 has a correction: {learnt:?}"
+        );
+
+        // The same services, the policy built from the start's model (another Arc): it takes
+        // the model in force and every service's state, and decides as the old one goes on to;
+        // the daemon's handing it the model in force again restarts nothing.
+        let start_model = Arc::new(linear_model(&[(0.0, &w), (0.0, &w)]));
+        let mut rebuilt = MlPolicy::new(c.clone(), start_model, MlConfig::default());
+        let adopted = rebuilt.adopt(Box::new(ml.clone()));
+        assert_eq!(
+            adopted,
+            Adopted {
+                services: ["lc0", "lc1"].map(String::from).into(),
+                host: true
+            }
+        );
+        assert!(Arc::ptr_eq(&rebuilt.model, &model));
+        assert!(rebuilt.replace_model(Arc::clone(&model)));
+        let mut old = ml.clone();
+        for t in 6..9 {
+            let o = observe(&c, &plan, &sample(Some(0.6)));
+            let (a, b) = (rebuilt.decide(&o, t * 1_000), old.decide(&o, t * 1_000));
+            assert_eq!(a, b, "tick {t}");
+            plan = a.plan;
+        }
+
+        // lc1's target changed and a best-effort job came: lc1 and the pool start afresh,
+        // lc0 keeps its correction.
+        let mut changed = c.clone();
+        changed.specs[1].class = ServiceClass::LatencyCritical { p99_target_ms: 2.0 };
+        changed.specs.push(ServiceSpec {
+            name: "be2".into(),
+            ..c.specs[2].clone()
+        });
+        let mut rebuilt = MlPolicy::new(changed, Arc::clone(&model), MlConfig::default());
+        let adopted = rebuilt.adopt(Box::new(old.clone()));
+        assert_eq!(
+            adopted,
+            Adopted {
+                services: ["lc0".to_string()].into(),
+                host: false
+            }
+        );
+        let (kept, was) = (&rebuilt.state["lc0"], &old.state["lc0"]);
+        assert_eq!(
+            (kept.bias, kept.bias_samples, kept.z2, kept.noise2),
+            (was.bias, was.bias_samples, was.z2, was.noise2)
+        );
+        assert_eq!(rebuilt.state["lc1"].bias_samples, 0);
+        assert!(rebuilt.state["lc1"].last.is_none());
+        // A model reloaded for real (another Arc) still restarts the corrections.
+        assert!(rebuilt.replace_model(Arc::new(linear_model(&[(0.0, &w)]))));
+        assert_eq!(rebuilt.state["lc0"].bias_samples, 0);
     }
 }

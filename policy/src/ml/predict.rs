@@ -6,14 +6,17 @@
 //! [`super::mba`]): the change is then predicted from the allocation in force with the
 //! neighbours as measured to the candidate with the neighbours as planned.
 
+use std::cell::OnceCell;
+
 use cohabit_core::{Allocation, HostCapacity, Sample, WayRange};
 use cohabit_models::artifact::CANDIDATE_FEATURES;
+use cohabit_models::posterior::Blr;
 use cohabit_models::{
     features, present, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES,
 };
-use std::cell::OnceCell;
-
 use ndarray::{Array2, ArrayView1, ArrayView2};
+
+use super::posterior::{learnable_share, Regressor};
 
 /// Prior noise of one measured p99 (ln units), before the service's own is measured.
 pub(super) const MEASUREMENT_SIGMA: f64 = 0.05;
@@ -25,11 +28,48 @@ pub(super) const SATURATED: f64 = 2.0;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Pred {
     pub(super) mean: f64,
-    /// Total spread: the model's, times the service's factor, and the measurement noise.
+    /// Total spread: the posterior's where one predicted, else the model's times the
+    /// service's factor; and the measurement noise.
     pub(super) sigma: f64,
     /// The model's own spread.
     pub(super) model_sigma: f64,
+    /// The shipped model's prediction (mean, spread) before the posterior: `(mean, sigma)`
+    /// where no posterior predicted.
+    pub(super) prior: (f64, f64),
+    /// What the posterior regressed this candidate on, where it predicted it: learnt from
+    /// when the candidate is chosen and read back ([`super::state::ServiceState::learn`]).
+    pub(super) regressor: Option<Regressor>,
+    /// The variance of this prediction's error that no reading removes (the calibrated
+    /// spread beyond the members' disagreement, and the measurement's noise): a reading's
+    /// noise for the posterior. `sigma²` without one.
+    pub(super) irreducible: f64,
 }
+
+impl Pred {
+    /// A prediction without a posterior.
+    pub(super) fn plain(mean: f64, sigma: f64, model_sigma: f64) -> Self {
+        Self {
+            mean,
+            sigma,
+            model_sigma,
+            prior: (mean, sigma),
+            regressor: None,
+            irreducible: sigma * sigma,
+        }
+    }
+}
+
+/// The reference's outputs (the allocation in force with the neighbours as measured): each
+/// member's, and the members' mean basis ([`cohabit_models::mlp::Ensemble::basis_width`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Reference {
+    pub(super) out: Vec<f32>,
+    pub(super) basis: Option<Vec<f32>>,
+}
+
+/// The model's predicted change from the reference to each candidate: mean, calibrated
+/// spread, and the change of the basis (candidates × width) where the model has one.
+type Change = (Vec<f64>, Vec<f64>, Option<Array2<f32>>);
 
 /// How one service's candidates are predicted this tick.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,7 +110,11 @@ pub(super) struct Predictor<'a> {
     /// Every member's output for the reference (the allocation in force with the neighbours
     /// as measured), computed once per tick and shared by every pool level planned
     /// (`None`: computed on each use).
-    pub(super) reference_out: Option<&'a OnceCell<Vec<f32>>>,
+    pub(super) reference_out: Option<&'a OnceCell<Reference>>,
+    /// The service's posterior on this host, when it keeps one ([`super::posterior`]): its
+    /// mean corrects an anchored prediction's change and its variance replaces the
+    /// members' spread.
+    pub(super) posterior: Option<&'a Blr>,
 }
 
 impl Predictor<'_> {
@@ -99,27 +143,36 @@ impl Predictor<'_> {
         )
     }
 
-    /// The change from the reference to each of `rows` (raw features) and its spread,
-    /// per member as [`Model::score_change`] does, when the neighbours differ: the rows
-    /// share every feature outside the candidate's with `features(current)` at the planned
-    /// neighbours, not with the reference.
-    fn change_with_neighbours(&self, rows: &Array2<f32>) -> (Vec<f64>, Vec<f64>) {
+    /// The change from the reference to each of `rows` (raw features), its spread and the
+    /// basis's change, per member as [`Model::score_change_basis`] does, when the
+    /// neighbours differ: the rows share every feature outside the candidate's with
+    /// `features(current)` at the planned neighbours, not with the reference.
+    fn change_with_neighbours(&self, rows: &Array2<f32>) -> Change {
         let n = rows.nrows();
         let mut all = Array2::<f32>::zeros((n + 1, N_FEATURES));
         all.row_mut(0)
             .assign(&ArrayView1::from(&self.features(self.current)[..]));
         all.slice_mut(ndarray::s![1.., ..]).assign(rows);
         let ens = &self.model.ensemble;
-        let out = ens.members_predict_shared(all.view(), &CANDIDATE_FEATURES);
+        let (out, basis) = ens.members_predict_shared_basis(all.view(), &CANDIDATE_FEATURES);
         let reference = || {
             let r = self.reference();
-            let r = ArrayView2::from_shape((1, N_FEATURES), &r[..])
-                .map(|r| ens.members_predict(r))
-                .unwrap_or_else(|_| Array2::zeros((ens.members.len(), 1)));
-            r.column(0).to_vec()
+            match ArrayView2::from_shape((1, N_FEATURES), &r[..]) {
+                Ok(r) => {
+                    let (out, basis) = ens.members_predict_basis(r);
+                    Reference {
+                        out: out.column(0).to_vec(),
+                        basis: basis.map(|b| b.row(0).to_vec()),
+                    }
+                }
+                Err(_) => Reference {
+                    out: vec![0.0; ens.members.len()],
+                    basis: None,
+                },
+            }
         };
         let fresh;
-        let base: &[f32] = match self.reference_out {
+        let base: &Reference = match self.reference_out {
             Some(cell) => cell.get_or_init(reference),
             None => {
                 fresh = reference();
@@ -136,7 +189,7 @@ impl Predictor<'_> {
         let mut mean = vec![0.0; n];
         let mut var = vec![0.0; n];
         for (m, member) in out.rows().into_iter().enumerate() {
-            let b = f64::from(base.get(m).copied().unwrap_or(0.0));
+            let b = f64::from(base.out.get(m).copied().unwrap_or(0.0));
             for i in 0..n {
                 let d = f64::from(member[i + 1]) - b;
                 mean[i] += d;
@@ -151,7 +204,88 @@ impl Predictor<'_> {
                 (v / k - *m * *m).max(0.0).sqrt() * scale
             })
             .collect();
-        (mean, spread)
+        let delta = basis.zip(base.basis.as_ref()).and_then(|(b, r)| {
+            (b.ncols() == r.len()).then(|| {
+                let r = ndarray::Array1::from(r.clone());
+                b.slice(ndarray::s![1.., ..]).to_owned() - &r
+            })
+        });
+        (mean, spread, delta)
+    }
+
+    /// The model's change from the allocation in force to each candidate (`rows`, raw
+    /// features), its calibrated spread and the basis's change.
+    fn change(&self, rows: &Array2<f32>) -> Change {
+        if self.neighbours == self.cand_neighbours {
+            let reference = self.reference();
+            let (d, s, delta) = self
+                .model
+                .score_change_basis(ArrayView1::from(&reference[..]), rows.view());
+            (
+                d.iter().map(|v| f64::from(*v)).collect(),
+                s.iter().map(|v| f64::from(*v)).collect(),
+                delta,
+            )
+        } else {
+            self.change_with_neighbours(rows)
+        }
+    }
+
+    /// The posterior's (mean, variance) of the correction for each change of the basis in
+    /// `delta`, with its regressor (none for no change: no correction), where there is a
+    /// posterior of the basis's width.
+    #[allow(clippy::type_complexity)]
+    fn posterior_rows(
+        &self,
+        delta: Option<&Array2<f32>>,
+        n: usize,
+    ) -> Option<Vec<Option<((f64, f64), Regressor)>>> {
+        let blr = self.posterior?;
+        let delta = delta?;
+        if delta.nrows() != n || delta.ncols() + 1 != blr.dim() {
+            return None;
+        }
+        let regressors = delta.rows().into_iter().map(Regressor::of_change);
+        let fit = blr.predict_changes(delta.view());
+        Some(
+            regressors
+                .zip(fit)
+                .map(|(r, f)| r.map(|r| (f, r)))
+                .collect(),
+        )
+    }
+
+    /// The prior variance per basis unit that makes the posterior's prior spread of these
+    /// candidates' changes the members' raw disagreement on them, on average (the sum of
+    /// their squared raw spreads over the sum of their squared basis changes); `None`
+    /// without an anchor, a basis, or a change.
+    pub(super) fn prior_scale(&self, cands: &[Allocation]) -> Option<f64> {
+        self.basis.anchor?;
+        let rows = self.rows(cands);
+        let (_, spread, delta) = self.change(&rows);
+        let delta = delta?;
+        let raw = learnable_share(self.change_sigma_scale());
+        let s2: f64 = spread.iter().map(|s| s * s * raw).sum();
+        let d2: f64 = delta.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+        (d2 > 1e-9 && s2 > 0.0).then(|| s2 / d2)
+    }
+
+    /// The factor the members' disagreement on a change is calibrated by.
+    fn change_sigma_scale(&self) -> f32 {
+        self.model
+            .meta
+            .change_sigma_scale
+            .unwrap_or(self.model.meta.sigma_scale)
+    }
+
+    /// The model's inputs for each candidate.
+    fn rows(&self, cands: &[Allocation]) -> Array2<f32> {
+        let mut rows = Array2::<f32>::zeros((cands.len(), N_FEATURES));
+        for (r, c) in cands.iter().enumerate() {
+            rows.row_mut(r)
+                .assign(&ArrayView1::from(&self.features(c)[..]));
+        }
+        rows
     }
 
     /// Predictions (mean, spread) of ln(p99/target) for candidates of one service.
@@ -160,6 +294,9 @@ impl Predictor<'_> {
     /// value plus the model's predicted *change* from the allocation in force, whose spread is
     /// the members' disagreement on that change plus the measurement's own noise. Otherwise
     /// the model's level. Both plus the learned bias; spreads times the service's factor.
+    /// With a posterior ([`super::posterior`]), an anchored prediction's change is
+    /// corrected by the posterior's mean on the basis's change, and the members' part of
+    /// its spread is the posterior's; the model's own prediction is kept as the prior.
     pub(super) fn predict_many(&self, cands: &[Allocation]) -> Vec<Pred> {
         let b = self.basis;
         // Anchored, the allocation in force is predicted as measured: no model needed.
@@ -170,42 +307,45 @@ impl Predictor<'_> {
         };
         let same_neighbours = self.neighbours == self.cand_neighbours;
         if let (Some(q), true) = (b.anchor, same_neighbours && cands.iter().all(same)) {
-            let p = Pred {
-                mean: q + b.bias,
-                sigma: b.noise,
-                model_sigma: 0.0,
-            };
+            let mut p = Pred::plain(q + b.bias, b.noise, 0.0);
+            if let Some((blr, z)) = self
+                .posterior
+                .and_then(|blr| Some((blr, Regressor::constant(blr.dim())?)))
+            {
+                p.mean += blr.predict(&z.to_vec()).0;
+                p.regressor = Some(z);
+            }
             return vec![p; cands.len()];
         }
-        let mut rows = Array2::<f32>::zeros((cands.len(), N_FEATURES));
-        for (r, c) in cands.iter().enumerate() {
-            rows.row_mut(r)
-                .assign(&ArrayView1::from(&self.features(c)[..]));
-        }
+        let rows = self.rows(cands);
         match b.anchor {
             Some(q) => {
-                let (d, s): (Vec<f64>, Vec<f64>) = if same_neighbours {
-                    let reference = self.reference();
-                    let (d, s) = self
-                        .model
-                        .score_change(ArrayView1::from(&reference[..]), rows.view());
-                    (
-                        d.iter().map(|v| f64::from(*v)).collect(),
-                        s.iter().map(|v| f64::from(*v)).collect(),
-                    )
-                } else {
-                    self.change_with_neighbours(&rows)
-                };
+                let (d, s, delta) = self.change(&rows);
+                let post = self.posterior_rows(delta.as_ref(), cands.len());
+                let fixed = 1.0 - learnable_share(self.change_sigma_scale());
                 d.iter()
                     .zip(s.iter())
-                    .map(|(d, s)| {
+                    .enumerate()
+                    .map(|(i, (d, s))| {
                         let model_sigma = *s;
                         let scaled = model_sigma * b.factor;
-                        Pred {
-                            mean: q + *d + b.bias,
-                            sigma: (scaled * scaled + b.noise * b.noise).sqrt(),
+                        let mut p = Pred::plain(
+                            q + *d + b.bias,
+                            (scaled * scaled + b.noise * b.noise).sqrt(),
                             model_sigma,
+                        );
+                        if let Some(Some(((m, v), z))) = post.as_ref().map(|p| p[i]) {
+                            // What no reading removes, and what the posterior has left.
+                            let unlearnable = s * s * fixed;
+                            let model_sigma = (unlearnable + v).sqrt();
+                            let f2 = b.factor * b.factor;
+                            p.mean += m;
+                            p.sigma = (f2 * (unlearnable + v) + b.noise * b.noise).sqrt();
+                            p.model_sigma = model_sigma;
+                            p.irreducible = f2 * unlearnable + b.noise * b.noise;
+                            p.regressor = Some(z);
                         }
+                        p
                     })
                     .collect()
             }
@@ -213,10 +353,12 @@ impl Predictor<'_> {
                 let (m, s) = self.model.score(rows.view());
                 m.iter()
                     .zip(s.iter())
-                    .map(|(m, s)| Pred {
-                        mean: f64::from(*m) + b.bias,
-                        sigma: f64::from(*s) * b.factor,
-                        model_sigma: f64::from(*s),
+                    .map(|(m, s)| {
+                        Pred::plain(
+                            f64::from(*m) + b.bias,
+                            f64::from(*s) * b.factor,
+                            f64::from(*s),
+                        )
                     })
                     .collect()
             }
@@ -290,6 +432,7 @@ mod tests {
             cand_neighbours: neighbours,
             basis,
             reference_out: None,
+            posterior: None,
         }
     }
 
@@ -308,11 +451,7 @@ mod tests {
         let p = predictor(&model, &host, &sample, &current, &nb, basis);
         let preds = p.predict_many(&[current, current]);
         // -0.5 measured + 0.1 bias; the spread is the measurement's alone.
-        let want = Pred {
-            mean: -0.5 + 0.1,
-            sigma: 0.04,
-            model_sigma: 0.0,
-        };
+        let want = Pred::plain(-0.5 + 0.1, 0.04, 0.0);
         assert_eq!(preds, vec![want, want]);
     }
 
@@ -370,10 +509,13 @@ mod tests {
         };
         assert_eq!(shared.predict_many(&cands), fresh);
         let kept = cell.get().cloned().expect("filled by the first use");
-        assert_eq!(kept.len(), 2);
+        assert_eq!(kept.out.len(), 2);
         assert_eq!(shared.predict_many(&cands), fresh);
         // What the cell holds is what is used: a reference 1 higher is a change 1 lower.
-        let bumped = OnceCell::from(kept.iter().map(|v| v + 1.0).collect::<Vec<f32>>());
+        let bumped = OnceCell::from(Reference {
+            out: kept.out.iter().map(|v| v + 1.0).collect(),
+            ..kept
+        });
         let from_bumped = Predictor {
             reference_out: Some(&bumped),
             ..p

@@ -230,11 +230,7 @@ mod tests {
     }
 
     fn pred(mean: f64, sigma: f64) -> Pred {
-        Pred {
-            mean,
-            sigma,
-            model_sigma: sigma,
-        }
+        Pred::plain(mean, sigma, sigma)
     }
 
     /// A search from 10 cores, up to 20, with the default margin (0.9) and spreads.

@@ -4,8 +4,10 @@
 //! safe allocation until a cheaper one has lasted.
 
 use cohabit_core::Allocation;
+use cohabit_models::posterior::Blr;
 
 use super::gpu::GpuModel;
+use super::posterior::{self, Regressor};
 use super::predict::{Basis, Pred, MEASUREMENT_SIGMA, SATURATED};
 use super::MlConfig;
 
@@ -50,6 +52,15 @@ pub(super) struct LastPrediction {
     /// bias and the spread factor learn; a level predicted past saturation is off by
     /// whatever the queue did.
     pub(super) anchored: bool,
+    /// What the service's posterior regressed the prediction on, where it made it: the
+    /// reading of the allocation teaches the posterior its error there.
+    pub(super) regressor: Option<Regressor>,
+    /// The prediction without the posterior's correction (the model's, anchored, and the
+    /// bias): what the posterior learns the error of.
+    pub(super) prior_mean: f64,
+    /// The variance of the prediction's error that no reading removes
+    /// ([`super::predict::Pred::irreducible`]).
+    pub(super) irreducible: f64,
 }
 
 /// One interval's reading of a service: measured ln(p99/target) and requests per second.
@@ -123,6 +134,9 @@ pub(super) struct ServiceState {
     /// The last plausible busy-cores reading and the ticks since it was taken
     /// ([`ServiceState::busy_cores`]).
     pub(super) busy: Option<(f64, u32)>,
+    /// The service's posterior on this host ([`super::posterior`]): `None` until its prior
+    /// is fitted (the first tick with an anchor), or when `ml` keeps none.
+    pub(super) posterior: Option<Blr>,
 }
 
 /// An exploring cut: from the allocation that was safe to the one being tried, both
@@ -244,6 +258,7 @@ impl Default for ServiceState {
             last_in_force: None,
             pool_ways_cliff: None,
             busy: None,
+            posterior: None,
         }
     }
 }
@@ -370,8 +385,23 @@ impl ServiceState {
     /// bias, noise and spread factor ([`ServiceState::correct`]) and notes what it says of
     /// the service's cliff ([`ServiceState::note_outcome`]).
     pub(super) fn learn(&mut self, o: &Measurement, cfg: &MlConfig) {
+        self.teach_posterior(o);
         self.correct(&o.last, o.measured, o.windows, cfg);
         self.note_outcome(&o.last, o.measured, o.rps, cfg.margin.ln());
+    }
+
+    /// Step 1 for the posterior: the anchored prediction's error, measured less the
+    /// prediction without the posterior's correction, at the regressor it was made with,
+    /// with what of it no reading removes as its noise. As for the bias, only an anchored
+    /// prediction, read short of saturation, teaches.
+    fn teach_posterior(&mut self, o: &Measurement) {
+        let (Some(blr), Some(z)) = (&mut self.posterior, &o.last.regressor) else {
+            return;
+        };
+        if !o.last.anchored || o.measured >= SATURATED.ln() {
+            return;
+        }
+        posterior::learn(blr, z, o.measured - o.last.prior_mean, o.last.irreducible);
     }
 
     /// Step 1: `measured` (ln(p99/target)) was read under the allocation `last` predicted
@@ -923,6 +953,9 @@ mod tests {
             moved,
             shrank: false,
             anchored: true,
+            regressor: None,
+            prior_mean: corrected,
+            irreducible: sigma * sigma,
         }
     }
 

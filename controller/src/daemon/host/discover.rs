@@ -8,9 +8,10 @@
 //! does not say, the daemon assumes the defaults below; [`capacity`] is the one place that
 //! decides.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cohabit_collectors::cgroup::Cgroups;
+use cohabit_collectors::cgroup::{Cgroups, CpuList};
 use cohabit_collectors::kfs::KernelFs;
 use cohabit_collectors::mps::MpsControl;
 use cohabit_collectors::nvml::Gpus;
@@ -73,6 +74,89 @@ impl HostFacts {
     }
 }
 
+/// Why the CPUs cohabit was told to manage cannot be managed (refused at start).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CpuError {
+    /// `[host] cpus` names CPUs that are not online: plans would count cores that do not
+    /// run anything.
+    #[error("host.cpus {configured} names CPUs that are not online: {offline} (online: {online}, from {path})")]
+    NotOnline {
+        /// As configured.
+        configured: CpuList,
+        /// Those of them not online.
+        offline: CpuList,
+        /// The online CPUs.
+        online: CpuList,
+        /// Where the online CPUs were read.
+        path: PathBuf,
+    },
+    /// The online CPUs could not be read, so `[host] cpus` cannot be checked.
+    #[error("host.cpus {configured} cannot be checked against the online CPUs: {path} is missing or not a CPU list")]
+    OnlineUnknown {
+        /// As configured.
+        configured: CpuList,
+        /// Where the online CPUs were looked for.
+        path: PathBuf,
+    },
+    /// More latency-critical services than managed CPUs: each needs one of its own, so no
+    /// plan (the fail-safe's fair share included) would be valid.
+    #[error("more latency-critical services ({services}) than CPUs to manage ({cpus}): each service needs a CPU of its own; list more CPUs in [host] cpus, or configure fewer services")]
+    TooManyServices {
+        /// Latency-critical services configured.
+        services: usize,
+        /// CPUs managed.
+        cpus: usize,
+    },
+}
+
+/// The CPUs cohabit hands out: the configured ones, if every one is online (read at
+/// `path`); else every online CPU (CPU 0 alone, with a warning, if that is unknown).
+pub fn managed_cpus(
+    configured: Option<&CpuList>,
+    online: Option<Vec<u32>>,
+    path: &Path,
+) -> Result<Vec<u32>, CpuError> {
+    match (configured, online) {
+        (Some(c), Some(online)) => {
+            let offline: Vec<u32> =
+                c.0.iter()
+                    .filter(|x| !online.contains(x))
+                    .copied()
+                    .collect();
+            if offline.is_empty() {
+                Ok(c.0.clone())
+            } else {
+                Err(CpuError::NotOnline {
+                    configured: c.clone(),
+                    offline: CpuList(offline),
+                    online: CpuList(online),
+                    path: path.to_path_buf(),
+                })
+            }
+        }
+        (Some(c), None) => Err(CpuError::OnlineUnknown {
+            configured: c.clone(),
+            path: path.to_path_buf(),
+        }),
+        (None, Some(online)) => Ok(online),
+        (None, None) => {
+            tracing::warn!(path = %path.display(), "online CPUs unknown; managing CPU 0 only");
+            Ok(vec![0])
+        }
+    }
+}
+
+/// Refuses more latency-critical services than CPUs (each needs at least one).
+pub fn services_fit(latency_critical: usize, cpus: usize) -> Result<(), CpuError> {
+    if latency_critical > cpus {
+        return Err(CpuError::TooManyServices {
+            services: latency_critical,
+            cpus,
+        });
+    }
+    Ok(())
+}
+
 /// The facts and the handles cohabit will read and write through.
 #[derive(Debug)]
 pub(super) struct Discovered {
@@ -89,6 +173,16 @@ pub(super) fn discover(
     cfg: &DaemonConfig,
     resctrl_fs: Arc<dyn KernelFs>,
 ) -> Result<Discovered, HostError> {
+    // The CPUs first: a configuration that does not fit them is refused before anything
+    // else is looked at.
+    let sysfs = Sysfs::new(&cfg.paths.sys);
+    let cpus = managed_cpus(cfg.cpus.as_ref(), sysfs.online_cpus(), &sysfs.online_path())?;
+    let latency_critical = cfg
+        .services
+        .iter()
+        .filter(|s| s.p99_target_ms.is_some())
+        .count();
+    services_fit(latency_critical, cpus.len())?;
     let cg = cgroups(cfg)?;
     let resctrl = resctrl(cfg, resctrl_fs);
     let perf = perf::probe();
@@ -96,14 +190,6 @@ pub(super) fn discover(
         tracing::warn!("{why}; IPC and LLC misses will be reported as absent");
     }
     let (gpus, mps) = gpus(cfg);
-    let sysfs = Sysfs::new(&cfg.paths.sys);
-    let cpus = match &cfg.cpus {
-        Some(c) => c.0.clone(),
-        None => sysfs.online_cpus().unwrap_or_else(|| {
-            tracing::warn!(sys = %cfg.paths.sys.display(), "online CPUs unknown; managing CPU 0 only");
-            vec![0]
-        }),
-    };
     let info = resctrl.as_ref().map(Resctrl::info);
     let capacity = capacity(&CapacityInput {
         name: cfg.host_name.clone(),
@@ -112,11 +198,7 @@ pub(super) fn discover(
         llc_bytes: sysfs.llc_bytes(),
         mem_bw_gbps: cfg.mem_bw_gbps,
         resctrl: info,
-        latency_critical: cfg
-            .services
-            .iter()
-            .filter(|s| s.p99_target_ms.is_some())
-            .count(),
+        latency_critical,
         gpus: gpu_capacity(gpus.as_ref(), cfg.gpus),
     });
     let clk_tck = match cohabit_collectors::procfs::clock_ticks_per_second() {
@@ -439,5 +521,82 @@ mod tests {
         silent.cpus = 0;
         let s = capacity(&silent);
         assert_eq!((s.cores, s.llc_way_bytes), (1, DEFAULT_LLC_BYTES));
+    }
+
+    /// A sysfs root whose online CPUs are `online`.
+    fn sys_with_online(online: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = dir.path().join("devices/system/cpu");
+        std::fs::create_dir_all(&cpu).unwrap();
+        std::fs::write(cpu.join("online"), format!("{online}\n")).unwrap();
+        dir
+    }
+
+    /// `services` latency-critical services on `[host] cpus` (if given), with sysfs at `sys`.
+    fn config(sys: &Path, cpus: Option<&str>, services: usize) -> DaemonConfig {
+        let mut text = format!(
+            "metrics_addr = \"\"\n[host]\n{}\n[paths]\nsys = \"{}\"\ncgroup = \"/nonexistent-cgroup-root\"\n",
+            cpus.map(|c| format!("cpus = \"{c}\"")).unwrap_or_default(),
+            sys.display()
+        );
+        for i in 0..services {
+            text.push_str(&format!("[[service]]\nname = \"s{i}\"\np99_target_ms = 1\nmatch = {{ systemd_unit = \"s{i}.service\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n"));
+        }
+        DaemonConfig::parse(&text, "t.toml").unwrap()
+    }
+
+    fn discover_err(cfg: &DaemonConfig) -> String {
+        discover(cfg, Arc::new(cohabit_collectors::kfs::RealFs))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn configured_cpus_that_are_not_online_are_refused_by_name() {
+        let sys = sys_with_online("0-1");
+        let e = discover_err(&config(sys.path(), Some("0-35"), 1));
+        assert!(
+            e.contains("host.cpus 0-35 names CPUs that are not online: 2-35 (online: 0-1"),
+            "{e}"
+        );
+        let sys = sys_with_online("0-3,8");
+        let path = sys.path().join("devices/system/cpu/online");
+        let list = |t: &str| t.parse::<CpuList>().unwrap();
+        assert_eq!(
+            managed_cpus(Some(&list("2-3,8")), Some(vec![0, 1, 2, 3, 8]), &path),
+            Ok(vec![2, 3, 8])
+        );
+        assert_eq!(
+            managed_cpus(Some(&list("3-5")), Some(vec![0, 1, 2, 3, 8]), &path),
+            Err(CpuError::NotOnline {
+                configured: list("3-5"),
+                offline: list("4-5"),
+                online: list("0-3,8"),
+                path: path.clone(),
+            })
+        );
+        // Unknown online CPUs: a configured list cannot be checked, so it is refused;
+        // without one, CPU 0 alone.
+        assert!(matches!(
+            managed_cpus(Some(&list("0")), None, &path),
+            Err(CpuError::OnlineUnknown { .. })
+        ));
+        assert_eq!(managed_cpus(None, None, &path), Ok(vec![0]));
+        assert_eq!(managed_cpus(None, Some(vec![0, 1]), &path), Ok(vec![0, 1]));
+    }
+
+    #[test]
+    fn more_latency_critical_services_than_cpus_are_refused() {
+        let sys = sys_with_online("0-1");
+        let e = discover_err(&config(sys.path(), None, 3));
+        assert!(
+            e.contains("more latency-critical services (3) than CPUs to manage (2)"),
+            "{e}"
+        );
+        let sys = sys_with_online("0-7");
+        let e = discover_err(&config(sys.path(), Some("4"), 2));
+        assert!(e.contains("services (2) than CPUs to manage (1)"), "{e}");
+        // As many as CPUs is fine (the pool then shares the last one, idle class).
+        assert_eq!(services_fit(2, 2), Ok(()));
     }
 }

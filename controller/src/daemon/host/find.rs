@@ -6,7 +6,11 @@
 //! ([`Vetting::keep`]): never pid 1, a kernel thread or cohabit itself, and, when the
 //! service sets `match.user` or `match.exe`, only a process running as that user and
 //! executable. A pid file is believed only if it is a private regular file owned by root
-//! or the service's user, and only for a process that was running when it was written.
+//! or the service's user, only for a process that was running when it was written, and
+//! only for a process of `match.user` (without one, of the file's owner).
+//!
+//! A name or pid-file matcher without `match.user` is refused at start, except with
+//! `--dry-run`, where it is a warning ([`require_users`]): any user can name a process.
 //!
 //! Each refusal is logged once, when it first happens, and again only if it stopped and
 //! came back ([`Vetting::log`]).
@@ -19,7 +23,23 @@ use cohabit_collectors::procfs::{
 };
 use cohabit_collectors::users::UserError;
 
-use crate::daemon::config::{Matcher, ProcessConstraint};
+use crate::daemon::config::{ProcessConstraint, ServiceConfig, UnboundMatcher};
+
+/// Refuses a service found by process name or pid file without `match.user`
+/// ([`ServiceConfig::unbound_matcher`]); with `dry_run`, where nothing is changed, each is
+/// a warning instead.
+pub(super) fn require_users(
+    services: &[ServiceConfig],
+    dry_run: bool,
+) -> Result<(), UnboundMatcher> {
+    for unbound in services.iter().filter_map(ServiceConfig::unbound_matcher) {
+        if !dry_run {
+            return Err(unbound);
+        }
+        tracing::warn!(service = %unbound.service, "{unbound} (dry run: watching anyway)");
+    }
+    Ok(())
+}
 
 /// What one tick's vetting reads.
 #[derive(Debug)]
@@ -53,14 +73,8 @@ pub(super) struct Vetting {
 
 impl Vetting {
     /// Resolves `match.user` (a name is looked up now, at start).
-    pub fn new(service: &str, m: &Matcher, c: &ProcessConstraint) -> Result<Self, UserError> {
+    pub fn new(c: &ProcessConstraint) -> Result<Self, UserError> {
         let uid = c.user.as_ref().map(|u| u.resolve()).transpose()?;
-        if matches!(m, Matcher::ProcessName(_)) && uid.is_none() {
-            tracing::warn!(
-                service,
-                "match.process_name without match.user: a process of that name run by any user is taken; set user (and exe) to take only the service's"
-            );
-        }
         Ok(Self {
             want: Constraint {
                 uid,
@@ -96,6 +110,10 @@ impl Vetting {
                 self.now.insert(Refused::PidFile(PidFileRefusal::Stale));
                 return vec![];
             }
+        }
+        if let Err(r) = file.check_process_owner(t.procfs.euid(file.pid), self.want.uid) {
+            self.now.insert(Refused::PidFile(r));
+            return vec![];
         }
         vec![file.pid]
     }
@@ -159,6 +177,7 @@ mod tests {
     use cohabit_collectors::users::UserRef;
 
     use super::*;
+    use crate::daemon::config::Matcher;
 
     /// A fixture proc tree: `memcached` 10 run by uid 1000, `memcached` 11 by nobody
     /// (65534), pid 1, a kernel thread, and cohabit as pid 4242; booted at 1 000 000 s.
@@ -198,7 +217,7 @@ mod tests {
             user: user.map(|u| UserRef::Name(u.into())),
             exe: None,
         };
-        Vetting::new("kv", &Matcher::ProcessName("memcached".into()), &c).unwrap()
+        Vetting::new(&c).unwrap()
     }
 
     #[test]
@@ -224,14 +243,10 @@ mod tests {
             .iter()
             .any(|r| r.contains("pid 20: it is a kernel thread")));
         // An unknown user stops the start.
-        let e = Vetting::new(
-            "kv",
-            &Matcher::ProcessName("memcached".into()),
-            &ProcessConstraint {
-                user: Some(UserRef::Name("no-such-user-cohabit".into())),
-                exe: None,
-            },
-        )
+        let e = Vetting::new(&ProcessConstraint {
+            user: Some(UserRef::Name("no-such-user-cohabit".into())),
+            exe: None,
+        })
         .unwrap_err();
         assert!(e.to_string().contains("no-such-user-cohabit"));
     }
@@ -263,6 +278,7 @@ mod tests {
         let c = v.pid_file(&f, &t);
         assert!(v.keep(c, &t).is_empty());
         // Mode 0666: anyone could write any pid there.
+        let mut v = vetting(Some("nobody"));
         let f = pid_file(dir.path(), "11\n", 0o666);
         assert!(v.pid_file(&f, &t).is_empty());
         v.log("kv", Some(&f));
@@ -271,7 +287,7 @@ mod tests {
             "{:?}",
             v.refused()
         );
-        // A private file naming memcached 11: taken.
+        // A private file naming memcached 11, nobody's: taken.
         let f = pid_file(dir.path(), "11\n", 0o644);
         let c = v.pid_file(&f, &t);
         assert_eq!(v.keep(c, &t), BTreeSet::from([11]));
@@ -283,7 +299,7 @@ mod tests {
     fn a_pid_file_older_than_its_process_is_stale() {
         let (dir, procfs, index) = tree();
         let t = tick(&procfs, &index);
-        let mut v = vetting(None);
+        let mut v = vetting(Some("nobody"));
         let f = pid_file(dir.path(), "11\n", 0o644);
         // The fixture's processes started 10 s after a boot at 1 000 000 s; the file was
         // written long after: believed.
@@ -301,5 +317,103 @@ mod tests {
         assert!(v.refused()[0].contains("started after the file was written"));
         // A missing file is no refusal: the service is just not running.
         assert!(v.pid_file(&dir.path().join("none.pid"), &t).is_empty());
+    }
+
+    #[test]
+    fn a_pid_file_naming_a_process_of_another_user_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            cohabit_collectors::cgroup::testing::skip("needs root to own a pid file as root");
+            return;
+        }
+        let (dir, procfs, index) = tree();
+        let t = tick(&procfs, &index);
+        // Root's file (this test runs as root) naming memcached 11, nobody's: without
+        // match.user the process must be the file's owner's, and it is not.
+        let f = pid_file(dir.path(), "11\n", 0o644);
+        let mut v = vetting(None);
+        assert!(v.pid_file(&f, &t).is_empty());
+        v.log("kv", Some(&f));
+        assert_eq!(
+            v.refused(),
+            vec!["pid file: its process runs as uid 65534, not uid 0 (match.user, else the file's owner)"]
+        );
+        // With match.user = nobody, root's file may name nobody's process.
+        assert_eq!(vetting(Some("nobody")).pid_file(&f, &t), vec![11]);
+        // The service user's file naming an old process of another user (an sshd; here
+        // memcached 10, uid 1000, older than the file): refused whatever the user.
+        let f10 = pid_file(dir.path(), "10\n", 0o644);
+        std::os::unix::fs::chown(&f10, Some(65534), Some(65534)).unwrap();
+        let mut v = vetting(Some("nobody"));
+        assert!(v.pid_file(&f10, &t).is_empty());
+        v.log("kv", Some(&f10));
+        assert!(
+            v.refused()[0].contains("runs as uid 1000, not uid 65534"),
+            "{:?}",
+            v.refused()
+        );
+    }
+
+    fn service(name: &str, matcher: Matcher, user: Option<u32>) -> ServiceConfig {
+        ServiceConfig {
+            name: name.into(),
+            p99_target_ms: Some(1.0),
+            matcher,
+            constraint: ProcessConstraint {
+                user: user.map(UserRef::Id),
+                exe: None,
+            },
+            placement: crate::daemon::config::Placement::InPlace,
+            latency: None,
+            gpu: None,
+            priority: 0,
+        }
+    }
+
+    #[test]
+    fn a_name_or_pid_file_matcher_without_a_user_is_refused_unless_dry_run() {
+        use crate::daemon::config::MatcherKey;
+        let by_name = service("kv", Matcher::ProcessName("kv".into()), None);
+        let by_file = service("web", Matcher::PidFile("/run/web.pid".into()), None);
+        let by_unit = service("db", Matcher::SystemdUnit("db.service".into()), None);
+        let bound = service("kv", Matcher::ProcessName("kv".into()), Some(999));
+        let e = require_users(&[by_unit.clone(), by_name.clone()], false).unwrap_err();
+        assert_eq!((e.service.as_str(), e.key), ("kv", MatcherKey::ProcessName));
+        assert!(
+            e.to_string()
+                .starts_with("service kv: match.process_name without match.user"),
+            "{e}"
+        );
+        let e = require_users(std::slice::from_ref(&by_file), false).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("service web: match.pid_file without match.user"),
+            "{e}"
+        );
+        // Cgroup-like matchers need no user; a bound one passes; dry run only warns.
+        require_users(&[by_unit, bound], false).unwrap();
+        require_users(&[by_name, by_file], true).unwrap();
+    }
+
+    #[test]
+    fn a_host_with_a_name_matcher_without_a_user_opens_only_for_a_dry_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = dir.path().join("sys/devices/system/cpu");
+        std::fs::create_dir_all(&cpu).unwrap();
+        std::fs::write(cpu.join("online"), "0-1\n").unwrap();
+        // No cgroups, no resctrl: nothing on this machine can be touched.
+        let text = format!(
+            "metrics_addr = \"\"\n[paths]\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n",
+            dir.path().join("sys").display(),
+            dir.path().join("no-cgroup").display(),
+            dir.path().join("no-resctrl").display(),
+        );
+        let cfg = crate::daemon::config::DaemonConfig::parse(&text, "t.toml").unwrap();
+        let e = super::super::RealHost::open(cfg.clone(), false).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("service kv: match.process_name without match.user"),
+            "{e}"
+        );
+        super::super::RealHost::open(cfg, true).unwrap();
     }
 }

@@ -107,6 +107,12 @@ pub enum HostError {
     /// The record of changes could not be saved, so the write it describes was not made.
     #[error("saving the record of changes: {0}")]
     ChangeLog(std::io::Error),
+    /// A service is found by process name or pid file without `match.user` (not a dry run).
+    #[error(transparent)]
+    Unbound(#[from] super::config::UnboundMatcher),
+    /// `[host] cpus` or the services do not fit the host's CPUs.
+    #[error(transparent)]
+    Cpus(#[from] discover::CpuError),
 }
 
 /// How often a warning that could fire every tick is repeated.
@@ -161,11 +167,9 @@ impl Service {
             telemetry: Telemetry::bind(s, timeout, window)?,
             missing_logged: false,
             unplaced_logged: BTreeSet::new(),
-            vetting: find::Vetting::new(&s.name, &s.matcher, &s.constraint).map_err(|source| {
-                HostError::User {
-                    service: s.name.clone(),
-                    source,
-                }
+            vetting: find::Vetting::new(&s.constraint).map_err(|source| HostError::User {
+                service: s.name.clone(),
+                source,
             })?,
             runs_under: None,
             after_mixed: false,
@@ -212,8 +216,9 @@ const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 
 impl RealHost {
     /// Opens the host: finds what it offers (logging each missing resource once) and binds
-    /// the latency sources. Nothing is written before [`Self::launch`], so a record a
-    /// crashed run left can be restored first ([`Self::restore_changes`]).
+    /// the latency sources (a probe must answer its first request). Nothing is written
+    /// before [`Self::launch`], so a record a crashed run left can be restored first
+    /// ([`Self::restore_changes`]).
     pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
         Self::open_with(cfg, dry_run, Arc::new(RealFs))
     }
@@ -225,6 +230,7 @@ impl RealHost {
         dry_run: bool,
         resctrl_fs: Arc<dyn KernelFs>,
     ) -> Result<Self, HostError> {
+        find::require_users(&cfg.services, dry_run)?;
         let mut found = discover::discover(&cfg, resctrl_fs)?;
         let gpu = super::gpu::GpuActuator::with_probe(&cfg.services, found.mps);
         // Policies weigh what a share change costs on this host.
@@ -240,6 +246,18 @@ impl RealHost {
             .iter()
             .map(|s| Service::bind(s, timeout, cfg.latency_window))
             .collect::<Result<Vec<_>, HostError>>()?;
+        // The configuration file's services answer their probes before the daemon starts
+        // (a wrong port or a service that is down is an error the operator sees now). The
+        // probes run at once, so this waits at most the longest time-out; pods' probes,
+        // bound inside the tick, are never waited for.
+        for s in &services {
+            s.telemetry
+                .first_probe_answer()
+                .map_err(|error| HostError::Probe {
+                    service: s.spec.name.clone(),
+                    error,
+                })?;
+        }
         let ways = found.facts.capacity.llc_ways;
         let now = Instant::now();
         let host = Self {
@@ -307,7 +325,9 @@ impl RealHost {
     /// Replaces the services and jobs, and the CPUs handed out (`[kubernetes]`: pods come
     /// and go; the kubelet gives some CPUs to single containers). A service configured as
     /// before keeps its telemetry and processes; a new one binds its latency source, and
-    /// one that cannot is left out and returned with why. Nothing is written here: the next
+    /// one that cannot is left out and returned with why. Binding never waits on a
+    /// workload (this runs inside the control tick): a push socket is bound, a probe's
+    /// thread started (it connects on its own), a scrape only set up. Nothing is written here: the next
     /// apply writes the new set's values, and the cgroups of services that left get their
     /// original values back then (see `apply`). The capacity follows the CPUs (and, without
     /// RDT allocation, the CLOSIDs the number of latency-critical services).
@@ -799,8 +819,15 @@ impl Collector for RealHost {
         if let (false, Some(r)) = (self.dry_run, readings.as_deref()) {
             self.guard_gpu_memory(r);
         }
-        // Every scrape of this tick ends by then.
+        // Every Prometheus endpoint at once, each ending by then (no scrape waits for
+        // another's).
         let deadline = now + Duration::from_millis(self.cfg.collect_timeout_ms);
+        let endpoints: Vec<_> = self
+            .services
+            .iter()
+            .map(|s| s.telemetry.prometheus())
+            .collect();
+        let scraped = sample::scrape_all(&endpoints, deadline);
         let counters = matches!(self.facts.perf, PerfSupport::Supported) && !self.dry_run;
         let perf_dirs: Vec<Option<std::path::PathBuf>> = self
             .services
@@ -809,12 +836,13 @@ impl Collector for RealHost {
             .collect();
         let mons = self.mon_groups();
         let mut services = Vec::with_capacity(self.services.len());
-        for (((svc, perf_dir), mon), (gpu_pct, restarting)) in self
+        for ((((svc, perf_dir), mon), (gpu_pct, restarting)), scraped) in self
             .services
             .iter_mut()
             .zip(perf_dirs)
             .zip(&mons)
             .zip(gpu_during)
+            .zip(&scraped)
         {
             // An interval that ran under something else than the window's starts a new one;
             // one whose plan changed within it is kept apart from both sides.
@@ -844,7 +872,7 @@ impl Collector for RealHost {
                     .as_ref()
                     .zip(svc.spec.gpu)
                     .and_then(|(r, g)| r.get(g as usize)),
-                deadline,
+                scraped: scraped.as_ref(),
             };
             let sample = svc.telemetry.sample(
                 &src,
@@ -884,7 +912,7 @@ impl Actuator for RealHost {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use cohabit_collectors::resctrl::fake::FakeResctrl;
     use cohabit_collectors::resctrl::GROUP_PREFIX;
 
@@ -897,7 +925,7 @@ mod tests {
     /// is touched, never this machine's cgroups.
     fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
         let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\" }}\n",
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\", user = 0 }}\n",
             fake.root().display(),
             fake.base().join("proc").display(),
             pid_file.display()
@@ -925,7 +953,7 @@ mod tests {
             pid_files.insert(name, f.display().to_string());
         }
         let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ pid_file = \"{}\" }}\n[[best_effort]]\nname = \"etl\"\nmatch = {{ pid_file = \"{}\" }}\n",
+            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ pid_file = \"{}\", user = 0 }}\n[[best_effort]]\nname = \"etl\"\nmatch = {{ pid_file = \"{}\", user = 0 }}\n",
             fake.root().display(),
             proc_root.display(),
             pid_files["kv"],
@@ -975,6 +1003,174 @@ mod tests {
         assert_eq!(root, ["40", "41", "50", "51", "60", "61"]);
     }
 
+    /// A TCP endpoint that accepts every connection and never answers or closes.
+    pub(crate) fn mute_endpoint() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming() {
+                match s {
+                    Ok(s) => held.push(s),
+                    Err(_) => return,
+                }
+            }
+        });
+        port
+    }
+
+    /// A Prometheus endpoint whose histogram `lat` (seconds) counts 100 more requests, all
+    /// under 5 ms, at each scrape.
+    fn growing_metrics() -> u16 {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => head.extend_from_slice(&buf[..k]),
+                    }
+                }
+                n += 100;
+                let body =
+                    format!("lat_bucket{{le=\"0.005\"}} {n}\nlat_bucket{{le=\"+Inf\"}} {n}\n");
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        port
+    }
+
+    /// Two latency-critical services over a fake resctrl, `a` then `z`, with these
+    /// latency sources.
+    fn two_services(fake: &FakeResctrl, a: &str, z: &str, timeout_ms: u64) -> DaemonConfig {
+        let proc_root = fake.base().join("proc");
+        std::fs::create_dir_all(&proc_root).unwrap();
+        let lc = |name: &str, latency: &str| {
+            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\", user = 0 }}\nlatency = {latency}\n")
+        };
+        let text = format!(
+            "interval_ms = 1000\ncollect_timeout_ms = {timeout_ms}\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}",
+            fake.root().display(),
+            proc_root.display(),
+            lc("a", a),
+            lc("z", z),
+        );
+        DaemonConfig::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn a_hanging_metrics_endpoint_does_not_starve_a_later_services_scrape() {
+        // Security review 2026-12b, N4: `a`'s /metrics never answers and comes first.
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let scrape = |port: u16| {
+            format!("{{ prometheus = \"http://127.0.0.1:{port}/metrics\", metric = \"lat\" }}")
+        };
+        let budget = Duration::from_millis(300);
+        let cfg = two_services(
+            &fake,
+            &scrape(mute_endpoint()),
+            &scrape(growing_metrics()),
+            300,
+        );
+        let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
+        let ctx = HostContext {
+            host: host.capacity().clone(),
+            specs: host.specs(),
+        };
+        host.launch(&StaticPolicy::new(ctx).initial().plan).unwrap();
+        // The first scrape only sets the baseline.
+        host.collect().unwrap();
+        for i in 0..4 {
+            let t = Instant::now();
+            let obs = host.collect().unwrap();
+            let took = t.elapsed();
+            let p99 = |name: &str| {
+                obs.services
+                    .iter()
+                    .find(|s| s.spec.name == name)
+                    .and_then(|s| s.sample.p99_ms)
+            };
+            assert_eq!(p99("a"), None, "collect {i}");
+            let z = p99("z").unwrap_or_else(|| panic!("collect {i}: z has no p99"));
+            assert!(z > 0.0 && z <= 5.0, "collect {i}: {z}");
+            // Each scrape has the whole budget, and they run together.
+            assert!(took < budget * 3, "collect {i} took {took:?}");
+        }
+        host.restore();
+    }
+
+    #[test]
+    fn binding_a_probe_to_a_service_that_never_answers_does_not_wait() {
+        // Security review 2026-12b, N2: `reconfigure` runs inside the control tick.
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let mute = mute_endpoint();
+        let probe = |port: u16, timeout_ms: u64| {
+            format!("{{ probe = \"redis://127.0.0.1:{port}\", rate_hz = 20, timeout_ms = {timeout_ms} }}")
+        };
+        let refused = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let push = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
+        let cfg = two_services(&fake, push, push, 100);
+        let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
+        // Probes that are refused, and that are never answered with a time-out of 5 s: the
+        // first request alone would take that long, and the reconfiguration would wait for it.
+        let cfgs = two_services(&fake, &probe(refused, 100), &probe(mute, 5000), 100).services;
+        let cpus = host.cpus().to_vec();
+        let t = Instant::now();
+        let failed = host.reconfigure(cfgs, cpus);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(host.specs().len(), 2);
+        // The probes report what they meet as violations, in the windows.
+        std::thread::sleep(Duration::from_millis(600));
+        let obs = host.collect().unwrap();
+        let a = &obs.services[0].sample;
+        assert!(
+            a.p99_ms.is_some_and(|p| (99.0..=101.0).contains(&p)),
+            "refused: {a:?}"
+        );
+        host.restore();
+    }
+
+    #[test]
+    fn a_configured_probe_that_does_not_answer_stops_the_start_naming_it() {
+        let fake = FakeResctrl::builder().ways(12).build().unwrap();
+        let refused = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mute = mute_endpoint();
+        let push = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
+        for (port, why) in [(refused, "refused"), (mute, "no answer within 200 ms")] {
+            let probe = format!("{{ probe = \"redis://127.0.0.1:{port}\", timeout_ms = 200 }}");
+            let cfg = two_services(&fake, push, &probe, 100);
+            let e = RealHost::open_with(cfg, false, Arc::new(fake.clone()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("latency probe of z")
+                    && e.contains(&format!("redis://127.0.0.1:{port}"))
+                    && e.contains("does not answer")
+                    && e.contains(why),
+                "{e}"
+            );
+        }
+    }
+
     /// Moves an MBA limit to another of 50 and 60 %.
     fn other_mba(pct: &mut u8) {
         *pct = if *pct == 50 { 60 } else { 50 };
@@ -986,10 +1182,10 @@ mod tests {
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
         let lc = |name: &str| {
-            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n")
+            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n")
         };
         let text = format!(
-            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-batch\" }}\n",
+            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-batch\", user = 0 }}\n",
             fake.root().display(),
             proc_root.display(),
             lc("kv"),
@@ -1070,7 +1266,7 @@ mod tests {
         std::fs::create_dir_all(&proc_root).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
-            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"llm\"\np99_target_ms = 50\nmatch = {{ process_name = \"no-such-llm\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\ngpu = {{ env_file = \"{}\", restart = \"true\", min_restart_interval_ms = 100 }}\n",
+            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"llm\"\np99_target_ms = 50\nmatch = {{ process_name = \"no-such-llm\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\ngpu = {{ env_file = \"{}\", restart = \"true\", min_restart_interval_ms = 100 }}\n",
             fake.root().display(),
             proc_root.display(),
             dir.path().join("llm.env").display(),

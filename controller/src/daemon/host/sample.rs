@@ -21,12 +21,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use cohabit_collectors::latency::{PromHistogram, PushListener, PushRejections, UnixAccess};
+use cohabit_collectors::latency::{
+    LatencyError, PromHistogram, PushListener, PushRejections, UnixAccess,
+};
 use cohabit_collectors::nvml::GpuReading;
 use cohabit_collectors::perf::{
     fds_needed, CounterOpener, CounterSet, FdBudget, KernelCounters, PerfTotals,
 };
-use cohabit_collectors::probe::{Probe, ProbeSettings};
+use cohabit_collectors::probe::{Probe, ProbeError, ProbeSettings};
 use cohabit_collectors::procfs::Procfs;
 use cohabit_collectors::resctrl::{BandwidthRate, MonReading, Resctrl};
 use cohabit_collectors::window::{
@@ -249,8 +251,63 @@ pub(super) struct Sources<'a> {
     pub resctrl: Option<(&'a Resctrl, &'a str, Option<&'a str>)>,
     /// The reading of its GPU, if it uses one and NVML answered.
     pub gpu: Option<&'a GpuReading>,
-    /// When every scrape of this tick must have ended.
-    pub deadline: Instant,
+    /// This tick's scrape of its Prometheus endpoint, if its latency comes from one
+    /// ([`scrape_all`]).
+    pub scraped: Option<&'a Scraped>,
+}
+
+/// What one scrape of a Prometheus endpoint returned: the exposition text, or why not.
+pub(super) type Scraped = Result<String, LatencyError>;
+
+/// Most scrapes one tick runs at once (a thread each).
+pub(super) const MAX_PARALLEL_SCRAPES: usize = 16;
+
+/// Scrapes every endpoint of `endpoints` (`None`: a service without one) at once, each
+/// ending by `deadline`, the tick's collection budget, which each has whole: an endpoint
+/// that hangs costs its own scrape only, never a later service's. At most
+/// [`MAX_PARALLEL_SCRAPES`] run together (threads that end take the next endpoint), so
+/// only more hanging endpoints than that could leave others short. The results come back
+/// in the order of `endpoints`.
+pub(super) fn scrape_all(
+    endpoints: &[Option<&PromHistogram>],
+    deadline: Instant,
+) -> Vec<Option<Scraped>> {
+    let jobs: Vec<(usize, &PromHistogram)> = endpoints
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| Some((i, (*e)?)))
+        .collect();
+    let mut out: Vec<Option<Scraped>> = endpoints.iter().map(|_| None).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(jobs.len()));
+    let work = || loop {
+        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some((i, prom)) = jobs.get(k) else {
+            return;
+        };
+        let got = prom.fetch(deadline);
+        results
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((*i, got));
+    };
+    std::thread::scope(|s| {
+        // The calling thread works too; a thread that cannot be started leaves its share
+        // to the others.
+        for _ in 1..jobs.len().min(MAX_PARALLEL_SCRAPES) {
+            let spawned = std::thread::Builder::new()
+                .name("cohabit-scrape".into())
+                .spawn_scoped(s, work);
+            if spawned.is_err() {
+                break;
+            }
+        }
+        work();
+    });
+    for (i, got) in results.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        out[i] = Some(got);
+    }
+    out
 }
 
 /// The telemetry state of one service: its latency source, its counters, its last readings.
@@ -283,8 +340,9 @@ fn resolve_access(a: &PushAccess) -> Result<UnixAccess, cohabit_collectors::user
 }
 
 impl Telemetry {
-    /// Binds the service's latency source (a push socket is bound now); its p99 rests on
-    /// the requests of up to `window` intervals ([`MergedWindow`]).
+    /// Binds the service's latency source (a push socket is bound now, a probe's thread
+    /// started, which connects on its own: nothing here waits on the service); its p99
+    /// rests on the requests of up to `window` intervals ([`MergedWindow`]).
     pub fn bind(s: &ServiceConfig, timeout: Duration, window: u32) -> Result<Self, HostError> {
         let latency = match &s.latency {
             Some(LatencySource::Push { addr, access }) => {
@@ -393,7 +451,7 @@ impl Telemetry {
                 }
             }
         }
-        r.latency = self.read_latency(service, pids, src.deadline, warn);
+        r.latency = self.read_latency(service, pids, src.scraped, warn);
         if let Some(g) = src.gpu {
             let util: Vec<f64> = pids
                 .iter()
@@ -462,15 +520,34 @@ impl Telemetry {
         }
     }
 
+    /// Waits for a probe's first answer ([`Probe::first_answer`]: at most its time-out and
+    /// a second); `Ok` at once for any other source. Only for the services of the
+    /// configuration file, at start: nothing waits on a pod's probe.
+    pub fn first_probe_answer(&self) -> Result<(), ProbeError> {
+        match &self.latency {
+            Some(LatencyReader::Probe(p, _)) => p.first_answer(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The Prometheus endpoint its latency comes from, if it does: what [`scrape_all`]
+    /// fetches before the services are read.
+    pub fn prometheus(&self) -> Option<&PromHistogram> {
+        match &self.latency {
+            Some(LatencyReader::Prom(p, _)) => Some(p),
+            _ => None,
+        }
+    }
+
     /// What the latency source saw since the last tick, added to the service's latency
     /// window. A push socket learns the service's processes (`pids`), whose datagrams it
-    /// accepts from now on; scrapes end by `deadline`. A scrape that fails adds nothing
-    /// (its requests count in the next scrape's difference).
+    /// accepts from now on; a Prometheus source reads this tick's `scraped` text. A scrape
+    /// that fails adds nothing (its requests count in the next scrape's difference).
     fn read_latency(
         &mut self,
         service: &str,
         pids: &BTreeSet<u32>,
-        deadline: Instant,
+        scraped: Option<&Scraped>,
         warn: &mut Throttle,
     ) -> LatencyWindow {
         match &mut self.latency {
@@ -485,7 +562,13 @@ impl Telemetry {
                 LatencyWindow::pushed(window, w.hist, w.count as f64)
             }
             Some(LatencyReader::Prom(p, window)) => {
-                let polled = p.poll_interval(deadline);
+                let Some(scraped) = scraped else {
+                    return LatencyWindow::default();
+                };
+                let polled = match scraped {
+                    Ok(text) => p.ingest_interval(text).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
                 if p.bad_lines() > 0 && warn.allow(&format!("prom-lines:{service}")) {
                     tracing::warn!(service, lines = p.bad_lines(), "lines of the histogram in the scrape could not be read and were skipped (logged once a minute)");
                 }
@@ -603,7 +686,7 @@ mod tests {
             cpus,
             resctrl: None,
             gpu: None,
-            deadline: Instant::now(),
+            scraped: None,
         };
         let mut warn = Throttle::default();
         (0..n)

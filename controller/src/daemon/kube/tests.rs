@@ -12,11 +12,35 @@ use cohabit_collectors::cgroup::{testing, CpuList};
 use cohabit_collectors::kubepods::testing::KubepodsTree;
 use cohabit_collectors::kubepods::Driver;
 use cohabit_collectors::resctrl::fake::FakeResctrl;
-use cohabit_core::ServiceClass;
+use cohabit_core::{Actuator as _, ServiceClass};
+use cohabit_kube::trust::PodTrust;
 use cohabit_kube::{ContainerRef, ManagedPod, PodClass, PodKey, PodView, QosClass};
 use cohabit_policy::control;
 
 use super::*;
+
+mod hostile;
+
+/// The daemon's configuration for a fake node: `head` (top-level keys), `cpus`, the fixture
+/// trees' roots, the kubelet's directory and `kube_extra` (more `[kubernetes]` keys).
+fn node_config(
+    f: &FakeCgroup2,
+    resctrl: &FakeResctrl,
+    kubelet: &Path,
+    head: &str,
+    cpus: &str,
+    kube_extra: &str,
+) -> String {
+    format!(
+        "{head}metrics_addr = \"\"\n[host]\ncpus = \"{cpus}\"\n[paths]\nproc = \"{}\"\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n{kube_extra}",
+        f.base().join("proc").display(),
+        f.base().join("sys").display(),
+        f.base().join("sys/fs/cgroup").display(),
+        resctrl.root().display(),
+        kubelet.join("state").display(),
+        kubelet.display(),
+    )
+}
 
 fn key(ns: &str, name: &str, uid: &str) -> PodKey {
     PodKey {
@@ -57,6 +81,7 @@ fn lc(target: f64, latency: Option<&str>) -> PodClass {
     }
 }
 
+/// `[kubernetes]` for the pure tests: pods in `shop` and `a` may be latency-critical.
 fn kube_cfg(kubelet_dir: &Path, root: &str) -> KubernetesConfig {
     KubernetesConfig {
         node_name: "node-1".into(),
@@ -65,6 +90,12 @@ fn kube_cfg(kubelet_dir: &Path, root: &str) -> KubernetesConfig {
         kubelet_dir: kubelet_dir.to_path_buf(),
         api: config::KubeApi::InCluster,
         socket_dir: "/run/cohabit/pods".into(),
+        trust: PodTrust {
+            latency_critical_namespaces: ["shop", "a"].map(String::from).into(),
+            max_priority: 10,
+            ..PodTrust::default()
+        },
+        max_pod_probe_timeout_ms: 500,
     }
 }
 
@@ -96,7 +127,9 @@ fn a_pod_becomes_a_service_in_its_containers_cgroups_in_place() {
         &[("app", "a1"), ("sidecar", "b2")],
     );
     p.priority = Some(7);
-    let s = pod_service(&p, &tree, None, &cfg).unwrap();
+    let made = pod_service(&p, &tree, None, &cfg).unwrap();
+    assert!(made.adjusted.is_empty(), "{:?}", made.adjusted);
+    let s = made.service;
     assert_eq!(s.name, "shop.web");
     assert_eq!(s.p99_target_ms, Some(5.0));
     assert_eq!(s.priority, 7);
@@ -123,7 +156,7 @@ fn a_pod_becomes_a_service_in_its_containers_cgroups_in_place() {
         Path::new("cpu_manager_state"),
     )
     .unwrap();
-    let s = pod_service(&p, &tree, Some(&state), &cfg).unwrap();
+    let s = pod_service(&p, &tree, Some(&state), &cfg).unwrap().service;
     assert!(
         matches!(&s.matcher, Matcher::Pod { cgroups, .. } if cgroups.len() == 1 && cgroups[0].ends_with("b2.scope"))
     );
@@ -140,7 +173,7 @@ fn a_pod_becomes_a_service_in_its_containers_cgroups_in_place() {
         PodClass::BestEffort,
         &[("c", "ff")],
     );
-    let s = pod_service(&be, &tree, None, &cfg).unwrap();
+    let s = pod_service(&be, &tree, None, &cfg).unwrap().service;
     assert_eq!((s.p99_target_ms, s.latency), (None, None));
 }
 
@@ -153,12 +186,23 @@ fn unusable_annotations_and_containers_are_named_in_the_warning() {
     for (latency, why) in [
         ("{ bogus = 1 }", "unknown field"),
         ("ftp://10.0.0.1/", "scheme"),
-        ("{ push = \"127.0.0.1:9400\" }", "unauthenticated = true"),
+        ("{ push = \"127.0.0.1:9400\" }", "cannot push over UDP"),
         (
             "{ unix = \"/etc/cohabit.sock\" }",
-            "must lie in /run/cohabit/pods",
+            "must be /run/cohabit/pods/a.b.sock",
         ),
-        ("{ unix = \"/run/cohabit/pods/../x.sock\" }", "must lie in"),
+        (
+            "{ unix = \"/run/cohabit/pods/../x.sock\" }",
+            "must be /run/cohabit/pods/a.b.sock",
+        ),
+        (
+            "{ unix = \"/run/cohabit/pods/other.pod.sock\" }",
+            "must be /run/cohabit/pods/a.b.sock",
+        ),
+        (
+            "{ probe = \"http://127.0.0.1:80/\", timeout_ms = 600000 }",
+            "above 500, the daemon's collect_timeout_ms",
+        ),
         (
             "{ prometheus = \"http://10.0.0.5:9150/metrics\" }",
             "latency.metric",
@@ -188,7 +232,7 @@ fn unusable_annotations_and_containers_are_named_in_the_warning() {
         QosClass::Burstable,
         lc(
             1.0,
-            Some("{ unix = \"/run/cohabit/pods/a.sock\", mode = \"0666\" }"),
+            Some("{ unix = \"/run/cohabit/pods/a.b.sock\", mode = \"0666\" }"),
         ),
         &[("c", "aa")],
     );
@@ -217,68 +261,247 @@ fn unusable_annotations_and_containers_are_named_in_the_warning() {
 }
 
 #[test]
-fn a_pods_udp_push_source_binds_loopback_only() {
-    use cohabit_collectors::latency::{PushAddr, PushListener, UnixAccess};
+fn a_pods_udp_push_is_refused_so_no_port_is_bound_for_it() {
     let f = FakeCgroup2::builder().build().unwrap();
     f.mkdir_owner("/kubepods", &[]).unwrap();
     let tree = Kubepods::new(f.cgroups().unwrap(), None, "/").unwrap();
     let cfg = kube_cfg(Path::new("/var/lib/kubelet"), "/");
-    let with = |latency: &str, ips: &[&str]| {
+    // Loopback (even a privileged port), wildcards, the pod's own address: the pod is
+    // skipped with an Event before any source is bound.
+    for addr in [
+        "127.0.0.1:9",
+        "127.0.0.1:0",
+        "[::1]:9400",
+        "0.0.0.0:9400",
+        "10.1.2.3:9400",
+    ] {
+        let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
         let mut p = pod(
             ("a", "b"),
             "12",
             QosClass::Burstable,
-            lc(1.0, Some(latency)),
+            lc(1.0, Some(&text)),
             &[("c", "aa")],
         );
-        p.ips = ips.iter().map(|ip| ip.parse().unwrap()).collect();
-        pod_service(&p, &tree, None, &cfg)
-    };
-    // Wildcards and the pod's own (routable) address would take datagrams from the network.
-    for addr in [
-        "0.0.0.0:9400",
-        "[::]:9400",
-        "10.1.2.3:9400",
-        "[fd00::3]:9400",
-    ] {
-        let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
-        let Err(Skip::Warn { reason, message }) = with(&text, &["10.1.2.3", "fd00::3"]) else {
+        p.ips = vec!["10.1.2.3".parse().unwrap()];
+        let Err(Skip::Warn { reason, message }) = pod_service(&p, &tree, None, &cfg) else {
             panic!("{addr} was accepted");
         };
         assert_eq!(reason, "BadLatencyAnnotation");
         assert!(
-            message.contains("must be a loopback address"),
+            message.contains("cannot push over UDP")
+                && message.contains("/run/cohabit/pods/a.b.sock"),
             "{addr}: {message}"
         );
     }
-    // Loopback is taken, and the socket the daemon binds for it is on loopback.
-    for addr in ["127.0.0.1:0", "[::1]:0"] {
-        let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
-        let s = with(&text, &["10.1.2.3"]).unwrap();
-        let Some(config::LatencySource::Push {
-            addr: PushAddr::Udp(a),
-            ..
-        }) = &s.latency
-        else {
-            panic!("{addr}: {:?}", s.latency);
-        };
-        assert!(a.ip().is_loopback(), "{a}");
-        match PushListener::bind(&PushAddr::Udp(*a), &UnixAccess::default()) {
-            Ok(l) => {
-                let PushAddr::Udp(bound) = l.local else {
-                    panic!("{:?}", l.local)
-                };
-                assert!(bound.ip().is_loopback() && bound.port() != 0, "{bound}");
-            }
-            // A host without IPv6 cannot bind ::1; that is not a wildcard either.
-            Err(e) if a.is_ipv6() => println!("{a}: {e}"),
-            Err(e) => panic!("{a}: {e}"),
-        }
-    }
     // Below the configuration too: the listener refuses a wildcard outright.
+    use cohabit_collectors::latency::{PushAddr, PushListener, UnixAccess};
     let wild = PushAddr::Udp("0.0.0.0:0".parse().unwrap());
     let e = PushListener::bind(&wild, &UnixAccess::default()).unwrap_err();
     assert!(e.to_string().contains("only loopback"), "{e}");
+}
+
+#[test]
+fn outside_the_allowed_namespaces_a_pod_is_best_effort_whatever_it_claims() {
+    let f = FakeCgroup2::builder().build().unwrap();
+    f.mkdir_owner("/kubepods", &[]).unwrap();
+    let tree = Kubepods::new(f.cgroups().unwrap(), None, "/").unwrap();
+    let mut cfg = kube_cfg(Path::new("/var/lib/kubelet"), "/");
+    cfg.trust = PodTrust::default();
+    let mut p = pod(
+        ("shop", "thief"),
+        "12",
+        QosClass::Burstable,
+        lc(
+            0.001,
+            Some("{ push = \"127.0.0.1:9\", unauthenticated = true }"),
+        ),
+        &[("c", "aa")],
+    );
+    p.priority = Some(i32::MAX);
+    let made = pod_service(&p, &tree, None, &cfg).unwrap();
+    assert_eq!(made.service.p99_target_ms, None, "not latency-critical");
+    assert_eq!(made.service.priority, 0);
+    assert_eq!(made.service.latency, None, "nothing bound for it either");
+    let reasons: Vec<&str> = made.adjusted.iter().map(|a| a.reason()).collect();
+    assert_eq!(reasons, ["LatencyCriticalNotAllowed"], "exactly one Event");
+}
+
+#[test]
+fn in_an_allowed_namespace_priority_is_clamped_and_a_tiny_target_raised() {
+    let f = FakeCgroup2::builder().build().unwrap();
+    f.mkdir_owner("/kubepods", &[]).unwrap();
+    let tree = Kubepods::new(f.cgroups().unwrap(), None, "/").unwrap();
+    let cfg = kube_cfg(Path::new("/var/lib/kubelet"), "/");
+    for target in [0.001, 5e-324] {
+        let mut p = pod(
+            ("shop", "thief"),
+            "12",
+            QosClass::Burstable,
+            lc(target, None),
+            &[("c", "aa")],
+        );
+        p.priority = Some(i32::MAX);
+        let made = pod_service(&p, &tree, None, &cfg).unwrap();
+        assert_eq!(made.service.priority, 10, "kubernetes.max_pod_priority");
+        assert_eq!(
+            made.service.p99_target_ms,
+            Some(cohabit_kube::trust::DEFAULT_MIN_POD_P99_TARGET_MS)
+        );
+        let reasons: Vec<&str> = made.adjusted.iter().map(|a| a.reason()).collect();
+        assert_eq!(reasons, ["PriorityClamped", "P99TargetRaised"]);
+    }
+}
+
+/// The service specs the daemon hands a policy for `services` (as `host::spec_of`).
+fn specs_of(services: &[ServiceConfig]) -> Vec<cohabit_core::ServiceSpec> {
+    services
+        .iter()
+        .map(|s| cohabit_core::ServiceSpec {
+            name: s.name.clone(),
+            class: match s.p99_target_ms {
+                Some(t) => ServiceClass::LatencyCritical { p99_target_ms: t },
+                None => ServiceClass::BestEffort,
+            },
+            gpu: None,
+            priority: s.priority,
+        })
+        .collect()
+}
+
+/// Runs parties for `ticks` intervals on 12 cores with every latency-critical service
+/// at `ratio` × its target, and returns each one's cores at the end.
+fn parties_cores(services: &[ServiceConfig], ticks: u64, ratio: f64) -> BTreeMap<String, u32> {
+    use cohabit_core::{Observation, Sample, ServiceObservation};
+    use cohabit_policy::{PartiesConfig, PartiesPolicy};
+    let ctx = HostContext {
+        host: cohabit_core::HostCapacity {
+            name: "t".into(),
+            cores: 12,
+            freq_ghz: 2.0,
+            llc_ways: 12,
+            llc_way_bytes: 1 << 20,
+            mem_bw_bytes_per_s: 1e10,
+            gpus: vec![],
+            closids: 16,
+            mba_min_pct: 10,
+            mba_gran_pct: 10,
+            min_cbm_bits: 1,
+            shareable_bits: 0,
+        },
+        specs: specs_of(services),
+    };
+    let mut p = PartiesPolicy::new(ctx.clone(), PartiesConfig::default());
+    let mut plan = p.initial().plan;
+    for t in 1..=ticks {
+        let obs = Observation {
+            t_ms: t * 1000,
+            services: ctx
+                .specs
+                .iter()
+                .map(|s| ServiceObservation {
+                    spec: s.clone(),
+                    sample: Sample {
+                        p99_ms: s.p99_target_ms().map(|target| target * ratio),
+                        ..Sample::default()
+                    },
+                    gpu_mps_effective_pct: None,
+                })
+                .collect(),
+            current: plan.clone(),
+        };
+        plan = p.decide(&obs, t * 1000).plan;
+        plan.validate(&ctx.host, &ctx.specs).unwrap();
+    }
+    plan.services
+        .iter()
+        .map(|(n, a)| (n.clone(), a.cores))
+        .collect()
+}
+
+#[test]
+fn under_parties_the_victims_keep_their_cores_against_a_pod_claiming_top_priority() {
+    let f = FakeCgroup2::builder().build().unwrap();
+    f.mkdir_owner("/kubepods", &[]).unwrap();
+    let tree = Kubepods::new(f.cgroups().unwrap(), None, "/").unwrap();
+    let mut cfg = kube_cfg(Path::new("/var/lib/kubelet"), "/");
+    cfg.trust.max_priority = cohabit_kube::trust::DEFAULT_MAX_POD_PRIORITY;
+    let mut pods: Vec<ManagedPod> = ["thief", "victim-1", "victim-2"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            pod(
+                ("shop", name),
+                &format!("{i}"),
+                QosClass::Burstable,
+                lc(1.0, None),
+                &[("c", &format!("a{i}"))],
+            )
+        })
+        .collect();
+    pods[0].priority = Some(i32::MAX);
+    pods[0].class = lc(0.001, None);
+    let granted: Vec<ServiceConfig> = pods
+        .iter()
+        .map(|p| pod_service(p, &tree, None, &cfg).unwrap().service)
+        .collect();
+    // Everyone misses (the thief's target cannot be met): as granted, nobody may take
+    // from an equal, so the fair split stays.
+    let cores = parties_cores(&granted, 10, 1.5);
+    assert_eq!(cores["shop.victim-1"], 4, "{cores:?}");
+    assert_eq!(cores["shop.victim-2"], 4, "{cores:?}");
+    // The same pods taken at their word: the thief strips the victims (what the trust
+    // rules prevent).
+    let mut as_claimed = granted.clone();
+    as_claimed[0].priority = i32::MAX;
+    let cores = parties_cores(&as_claimed, 10, 1.5);
+    assert!(
+        cores["shop.victim-1"] < 4 && cores["shop.victim-2"] < 4,
+        "{cores:?}"
+    );
+}
+
+#[test]
+fn latency_critical_services_beyond_the_cpus_are_the_lowest_ranked_pods() {
+    let svc = |name: &str, priority: i32, lc: bool| ServiceConfig {
+        name: name.into(),
+        p99_target_ms: lc.then_some(1.0),
+        matcher: Matcher::ProcessName("x".into()),
+        constraint: config::ProcessConstraint::default(),
+        placement: Placement::InPlace,
+        latency: None,
+        gpu: None,
+        priority,
+    };
+    let fixed = [svc("memcached", -5, true), svc("batch", 0, false)];
+    let pods = [
+        svc("a.high", 5, true),
+        svc("b.low", 0, true),
+        svc("a.low", 0, true),
+        svc("z.job", 9, false),
+    ];
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(beyond_cores(&fixed, &pods, 4), names(&[]));
+    // Configured first whatever its priority; then by priority; ties by name.
+    assert_eq!(beyond_cores(&fixed, &pods, 3), names(&["b.low"]));
+    assert_eq!(beyond_cores(&fixed, &pods, 2), names(&["a.low", "b.low"]));
+    assert_eq!(
+        beyond_cores(&fixed, &pods, 1),
+        names(&["a.high", "a.low", "b.low"])
+    );
+    // Configured services beyond the CPUs too, lowest priority last.
+    let more = [svc("kv", 1, true), svc("memcached", -5, true)];
+    assert_eq!(
+        beyond_cores(&more, &pods, 1),
+        names(&["memcached", "a.high", "a.low", "b.low"])
+    );
+    // The order of the input does not matter.
+    let mut shuffled = pods.clone();
+    shuffled.reverse();
+    assert_eq!(
+        beyond_cores(&fixed, &shuffled, 2),
+        names(&["a.low", "b.low"])
+    );
 }
 
 /// A pod source that plays back what the test sets, and keeps the warnings.
@@ -333,6 +556,16 @@ struct Daemon {
 
 impl Daemon {
     fn open(cfg: &DaemonConfig, resctrl: Option<&FakeResctrl>, script: &Script) -> Self {
+        Self::open_with(cfg, resctrl, script, static_factory())
+    }
+
+    /// [`Daemon::open`] building the policy with `factory` whenever the pods change.
+    fn open_with(
+        cfg: &DaemonConfig,
+        resctrl: Option<&FakeResctrl>,
+        script: &Script,
+        factory: PolicyFactory,
+    ) -> Self {
         let host = match resctrl {
             Some(r) => RealHost::open_with(cfg.clone(), false, Arc::new(r.clone())),
             None => RealHost::open(cfg.clone(), false),
@@ -348,7 +581,7 @@ impl Daemon {
             cfg,
             cfg.kubernetes.clone().unwrap(),
             host.host().cpus().to_vec(),
-            static_factory(),
+            factory,
         );
         Self {
             host,
@@ -487,10 +720,7 @@ fn node_pods(with_kv: bool) -> Vec<ManagedPod> {
             ("default", "kv"),
             KV,
             QosClass::Burstable,
-            lc(
-                2.0,
-                Some("{ push = \"127.0.0.1:0\", unauthenticated = true }"),
-            ),
+            lc(2.0, None),
             &[("main", "aa")],
         ));
     }
@@ -513,13 +743,13 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
         format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
     )
     .unwrap();
-    let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[host]\ncpus = \"0-7\"\n[paths]\nproc = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
-        f.base().join("proc").display(),
-        f.base().join("sys/fs/cgroup").display(),
-        resctrl.root().display(),
-        kubelet.path().join("state").display(),
-        kubelet.path().display(),
+    let text = node_config(
+        &f,
+        &resctrl,
+        kubelet.path(),
+        "interval_ms = 100\n",
+        "0-7",
+        "latency_critical_namespaces = [\"default\"]\n",
     );
     let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
     let script = Script::default();
@@ -638,6 +868,262 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
     );
 }
 
+/// The fake node of [`fake_node`] with the pinned container's CPUs exclusive, and a
+/// daemon configuration for it ticking every `interval_ms`: what the fixtures are kept
+/// alive by, and the configuration.
+struct Node {
+    _cgroups: FakeCgroup2,
+    resctrl: FakeResctrl,
+    _kubelet: tempfile::TempDir,
+    cfg: DaemonConfig,
+}
+
+impl Node {
+    fn new(interval_ms: u64) -> Self {
+        let f = FakeCgroup2::builder().cpus(8).build().unwrap();
+        let resctrl = FakeResctrl::builder().ways(12).build().unwrap();
+        fake_node(&f);
+        for pid in [40, 50, 60, 70] {
+            resctrl.add_task(pid).unwrap();
+        }
+        let kubelet = tempfile::tempdir().unwrap();
+        std::fs::write(
+            kubelet.path().join("cpu_manager_state"),
+            format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
+        )
+        .unwrap();
+        let text = node_config(
+            &f,
+            &resctrl,
+            kubelet.path(),
+            &format!("interval_ms = {interval_ms}\n"),
+            "0-7",
+            "latency_critical_namespaces = [\"default\"]\n",
+        );
+        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+        Self {
+            _cgroups: f,
+            resctrl,
+            _kubelet: kubelet,
+            cfg,
+        }
+    }
+}
+
+/// kv (latency-critical, target 2 ms, no latency source: the test measures it) and the
+/// batch job, whose `cohabit.io/priority` annotation is `job_priority`.
+fn kv_and_job(job_priority: Option<i32>) -> Vec<ManagedPod> {
+    let mut job = pod(
+        ("batch", "job"),
+        JOB,
+        QosClass::BestEffort,
+        PodClass::BestEffort,
+        &[("main", "bb")],
+    );
+    job.priority = job_priority;
+    let kv = pod(
+        ("default", "kv"),
+        KV,
+        QosClass::Burstable,
+        lc(2.0, None),
+        &[("main", "aa")],
+    );
+    vec![job, kv]
+}
+
+/// What the daemon decided for kv at one tick.
+type KvDecision = (
+    cohabit_core::Allocation,
+    cohabit_core::Reason,
+    Option<cohabit_core::Prediction>,
+);
+
+/// `ticks` one-second ticks of the daemon on the fake node with the policy `factory`
+/// builds, kv measured at a p99 that moves around half its target (every other service
+/// unmeasured), and, when `churn`, the batch job's priority annotation added and removed
+/// every tick: kv's decision at each tick and how many times the services followed the
+/// pods.
+fn kv_under_churn(factory: PolicyFactory, churn: bool, ticks: u64) -> (Vec<KvDecision>, usize) {
+    let node = Node::new(1000);
+    let script = Script::default();
+    let mut d = Daemon::open_with(&node.cfg, Some(&node.resctrl), &script, factory);
+    let (mut seen, mut rebuilds) = (Vec::new(), 0);
+    for t in 1..=ticks {
+        let annotated = churn && t % 2 == 0;
+        script.set(kv_and_job(annotated.then_some(0)), true);
+        if d.pods
+            .tick(&mut d.host, &mut d.policy, &mut d.fair_share, false)
+        {
+            rebuilds += 1;
+        }
+        let current = d.host.host().plan_in_force().unwrap().clone();
+        let p99_ms = [1.0, 1.2, 0.9, 1.1][usize::try_from(t % 4).unwrap()];
+        let obs = cohabit_core::Observation {
+            t_ms: t * 1000,
+            services: d
+                .host
+                .host()
+                .specs()
+                .into_iter()
+                .map(|spec| cohabit_core::ServiceObservation {
+                    sample: cohabit_core::Sample {
+                        p99_ms: (spec.name == "default.kv").then_some(p99_ms),
+                        requests_per_s: Some(50.0),
+                        cpu_busy_cores: Some(1.0),
+                        ..cohabit_core::Sample::default()
+                    },
+                    spec,
+                    gpu_mps_effective_pct: None,
+                })
+                .collect(),
+            current,
+        };
+        let decision = d.policy.decide(&obs, t * 1000);
+        d.host.apply(&decision.plan, &[]).unwrap();
+        seen.push((
+            decision.plan.services["default.kv"],
+            decision.reasons["default.kv"].clone(),
+            decision.predictions.get("default.kv").cloned(),
+        ));
+    }
+    d.host.host_mut().restore();
+    drop(node);
+    (seen, rebuilds)
+}
+
+fn parties_factory() -> PolicyFactory {
+    Box::new(|ctx| {
+        let p = cohabit_policy::PartiesPolicy::new(ctx, cohabit_policy::PartiesConfig::default());
+        Ok(Box::new(p) as Box<dyn Policy>)
+    })
+}
+
+/// `ml` with a model whose members are linear in the candidate's cores (a core more is
+/// -0.05 in ln(p99/target)), as in the policy crate's tests.
+fn ml_factory() -> PolicyFactory {
+    let mut model = cohabit_models::Model::synthetic(2, &[], 0);
+    let cores = cohabit_models::FEATURE_NAMES
+        .iter()
+        .position(|n| *n == "cores_cand")
+        .unwrap();
+    for member in &mut model.ensemble.members {
+        member.layers.truncate(1);
+        let layer = &mut member.layers[0];
+        layer.weight.fill(0.0);
+        layer.weight[[0, cores]] = -1.8;
+        layer.bias.fill(0.0);
+    }
+    let model = Arc::new(model);
+    Box::new(move |ctx| {
+        let ml = cohabit_policy::MlPolicy::new(
+            ctx,
+            Arc::clone(&model),
+            cohabit_policy::MlConfig::default(),
+        );
+        Ok(Box::new(ml) as Box<dyn Policy>)
+    })
+}
+
+#[test]
+fn annotation_churn_on_one_pod_leaves_an_unchanged_services_parties_state_as_without_it() {
+    let (quiet, once) = kv_under_churn(parties_factory(), false, 30);
+    let (churned, rebuilds) = kv_under_churn(parties_factory(), true, 30);
+    assert_eq!(once, 1, "without churn the services follow the pods once");
+    assert!(
+        rebuilds >= 4,
+        "the churn rebuilt the policy {rebuilds} times"
+    );
+    // kv's allocation moved (parties cut it and rotated its resource: the state mattered) ...
+    let mut allocs: Vec<_> = quiet.iter().map(|d| d.0).collect();
+    allocs.dedup();
+    assert!(allocs.len() > 2, "{quiet:?}");
+    // ... and every decision for it is the one it got without the churn.
+    for (t, (q, c)) in quiet.iter().zip(&churned).enumerate() {
+        assert_eq!(q, c, "tick {}", t + 1);
+    }
+}
+
+#[test]
+fn annotation_churn_on_one_pod_leaves_an_unchanged_services_ml_corrections_as_without_it() {
+    let (quiet, _) = kv_under_churn(ml_factory(), false, 30);
+    let (churned, rebuilds) = kv_under_churn(ml_factory(), true, 30);
+    assert!(
+        rebuilds >= 4,
+        "the churn rebuilt the policy {rebuilds} times"
+    );
+    // kv is decided by the model, whose corrected predictions differ from tick to tick.
+    let predicted: Vec<f64> = quiet
+        .iter()
+        .filter_map(|d| d.2.as_ref().map(|p| p.log_qos_ratio))
+        .collect();
+    assert!(predicted.len() > 20, "{quiet:?}");
+    assert!(predicted.windows(2).any(|w| w[0] != w[1]), "{predicted:?}");
+    for (t, (q, c)) in quiet.iter().zip(&churned).enumerate() {
+        assert_eq!(q, c, "tick {}", t + 1);
+    }
+}
+
+#[test]
+fn the_services_follow_churning_pods_at_most_once_per_hold_off_and_a_new_pod_at_once() {
+    let node = Node::new(1000);
+    let hold_off = hold_off_ticks(1000);
+    assert_eq!(hold_off, 10);
+    let script = Script::default();
+    let mut d = Daemon::open(&node.cfg, Some(&node.resctrl), &script);
+    // The job's annotation changes every tick for 45 ticks.
+    let mut at = Vec::new();
+    for t in 1..=45u64 {
+        script.set(kv_and_job((t % 2 == 0).then_some(0)), true);
+        if d.tick() {
+            at.push(t);
+        }
+    }
+    // The first changes at once (the burst), then one per hold-off.
+    assert_eq!(at, vec![1, 2, 3, 11, 21, 31, 41], "rebuilt at ticks {at:?}");
+    // The view changed at tick 44 and 45 too: it is in force once the hold-off ends,
+    // although nothing changes any more.
+    let last = script.view().generation;
+    let mut t = 45;
+    while d.pods.in_force.as_ref().map(|(g, _)| *g) != Some(last) {
+        t += 1;
+        assert!(t <= 45 + hold_off, "the last view was lost");
+        d.tick();
+    }
+    assert_eq!(t, 51, "at the end of the hold-off");
+    // A quiet node: a new pod is followed at the next tick.
+    for _ in 0..3 * hold_off {
+        assert!(!d.tick());
+    }
+    let mut with_web = kv_and_job(None);
+    with_web.push(pod(
+        ("default", "web"),
+        BAD,
+        QosClass::Burstable,
+        lc(1.0, None),
+        &[("main", "dd")],
+    ));
+    script.set(with_web, true);
+    assert!(d.tick(), "a new pod on a quiet node is followed at once");
+    assert!(d.services().contains_key("default.web"));
+    d.host.host_mut().restore();
+}
+
+#[test]
+fn the_rebuild_limit_is_a_bucket_of_three_refilled_once_per_hold_off() {
+    let mut l = RebuildLimit::new(3, 10);
+    let allowed: Vec<u64> = (1..=40).filter(|t| l.allow(*t, false)).collect();
+    assert_eq!(allowed, vec![1, 2, 3, 11, 21, 31]);
+    // Urgent changes go through with the bucket empty.
+    assert!(!l.allow(32, false));
+    assert!(l.allow(33, true));
+    // Quiet for long enough, the bucket is full again: three at once.
+    let allowed: Vec<u64> = (100..=103).filter(|t| l.allow(*t, false)).collect();
+    assert_eq!(allowed, vec![100, 101, 102]);
+    // A hold-off shorter than a tick is one tick.
+    assert_eq!(hold_off_ticks(60_000), 1);
+    assert_eq!(hold_off_ticks(100), 100);
+}
+
 /// Kills and reaps a child when dropped.
 struct Kill(std::process::Child);
 
@@ -694,11 +1180,15 @@ fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
     let before = (cgroup_of(kv_p.0.id()), cgroup_of(job_p.0.id()));
     let kubelet = tempfile::tempdir().unwrap();
     let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\ncgroup_root = \"/{root}\"\n",
+        "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\ncgroup_root = \"/{root}\"\nlatency_critical_namespaces = [\"default\"]\nsocket_dir = \"{}\"\n",
         kubelet.path().join("no-resctrl").display(),
         kubelet.path().join("state").display(),
         kubelet.path().display(),
+        kubelet.path().display(),
     );
+    // The pod's push socket: its own path in socket_dir, bound by the daemon as root.
+    let kv_socket = kubelet.path().join("default.kv.sock");
+    let kv_latency = format!("{{ unix = \"{}\" }}", kv_socket.display());
     let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
     let script = Script::default();
     let mut d = Daemon::open(&cfg, None, &script);
@@ -728,10 +1218,7 @@ fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
                 ("default", "kv"),
                 KV,
                 QosClass::Burstable,
-                lc(
-                    2.0,
-                    Some("{ push = \"127.0.0.1:0\", unauthenticated = true }"),
-                ),
+                lc(2.0, Some(&kv_latency)),
                 &[("main", "aa11")],
             ));
         }
@@ -740,6 +1227,14 @@ fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
     script.set(pods(true), true);
     assert!(d.tick());
     d.tick();
+    assert!(script.warned().is_empty(), "{:?}", script.warned());
+    assert!(
+        std::fs::symlink_metadata(&kv_socket).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt as _;
+            m.file_type().is_socket()
+        }),
+        "the pod's socket is bound at its own path"
+    );
     let (kv, job) = (cpus(&kv_dir), cpus(&job_dir));
     assert!(
         !kv.overlaps(&job) && !kv.0.is_empty() && !job.0.is_empty(),
@@ -769,4 +1264,194 @@ fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
     );
     drop((kv_p, job_p));
     drop(tree);
+}
+
+/// The daemon over [`fake_node`] on `cpus` of a fake with `n_cpus` CPUs, with `extra` in
+/// `[kubernetes]`; no CPU manager checkpoint (so no container is pinned).
+fn fake_daemon(
+    n_cpus: u32,
+    cpus: &str,
+    extra: &str,
+) -> (FakeCgroup2, FakeResctrl, tempfile::TempDir, Script, Daemon) {
+    let f = FakeCgroup2::builder().cpus(n_cpus).build().unwrap();
+    let resctrl = FakeResctrl::builder().ways(12).build().unwrap();
+    fake_node(&f);
+    for pid in [40, 50, 60, 70] {
+        resctrl.add_task(pid).unwrap();
+    }
+    let kubelet = tempfile::tempdir().unwrap();
+    let text = node_config(
+        &f,
+        &resctrl,
+        kubelet.path(),
+        "interval_ms = 100\n",
+        cpus,
+        extra,
+    );
+    let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+    let script = Script::default();
+    let d = Daemon::open(&cfg, Some(&resctrl), &script);
+    (f, resctrl, kubelet, script, d)
+}
+
+/// kv, bad and pinned as latency-critical pods (no latency source), priorities as given.
+fn three_lc_pods(priorities: [i32; 3]) -> Vec<ManagedPod> {
+    let mut pods: Vec<ManagedPod> = [
+        ("kv", KV, "aa"),
+        ("bad", BAD, "dd"),
+        ("pinned", PINNED, "cc"),
+    ]
+    .into_iter()
+    .zip(priorities)
+    .map(|((name, uid, id), prio)| {
+        let mut p = pod(
+            ("default", name),
+            uid,
+            if name == "pinned" {
+                QosClass::Guaranteed
+            } else {
+                QosClass::Burstable
+            },
+            lc(1.0, None),
+            &[("main", id)],
+        );
+        p.priority = Some(prio);
+        p
+    })
+    .collect();
+    pods.sort_by(|a, b| a.key.cmp(&b.key));
+    pods
+}
+
+#[test]
+fn with_no_allowed_namespace_a_pod_claiming_everything_is_best_effort_with_one_event() {
+    let (_f, _r, _k, script, mut d) = fake_daemon(8, "0-7", "");
+    let mut thief = pod(
+        ("default", "kv"),
+        KV,
+        QosClass::Burstable,
+        lc(
+            0.001,
+            Some("{ push = \"127.0.0.1:9\", unauthenticated = true }"),
+        ),
+        &[("main", "aa")],
+    );
+    thief.priority = Some(i32::MAX);
+    script.set(vec![thief.clone()], true);
+    assert!(d.tick());
+    d.tick();
+    assert_eq!(
+        d.services(),
+        BTreeMap::from([("default.kv".to_string(), false)]),
+        "best effort, not latency-critical"
+    );
+    let warned = script.warned();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(
+        (warned[0].0.as_str(), warned[0].1.as_str()),
+        ("default/kv", "LatencyCriticalNotAllowed")
+    );
+    // Its priority is a best-effort job's: 0.
+    let spec = d.host.host().specs();
+    assert!(spec.iter().all(|s| s.priority == 0), "{spec:?}");
+    assert_eq!(
+        d.pods.from_pods(),
+        &BTreeSet::from(["default.kv".to_string()])
+    );
+    // Nothing changed: nothing more is posted.
+    script.set(vec![thief], true);
+    assert!(!d.tick());
+    assert_eq!(script.warned().len(), 1);
+}
+
+#[test]
+fn more_latency_critical_pods_than_cpus_give_a_valid_plan_with_the_lowest_in_the_pool() {
+    let (_f, _r, _k, script, mut d) = fake_daemon(
+        2,
+        "0-1",
+        "latency_critical_namespaces = [\"default\"]\nmax_pod_priority = 10\n",
+    );
+    // pinned ranks first (priority 5); kv and bad tie at 0 and bad comes first by name.
+    script.set(three_lc_pods([0, 0, 5]), true);
+    assert!(d.tick());
+    d.tick();
+    assert_eq!(
+        d.services(),
+        BTreeMap::from([
+            ("default.bad".to_string(), true),
+            ("default.kv".to_string(), false),
+            ("default.pinned".to_string(), true),
+        ])
+    );
+    let warned = script.warned();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(
+        (warned[0].0.as_str(), warned[0].1.as_str()),
+        ("default/kv", TOO_MANY_LATENCY_CRITICAL)
+    );
+    assert!(
+        warned[0]
+            .2
+            .contains("3 latency-critical services for 2 CPUs"),
+        "{warned:?}"
+    );
+    // The plan in force and the fail-safe's both fit the host.
+    let host = d.host.host();
+    let (capacity, specs) = (host.capacity().clone(), host.specs());
+    assert_eq!(capacity.cores, 2);
+    host.plan_in_force()
+        .expect("a plan was applied")
+        .validate(&capacity, &specs)
+        .unwrap();
+    d.fair_share.validate(&capacity, &specs).unwrap();
+    // A higher priority for kv moves it in and bad out.
+    script.set(three_lc_pods([7, 0, 5]), true);
+    assert!(d.tick());
+    let lc: Vec<String> = d
+        .services()
+        .into_iter()
+        .filter(|(_, lc)| *lc)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(lc, ["default.kv", "default.pinned"]);
+}
+
+#[test]
+fn a_newline_in_an_annotation_does_not_reach_the_warning_raw() {
+    let (_f, _r, _k, script, mut d) =
+        fake_daemon(8, "0-7", "latency_critical_namespaces = [\"default\"]\n");
+    let scrape = pod(
+        ("default", "kv"),
+        KV,
+        QosClass::Burstable,
+        lc(
+            1.0,
+            Some("{ prometheus = \"http://127.0.0.1:9150/m\\nFORGED LOG LINE\", metric = \"m\" }"),
+        ),
+        &[("main", "aa")],
+    );
+    let mut odd = pod(
+        ("default", "bad"),
+        BAD,
+        QosClass::Burstable,
+        PodClass::BestEffort,
+        &[("main\nFORGED LOG LINE", "dd")],
+    );
+    odd.containers[0].runtime = "rkt".into();
+    let mut pods = vec![scrape, odd];
+    pods.sort_by(|a, b| a.key.cmp(&b.key));
+    script.set(pods, true);
+    d.tick();
+    let warned = script.warned();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    for (pod, reason, message) in &warned {
+        assert!(
+            message.contains("FORGED LOG LINE"),
+            "{pod} {reason}: {message}"
+        );
+        assert!(
+            !message.chars().any(char::is_control),
+            "{pod} {reason}: {message:?}"
+        );
+    }
 }

@@ -27,8 +27,8 @@
 //! slack it rises a step again before any service is cut. On a GPU, a service far over its
 //! target (twice it, two intervals in a row) is not the one upsized while a co-runner of its
 //! priority misses by less: the closest to its target is, and it may take GPU share from
-//! the one far over (issue 49: every service on `gpu-llm-crowd` sat at a third of the GPU
-//! missing its target). These are additions to the paper, which has no priorities and (in
+//! the one far over (issue 49: on `gpu-llm-crowd` every service sat at an equal share of
+//! the GPU, missing its target). These are additions to the paper, which has no priorities and (in
 //! our reading) no MBA.
 //!
 //! Properties: one unit moves per interval, so convergence after a load change takes as

@@ -3,12 +3,12 @@
 //! Problem: find, for every interval, the MPS share of each latency-critical GPU service
 //! (and so what the GPU's best-effort job keeps) that meets the most targets in overload
 //! order (docs/DESIGN.md 5) and then gives the GPU job the most progress, over the whole
-//! run. A share change restarts the client (`restart_ms`, 3 s for the catalogue's models):
-//! the old share stays in effect meanwhile, the client's requests wait (its p99 is at least
-//! the downtime) and a restarting job makes no progress. A bound must move shares where the
-//! loads make a restart worth it and hold them elsewhere: holding one split for the whole
-//! run (the oracle until issue 49) met 1.38 targets per interval on `gpu-llm-crowd`, where
-//! `ml`, moving shares and paying restarts, met 1.55.
+//! run. A share change restarts the client (the model's `restart_ms`): the old share stays
+//! in effect meanwhile, the client's requests wait (its p99 is at least the downtime) and a
+//! restarting job makes no progress. A bound must move shares where the loads make a
+//! restart worth it and hold them elsewhere: holding one split for the whole run (the
+//! oracle until issue 49) met fewer targets on `gpu-llm-crowd` than `ml`, which moves
+//! shares and pays the restarts.
 //!
 //! Approach: a dynamic programme over intervals × splits. A split gives each GPU's
 //! latency-critical services shares in 5 % steps (at least one step each) and the GPU job

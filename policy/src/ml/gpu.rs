@@ -47,8 +47,8 @@
 //! triage that gives shares by priority and then the smallest want first whenever that
 //! serves more services by their wants than the shares in force; `ml`'s wants are
 //! pessimistic, so it committed the GPU to one service where two at the edge of their
-//! targets each met theirs half the time (`gpu-llm-crowd` 1.55 → 1.02 services per
-//! interval; docs/RESULTS.md).
+//! targets each met theirs half the time (fewer services met on `gpu-llm-crowd`;
+//! docs/RESULTS.md, "GPU overload and the oracle as a bound").
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

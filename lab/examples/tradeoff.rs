@@ -143,7 +143,7 @@ fn main() -> Result<()> {
         match simulate::on_lab_platforms(name).with_context(|| format!("scenario {name}"))? {
             Some(platforms) => hosts.extend(platforms),
             None => {
-                println!("{name}: skipped, a GPU scenario (the oracle fixes GPU shares per run)")
+                println!("{name}: skipped, a GPU scenario (the lab's CPU platforms have no GPU)")
             }
         }
     }

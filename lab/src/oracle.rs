@@ -7,12 +7,16 @@
 //!
 //! Search space (what "bound" means here). Every plan the oracle considers:
 //! - gives each latency-critical service a whole number of cores (at least one);
-//! - places each service in one of three ways: in a *way range of its own*, in a range
+//! - places each service in one of four ways: in a *way range of its own*, in a range
 //!   *shared with other latency-critical services* (any pair of services, or all of them
-//!   together: identical contiguous CAT masks, one resctrl group), or in the *best-effort
-//!   pool's range and group* (taking the pool's MBA); ranges of their own or shared are
-//!   contiguous, from way 0 up, and the pool keeps the ways above them (at least one when a
-//!   CPU job runs);
+//!   together: identical contiguous CAT masks, one resctrl group), in the *best-effort
+//!   pool's range and group* (taking the pool's MBA), or, beside a throttled pool, in the
+//!   pool's range *in a group of its own at full bandwidth* (one group for all such
+//!   services, as `ml` places a cache-insensitive service); ranges of their own or shared
+//!   are contiguous, from way 0 up, and the pool keeps the ways above them (at least one
+//!   when a CPU job runs, or, where no packing of the services to satisfy leaves it one, the
+//!   top way, shared with the last range, as `layout` lays out any plan that takes every
+//!   way);
 //! - sets the best-effort pool's MBA to any step the platform allows (`mba_min_pct` up to
 //!   100 in `mba_gran_pct` steps) when a best-effort CPU job moves enough memory traffic for
 //!   MBA to matter (over 2 % of the socket's bandwidth at 100 %), 100 % otherwise;
@@ -20,9 +24,10 @@
 //!   LC group never lowers its own p99, and the memory latency it would relieve is cheaper
 //!   to relieve by throttling the pool);
 //! - uses at most the host's CLOSIDs (`HostCapacity::closids - 1` groups, the pool's
-//!   included): every range of its own or shared is one group, services in the pool's range
+//!   included): every range of its own or shared is one group, services in the pool's group
 //!   cost none;
-//! - keeps GPU shares fixed for the whole run (chosen as below).
+//! - gives each GPU service a share in 5 % steps per interval, and a GPU job what they leave
+//!   (chosen for the whole run at once, as below).
 //!
 //! Approach: with the memory latency, the GPU interference and the LLC a service would hold
 //! in the pool's range frozen at their values under a reference plan, a service's p99
@@ -37,58 +42,77 @@
 //! picks are verified too (the value cannot see how the ways they split move the memory
 //! latency the pool's jobs see), and the best verified is kept, while the picked one's
 //! verification alone decides whether the search goes on (on the E5 `load-spike` the
-//! picked packing fell short where a tie met both targets; the search went on and settled
-//! on a core less for the pool, and the oracle left best effort 0.432 of the host over the
-//! run instead of 0.450). When not every service can meet its target, the sets of services
+//! picked packing fell short where a tie met both targets, and the search went on and
+//! settled on a core less for the pool). When not every service can meet its target, the sets of services
 //! to satisfy are tried in overload order (highest-priority counts first, then the most
 //! services) and the first score any set reaches wins, the best-effort value deciding among
-//! sets with the same score; services left out get, in the pool's group, the fewest cores
-//! that bring their p99 within 5 % of what every free core would (LC before BE). A full
-//! evaluation verifies the result; if the frozen latency was optimistic (fewer
-//! services meet than planned), the search repeats with the measured latency and a tighter
+//! sets with the same score; services left out get, on the pool's ways (in its group, or at
+//! full bandwidth in one of their own beside a throttled pool where a CLOSID is left), the
+//! fewest cores that meet the bare target where some do, else that bring their p99 within
+//! 5 % of what every free core would (LC before BE). A full evaluation verifies the result;
+//! if the frozen latency was optimistic (fewer services meet than planned), the plan is
+//! also *repaired*: cores move from the pool to the planned services that missed, as few as
+//! reach the planned score (a binary search, each step verified), since a plan that gives
+//! the pool fewer cores lowers the memory latency for everyone, which no later round, frozen
+//! at the latency the failed plan measured, can see (on a diurnal crowded Gold the oracle
+//! met five targets of six where `ml`, its pool on no cores of its own, met six). The
+//! search then repeats with the measured latency and a tighter
 //! margin (up to [`ROUNDS`] rounds), keeping the best verified plan. That raise is a guess
 //! and often far more than needed (the latency measured under a plan that gave a streaming
 //! pool many cores, so the next round gives the pool none): once a round verifies after one
 //! that fell short, [`BISECT_STEPS`] bisection steps on the share of the raise (latency and
-//! margin together) look for the plan in between, every verified one kept. Without them the
-//! E5 `mba-stream` oracle left best effort 0.065 where aiming at 0.8 of the targets left
-//! 0.103: not a bound. This runs once per pool MBA step, and, when shared ranges are
+//! margin together) look for the plan in between, every verified one kept (without them,
+//! on the E5 `mba-stream` an oracle aiming under the targets left best effort more than the
+//! bound: no bound). This runs once per pool MBA step, and, when shared ranges are
 //! allowed, once more per step without them; the best verified (score, best-effort
 //! throughput) wins. The second search is there because the frozen-latency search is a
 //! heuristic: on the E5 `mba-stream` the search with shared ranges preferred memcached and
-//! moses in one 19-way range, which verified with best effort 0.103 of the host, and never
-//! tried the layout without sharing that the restricted search found (0.128: memcached on 6
-//! ways of its own, moses on 13, three pool cores at 90 %). A plan of the no-share oracle is
-//! now never lost.
+//! moses in one range, which verified with less best effort than the layout without sharing
+//! that the restricted search found and it never tried. A plan of the no-share oracle is
+//! now never lost. When the best verified plan still misses a target, one more round runs
+//! at the bare targets (margin 1): a service that can reach only between the first
+//! margin and its target is out of every round at that margin (on `gpu-inference` the
+//! classifier was left out and missed while `ml` met it).
+//! Repair, the bare round and serving a left-out service up to its bare target belong to
+//! the bound only: an oracle that aims further under the targets (`target_fraction` below
+//! the default) promises that margin and keeps it.
 //!
-//! GPU shares are chosen once for the whole run, because a share change restarts the
-//! client: the oracle never pays a restart. Every split of a GPU among its services in 5 %
-//! steps (a GPU best-effort job keeps only the 1 % floor: LC before BE) is evaluated at 30
-//! load samples spread over the run (fair CPU shares), and the split with the best summed
-//! score (overload order), then the most best-effort throughput, wins (969 splits for three
-//! services on one GPU; beyond 5,000 splits, or for splits across several GPUs, a greedy
-//! rule in overload order). Fixed shares are a restriction: the oracle's figures on GPU
-//! scenarios bound policies that also keep shares fixed, not those that move them and pay
-//! restarts.
+//! GPU shares are planned once for the whole run, interval by interval, by a dynamic
+//! programme over the run's loads that pays the MPS restart of every share it changes
+//! ([`gpu`] has the details); each interval's CPU search then plans with the shares in
+//! effect and the restart downtime of that interval, as the simulated host will have them
+//! (with one split held for the whole run, `ml`, moving shares, met more targets than the
+//! oracle on `gpu-llm-crowd`: issue 49).
 //!
 //! Properties: within the search space and the frozen-latency model, the plan meets the most
 //! targets in overload order and then leaves best effort the most; every plan fits the
 //! host's cores, ways and CLOSIDs, and every MBA value is a platform step. The bound is not
 //! exact outside the frozen-latency model (verification catches optimism, never pessimism)
-//! nor for range layouts outside the space (overlapping unequal ranges, shared ranges of
-//! three or more services short of all of them). Cost: per pool MBA step, sharing mode and
-//! round (at most `ROUNDS + BISECT_STEPS`; the bisection made whole runs 2–4× slower, e.g.
-//! the E5 `parties-mix` 2.4 → 9 s of 900 intervals, the searches' p99 35 → 120–150 ms; the
-//! search without shared ranges, with its n range options, about a fifth more: 9 → 11 s;
-//! the ties on cores a few more full evaluations per round: the E5 `demo`'s p99 23 → 38 ms),
+//! nor for range layouts outside the space (overlapping unequal ranges other than the
+//! pool's top way, shared ranges of three or more services short of all of them); a test
+//! runs every policy against it on crowded scenarios. Search time (issue 49): the range
+//! options, which depend only on the frozen latency, margin and GPU interference, are
+//! computed once per search for every subspace that freezes the same values (the first
+//! round of every MBA step and sharing mode: 20 subspaces on the Gold); every later round
+//! freezes at least what an earlier one did, so the fewest cores found there bound its own
+//! from below and each binary search starts at them (`Answers`); a shared range's cache
+//! split asks for misses only (no queue model, most of an evaluation's cost); each binary
+//! search on cores also starts from the answer with a way less; the packing looks only at
+//! the options that place the lowest member still to place. Same plans, fewer evaluations
+//! (docs/RESULTS.md, "GPU overload and the oracle as a bound"). Cost: per pool MBA step,
+//! sharing mode and round (at most `ROUNDS + BISECT_STEPS`, and one at the bare targets),
 //! O(B·W·log C) closed-form evaluations for the B = n + n(n−1)/2 + 1 range options, a
-//! packing over subsets (2ⁿ·W per set tried), and one full evaluation; `cohabit bench`
+//! packing over subsets (2ⁿ·W per set tried), and one full evaluation per plan verified
+//! (more for a repair); `cohabit bench`
 //! prints the measured search time. Up to 12 latency-critical services (masks are 32 bits;
-//! beyond 12, only the set of every service that can meet its target alone is tried). A search is skipped (one full evaluation instead) while
-//! the loads stay within 2 % of those of the last search and its plan still reaches the
-//! same score.
+//! beyond 12, only the set of every service that can meet its target alone is tried). A
+//! search is skipped (one full evaluation instead) while the loads stay within 2 % of those
+//! of the last search, the GPU shares and clients are those it planned with, and its plan
+//! still reaches the same score.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cohabit_core::{
     Allocation, DecisionPath, GroundTruth, Observation, Plan, Reason, WayRange, MBA_MAX_PCT,
@@ -97,6 +121,10 @@ use cohabit_sim::world::{self, Tenant};
 use cohabit_sim::TruthModel;
 
 use cohabit_policy::{fair_shares, layout, Decision, HostContext, Policy, Share};
+
+use gpu::{GpuSchedule, GpuTick};
+
+mod gpu;
 
 /// Verification rounds per pool MBA step.
 pub const ROUNDS: usize = 4;
@@ -152,14 +180,63 @@ pub struct OraclePolicy {
     ctx: HostContext,
     truth: TruthModel,
     cfg: OracleConfig,
-    gpu_shares: BTreeMap<String, u8>,
+    /// The GPU shares of every interval of the run ([`gpu`]).
+    gpu: GpuSchedule,
+    /// Those of the interval being planned.
+    gpu_now: GpuTick,
     last: Option<Last>,
+    /// The range options of the search under way, by what a round freezes ([`OptionMemo`]).
+    memo: RefCell<OptionMemo>,
+    /// The fewest cores of every range option found in the search under way ([`Answers`]).
+    answers: RefCell<Vec<Answers>>,
 }
+
+/// Each member's fewest cores in every range (by members and ways) under one frozen state,
+/// with the LLC the member holds there. The p99 does not fall as the memory latency, the GPU
+/// interference or the aim (a tighter margin) rises, so under a state that freezes at least
+/// this one's latency and interference and at most its margin, a member that holds the same
+/// LLC needs at least as many cores (and none meets its target that did not here): the
+/// binary search starts there. Every later round of a search freezes at least what its
+/// first froze (the latency and interference only rise, the margin only tightens; the
+/// bisection lies between two rounds), all but the round at the bare targets.
+#[derive(Debug, Clone)]
+struct Answers {
+    latency: f64,
+    margin: f64,
+    interference: Vec<f64>,
+    /// By (members, ways): each member's LLC (bits) and fewest cores.
+    fewest: HashMap<(u32, u32), Vec<Answer>>,
+}
+
+/// A member's LLC (the bits of its bytes) and fewest cores in one range.
+type Answer = (u64, Option<u32>);
+
+impl Answers {
+    /// Whether these answers bound those under `frozen` from below.
+    fn below(&self, frozen: &Frozen) -> bool {
+        self.latency <= frozen.latency
+            && self.margin >= frozen.margin
+            && self
+                .interference
+                .iter()
+                .zip(&frozen.interference)
+                .all(|(a, b)| a <= b)
+    }
+}
+
+/// The range options of one search, by whether they include shared ranges and the frozen
+/// memory latency, margin and GPU interference they were found under: they do not depend on the pool's MBA (a range's
+/// group runs at full bandwidth) nor on the pool's cache, and a search without shared
+/// ranges takes the single-service ones of the same set. The first round of every MBA
+/// step and sharing mode freezes the same values (the quiet latency, the first margin):
+/// on the Gold, 20 subspaces computed the same options 20 times.
+type OptionMemo = HashMap<(bool, (u64, u64, Vec<u64>)), Arc<[Option_]>>;
 
 /// The last search: the loads it was for, and what it found.
 #[derive(Debug, Clone)]
 struct Last {
     loads: Vec<f64>,
+    gpu: GpuTick,
     found: Found,
 }
 
@@ -197,6 +274,14 @@ struct Round {
     check: world::Evaluation,
 }
 
+/// A plan that fell short of its round's score: the services it was to satisfy, what the
+/// truth says of it, and the score planned.
+struct Short<'a> {
+    met: u32,
+    truth: &'a GroundTruth,
+    planned: &'a Score,
+}
+
 /// The part of the space one search covers: the pool's MBA, and whether latency-critical
 /// services may share way ranges.
 #[derive(Debug, Clone, Copy)]
@@ -212,6 +297,9 @@ enum Place {
     Range { members: u32, ways: u32 },
     /// The pool's range and group.
     Pool,
+    /// The pool's range in a group of its own at full bandwidth, when the pool is
+    /// throttled (one group for every service placed so: one way range, one MBA).
+    PoolWays,
 }
 
 /// One option of the packing: a placement of `members` with each member's cores.
@@ -230,12 +318,12 @@ impl Option_ {
     fn ways(&self) -> u32 {
         match self.place {
             Place::Range { ways, .. } => ways,
-            Place::Pool => 0,
+            Place::Pool | Place::PoolWays => 0,
         }
     }
 
     fn groups(&self) -> usize {
-        usize::from(matches!(self.place, Place::Range { .. }))
+        usize::from(!matches!(self.place, Place::Pool))
     }
 }
 
@@ -264,11 +352,64 @@ impl OraclePolicy {
             ctx,
             truth,
             cfg,
-            gpu_shares: BTreeMap::new(),
+            gpu: GpuSchedule::default(),
+            gpu_now: GpuTick::default(),
             last: None,
+            memo: RefCell::new(OptionMemo::new()),
+            answers: RefCell::new(Vec::new()),
         };
-        me.gpu_shares = me.restart_free_gpu_shares();
+        me.gpu = me.gpu_schedule();
+        me.gpu_now = me.gpu_tick(0);
         me
+    }
+
+    /// The GPU shares of the run: the dynamic programme of [`gpu`] over the loads of every
+    /// interval as the oracle plans for them, or else (too many splits) fixed greedy ones.
+    fn gpu_schedule(&self) -> GpuSchedule {
+        let loads = (0..self.truth.scenario().ticks())
+            .map(|t| self.planned_loads(t * self.tick_ms()))
+            .collect();
+        gpu::plan(&self.truth, &self.ctx, &self.levels(), loads).unwrap_or_else(|| {
+            GpuSchedule::fixed(&self.truth, &self.ctx, &self.greedy_gpu_shares())
+        })
+    }
+
+    /// The GPU shares and clients of the interval that starts at `start_ms` (no GPU
+    /// service: none, nobody restarting).
+    fn gpu_tick(&self, start_ms: u64) -> GpuTick {
+        let tick = usize::try_from(start_ms / self.tick_ms().max(1)).unwrap_or(usize::MAX);
+        let n = self.truth.scenario().services.len();
+        self.gpu.at(tick).cloned().unwrap_or_else(|| GpuTick {
+            effective: vec![None; n],
+            downtime_ms: vec![0.0; n],
+            ..GpuTick::default()
+        })
+    }
+
+    /// The loads the oracle plans the interval that starts at `start_ms` for: its own with
+    /// foresight, else those of the interval just measured (before the first, its own).
+    fn planned_loads(&self, start_ms: u64) -> Vec<f64> {
+        let planned_ms = if self.cfg.foresight {
+            start_ms
+        } else {
+            start_ms.saturating_sub(self.tick_ms())
+        };
+        let mid_s = (planned_ms as f64 + self.tick_ms() as f64 / 2.0) / 1000.0;
+        self.truth.loads_at(mid_s)
+    }
+
+    /// Milliseconds each service's GPU client restarts in the interval being planned.
+    fn downtime(&self) -> &[f64] {
+        &self.gpu_now.downtime_ms
+    }
+
+    /// Whether the oracle is the bound (its plans are judged at the targets), not a search
+    /// that promises a margin under them (`target_fraction` below the default, as
+    /// `examples/be_gap.rs` runs it): only the bound repairs a plan that fell short, runs
+    /// a round at the bare targets, and serves a service left out up to its bare target,
+    /// all of which give plans without the margin.
+    fn at_targets(&self) -> bool {
+        self.cfg.target_fraction >= OracleConfig::default().target_fraction
     }
 
     fn tick_ms(&self) -> u64 {
@@ -317,108 +458,24 @@ impl OraclePolicy {
         self.score_of_set(met)
     }
 
+    /// The GPU share each client runs at in the interval being planned.
     fn gpu_effective(&self) -> Vec<Option<u8>> {
-        let sc = self.truth.scenario();
-        let pool = self.pool_gpu();
-        sc.services
-            .iter()
-            .map(|s| {
-                s.spec.gpu?;
-                if s.spec.is_latency_critical() {
-                    self.gpu_shares.get(&s.spec.name).copied().or(Some(100))
-                } else {
-                    pool.or(Some(100))
-                }
-            })
-            .collect()
+        self.gpu_now.effective.clone()
     }
 
-    /// The pool's GPU share: what the latency-critical services on the busiest GPU leave.
+    /// The pool's published GPU share: what the latency-critical services on the busiest
+    /// GPU leave.
     fn pool_gpu(&self) -> Option<u8> {
-        let mut used = vec![0u32; self.ctx.host.gpus.len().max(1)];
-        for s in self.ctx.latency_critical() {
-            if let (Some(g), Some(p)) = (s.gpu, self.gpu_shares.get(&s.name)) {
-                if let Some(u) = used.get_mut(g as usize) {
-                    *u += u32::from(*p);
-                }
-            }
-        }
-        let busiest = used.into_iter().max().unwrap_or(0);
-        self.ctx
-            .has_gpu_best_effort()
-            .then(|| u8::try_from(100u32.saturating_sub(busiest).max(1)).unwrap_or(100))
+        self.gpu_now.pool
     }
 
     fn with_gpu(&self, mut shares: BTreeMap<String, Share>) -> BTreeMap<String, Share> {
         for (name, s) in &mut shares {
             if s.gpu_pct.is_some() {
-                s.gpu_pct = self.gpu_shares.get(name).copied().or(s.gpu_pct);
+                s.gpu_pct = self.gpu_now.published.get(name).copied().or(s.gpu_pct);
             }
         }
         shares
-    }
-
-    /// GPU shares for the whole run: every split of the GPUs among the GPU services in 5 %
-    /// steps (a GPU job keeps 1 %) is evaluated at one load sample per tenth of a minute of
-    /// the run, and the split with the best summed score (overload order), then the most
-    /// best-effort throughput, wins. Falls back to [`Self::greedy_gpu_shares`] when there
-    /// are more than [`MAX_GPU_SPLITS`] splits.
-    fn restart_free_gpu_shares(&self) -> BTreeMap<String, u8> {
-        let sc = self.truth.scenario();
-        let gpu_services: Vec<&cohabit_core::ServiceSpec> = self
-            .ctx
-            .latency_critical()
-            .filter(|s| s.gpu.is_some())
-            .collect();
-        if gpu_services.is_empty() {
-            return BTreeMap::new();
-        }
-        let keep = u32::from(self.ctx.has_gpu_best_effort());
-        let units = (100 - keep) / 5;
-        let splits = gpu_splits(gpu_services.len(), units);
-        if splits.len() > MAX_GPU_SPLITS {
-            return self.greedy_gpu_shares();
-        }
-        let duration = cohabit_sim::whole(sc.duration_s).max(1);
-        let every = (duration / GPU_SAMPLES).max(1);
-        let samples: Vec<Vec<f64>> = (0..duration)
-            .step_by(usize::try_from(every).unwrap_or(1))
-            .map(|t| self.truth.loads_at(t as f64 + 0.5))
-            .collect();
-        let zeros = vec![0.0; sc.services.len()];
-        let mut best: Option<((Score, f64), BTreeMap<String, u8>)> = None;
-        for split in splits {
-            // Per GPU, the services on it share at most 100 % (less the job's 1 %).
-            let mut used: BTreeMap<u32, u32> = BTreeMap::new();
-            for (s, u) in gpu_services.iter().zip(&split) {
-                *used.entry(s.gpu.unwrap_or(0)).or_default() += u * 5;
-            }
-            if used.values().any(|u| *u + keep > 100) {
-                continue;
-            }
-            let mut me = self.clone();
-            me.gpu_shares = gpu_services
-                .iter()
-                .zip(&split)
-                .map(|(s, u)| (s.name.clone(), u8::try_from(u * 5).unwrap_or(100)))
-                .collect();
-            let plan = layout(&me.ctx, &me.with_gpu(fair_shares(&me.ctx)), MBA_MAX_PCT);
-            let eff = me.gpu_effective();
-            let mut total = Score(vec![0; self.levels().len()]);
-            let mut be = 0.0;
-            for loads in &samples {
-                let (_, truth) = me.truth.evaluate(&plan, loads, &eff, &zeros);
-                for (t, c) in total.0.iter_mut().zip(me.score_of(&truth).0) {
-                    *t += c;
-                }
-                be += truth.be_throughput;
-            }
-            let key = (total, be);
-            if best.as_ref().is_none_or(|(b, _)| key > *b) {
-                best = Some((key, me.gpu_shares));
-            }
-        }
-        best.map_or_else(|| self.greedy_gpu_shares(), |(_, s)| s)
     }
 
     /// Smallest GPU share per GPU service (5 % steps) that meets 90 % of its target at the
@@ -453,14 +510,20 @@ impl OraclePolicy {
         // The smallest share meeting 90 % of the target at the peak, given the others.
         let need = |shares: &BTreeMap<String, u8>, name: &str, room: u8| -> Option<u8> {
             (5..=room.max(5)).step_by(5).find(|&pct| {
-                let mut me = self.clone();
-                me.gpu_shares = shares.clone();
-                me.gpu_shares.insert(name.to_string(), pct);
-                let plan = layout(&me.ctx, &me.with_gpu(fair_shares(&me.ctx)), MBA_MAX_PCT);
-                let (_, truth) =
-                    me.truth
-                        .evaluate(&plan, &peaks, &me.gpu_effective(), &vec![0.0; peaks.len()]);
-                let target = me
+                let mut shares = shares.clone();
+                shares.insert(name.to_string(), pct);
+                let mut fair = fair_shares(&self.ctx);
+                for (n, s) in &mut fair {
+                    s.gpu_pct = shares.get(n).copied().or(s.gpu_pct);
+                }
+                let plan = layout(&self.ctx, &fair, MBA_MAX_PCT);
+                let (_, truth) = self.truth.evaluate(
+                    &plan,
+                    &peaks,
+                    &self.truth.gpu_shares(&plan),
+                    &vec![0.0; peaks.len()],
+                );
+                let target = self
                     .ctx
                     .specs
                     .iter()
@@ -508,10 +571,9 @@ impl OraclePolicy {
         }
         let mut full = reference.clone();
         full.best_effort.mba_pct = MBA_MAX_PCT;
-        let zeros = vec![0.0; loads.len()];
         let (eval, _) = self
             .truth
-            .evaluate(&full, loads, &self.gpu_effective(), &zeros);
+            .evaluate(&full, loads, &self.gpu_effective(), self.downtime());
         let sc = self.truth.scenario();
         let be_bw: f64 = (0..sc.services.len())
             .filter(|&i| !sc.services[i].spec.is_latency_critical())
@@ -526,10 +588,12 @@ impl OraclePolicy {
     /// The best verified plan over the pool's MBA steps, each searched with shared ranges
     /// and, when those are allowed, without them too: the search under a frozen latency is a
     /// heuristic, and a plan with shared ranges it prefers can verify with less best effort
-    /// than one without that it then never tries (the E5 `mba-stream`, seed 0: 0.103 of the
-    /// host with shared ranges, 0.128 with them turned off). Searching the restriction as
+    /// than one without that it then never tries (the E5 `mba-stream`: less best effort with
+    /// shared ranges than with them turned off). Searching the restriction as
     /// well keeps the oracle at least as good as its no-share self.
     fn search(&self, loads: &[f64], reference: &Plan) -> Found {
+        self.memo.borrow_mut().clear();
+        self.answers.borrow_mut().clear();
         let start = self.start(loads, reference);
         let mut best: Option<Found> = None;
         let sharing: &[bool] = if self.cfg.share_ways {
@@ -555,11 +619,11 @@ impl OraclePolicy {
     /// reference plan's pool range (a full evaluation per service).
     fn start(&self, loads: &[f64], reference: &Plan) -> Frozen {
         let gpu_eff = self.gpu_effective();
-        let zeros = vec![0.0; loads.len()];
+        let zeros = self.downtime();
         let lc = self.lc();
         let mut quiet = reference.clone();
         quiet.best_effort.cores = 0;
-        let (eval, _) = self.truth.evaluate(&quiet, loads, &gpu_eff, &zeros);
+        let (eval, _) = self.truth.evaluate(&quiet, loads, &gpu_eff, zeros);
         let pool_cache = lc
             .iter()
             .map(|&i| {
@@ -569,7 +633,7 @@ impl OraclePolicy {
                     a.llc_ways = reference.best_effort.llc_ways;
                     a.mba_pct = reference.best_effort.mba_pct;
                 }
-                let (e, _) = self.truth.evaluate(&moved, loads, &gpu_eff, &zeros);
+                let (e, _) = self.truth.evaluate(&moved, loads, &gpu_eff, zeros);
                 e.outcomes[i].llc_bytes
             })
             .collect();
@@ -640,6 +704,21 @@ impl OraclePolicy {
             frozen.latency = frozen.latency.max(check.mem_latency_ns) * 1.02;
             frozen.margin *= 0.95;
         }
+        // Some target missed: once more at the bare targets (the margin keeps a service
+        // that only reaches 0.97 to 1.0 of its target out of every round that verifies:
+        // on `gpu-inference` resnet-infer at 24.8 ms of 25 with two cores was left out and
+        // missed with one, while `ml` met it). Verification catches what is optimistic.
+        let all = self.score_of_set(u32::MAX);
+        if self.at_targets() && best.as_ref().is_some_and(|b| b.score < all) {
+            let bare = Frozen {
+                margin: 1.0,
+                ..frozen
+            };
+            let r = self.try_round(loads, reference, &bare, sub, ROUNDS + BISECT_STEPS);
+            if best.as_ref().is_none_or(|b| r.best.better_than(b)) {
+                best = Some(r.best);
+            }
+        }
         best.expect("at least one round")
     }
 
@@ -656,17 +735,30 @@ impl OraclePolicy {
         round: usize,
     ) -> Round {
         let gpu_eff = self.gpu_effective();
-        let zeros = vec![0.0; loads.len()];
-        let (plans, planned) = self.plan_round(loads, reference, frozen, sub);
+        let (plans, planned, met) = self.plan_round(loads, reference, frozen, sub);
         let mut checked = plans.into_iter().map(|plan| {
-            let (check, truth) = self.truth.evaluate(&plan, loads, &gpu_eff, &zeros);
-            (self.verified(plan, &truth, sub.be_mba, round), check)
+            let (check, truth) = self.truth.evaluate(&plan, loads, &gpu_eff, self.downtime());
+            (self.verified(plan, &truth, sub.be_mba, round), check, truth)
         });
-        let (chosen, check) = checked.next().expect("a round plans at least one packing");
+        let (chosen, check, truth) = checked.next().expect("a round plans at least one packing");
         let mut best = chosen.clone();
-        for (found, _) in checked {
+        for (found, ..) in checked {
             if found.better_than(&best) {
                 best = found;
+            }
+        }
+        if chosen.score < planned && self.at_targets() {
+            let short = Short {
+                met,
+                truth: &truth,
+                planned: &planned,
+            };
+            // Kept beside the round's plans; the search goes on as the chosen plan's
+            // verification says (a later round may leave the pool more at the same score).
+            if let Some(repaired) = self.repair(&chosen.plan, &short, loads, sub.be_mba, round) {
+                if repaired.better_than(&best) {
+                    best = repaired;
+                }
             }
         }
         Round {
@@ -675,6 +767,73 @@ impl OraclePolicy {
             planned,
             check,
         }
+    }
+
+    /// A plan that fell short of its round's score, with cores moved from the pool to the
+    /// planned services that missed (round robin, the furthest over first), as few as
+    /// reach the planned score (a binary search, each step verified), or all of them; the
+    /// best verified, or `None` when nobody missed or the pool has no core.
+    ///
+    /// The frozen latency of a round is the pool's at the cores an earlier plan gave it:
+    /// a plan that meets more targets by giving the pool fewer cores (so that the memory
+    /// latency falls and every service needs fewer) is out of its sight. On a diurnal
+    /// `crowded-gold` the oracle missed a target for the whole run that `ml`, the pool on
+    /// no cores of its own, met in most intervals: the first round planned every target at
+    /// the quiet latency and verified far fewer, and every later one planned one short.
+    fn repair(
+        &self,
+        plan: &Plan,
+        short: &Short<'_>,
+        loads: &[f64],
+        be_mba: u8,
+        round: usize,
+    ) -> Option<Found> {
+        let mut failing: Vec<(f64, &str)> = self
+            .ctx
+            .latency_critical()
+            .enumerate()
+            .filter(|(k, _)| short.met & (1 << k) != 0)
+            .filter_map(|(_, s)| {
+                let ratio = short.truth.p99_ms.get(&s.name)? / s.p99_target_ms()?;
+                (ratio > 1.0).then_some((ratio, s.name.as_str()))
+            })
+            .collect();
+        let pool = plan.best_effort.cores;
+        if failing.is_empty() || pool == 0 {
+            return None;
+        }
+        failing.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let gpu_eff = self.gpu_effective();
+        let check = |x: u32| -> Found {
+            let mut p = plan.clone();
+            for i in 0..x {
+                let (_, name) = failing[i as usize % failing.len()];
+                if let Some(a) = p.services.get_mut(name) {
+                    a.cores += 1;
+                }
+            }
+            p.best_effort.cores = pool - x;
+            let (_, truth) = self.truth.evaluate(&p, loads, &gpu_eff, self.downtime());
+            self.verified(p, &truth, be_mba, round)
+        };
+        let mut best = check(pool);
+        if best.score < *short.planned {
+            return Some(best);
+        }
+        let (mut lo, mut hi) = (0, pool);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let found = check(mid);
+            if found.score >= *short.planned {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+            if found.better_than(&best) {
+                best = found;
+            }
+        }
+        Some(best)
     }
 
     /// `plan` with what the truth says of it.
@@ -717,14 +876,15 @@ impl OraclePolicy {
         reference: &Plan,
         frozen: &Frozen,
         sub: Subspace,
-    ) -> (Vec<Plan>, Score) {
+    ) -> (Vec<Plan>, Score, u32) {
         let be_mba = sub.be_mba;
         let lc = self.lc();
         let n = lc.len();
         let cap = &self.ctx.host;
         let gpu_eff = self.gpu_effective();
-        let zeros = vec![0.0; loads.len()];
-        let tenants = self.truth.tenants(reference, loads, &gpu_eff, &zeros);
+        let tenants = self
+            .truth
+            .tenants(reference, loads, &gpu_eff, self.downtime());
         let eval = Evaluator {
             oracle: self,
             tenants: &tenants,
@@ -735,20 +895,34 @@ impl OraclePolicy {
         let options = eval.options(sub.share_ways);
         let be_per_core = eval.be_per_core();
         let w_total = cap.llc_ways;
+        // Ranges leave the pool a way of its own when CPU jobs run; where no packing of a set
+        // of services does, they may take every way, the pool sharing the top one with the
+        // last range (as `layout` lays out any policy's plan that does so: `ml`'s did on a
+        // diurnal `crowded-gold`). Only then: as a choice beside the others, the frozen
+        // value preferred such packings that verified worse (best effort 0.10 of the host
+        // where 0.14 was found without them on `crowded-e5` on the Gold).
         let w_cap = if self.ctx.has_cpu_best_effort() {
             w_total - 1
         } else {
             w_total
         };
+        let overlaps = |p: &Packing| self.ctx.has_cpu_best_effort() && p.ways >= w_total;
         let budget = self.ctx.isolated_services();
         // Alone, can a service meet its target at all (any option that is its alone)?
         let alone: u32 = (0..n)
             .filter(|&k| options.iter().any(|o| o.members == 1 << k))
             .fold(0, |m, k| m | (1 << k));
+        // A packing that overlaps the pool ranks below one that leaves it a way of its own
+        // with the same cores.
         let value = |p: &Packing| -> f64 {
             let pool_ways = w_total.saturating_sub(p.ways).max(1) as usize;
             let left = cap.cores.saturating_sub(p.cores);
-            f64::from(left) * be_per_core[pool_ways] + f64::from(p.ways) * 1e-9
+            let tie = if overlaps(p) {
+                -1e-6
+            } else {
+                f64::from(p.ways) * 1e-9
+            };
+            f64::from(left) * be_per_core[pool_ways] + tie
         };
         // Sets of services to satisfy, in overload order.
         let mut sets: Vec<(Score, u32)> = if n <= MAX_SETS_LC {
@@ -771,13 +945,11 @@ impl OraclePolicy {
             let left_out = u32::try_from(n)
                 .unwrap_or(u32::MAX)
                 .saturating_sub(met.count_ones());
-            let mut packings = pack(
-                &options,
-                met,
-                w_cap,
-                budget,
-                cap.cores.saturating_sub(left_out),
-            );
+            let c_cap = cap.cores.saturating_sub(left_out);
+            let mut packings = pack(&options, met, w_cap, budget, c_cap);
+            if packings.is_empty() && w_cap < w_total {
+                packings = pack(&options, met, w_total, budget, c_cap);
+            }
             packings.sort_by(|a, b| value(b).total_cmp(&value(a)));
             let Some(p) = packings.first() else {
                 continue;
@@ -805,23 +977,46 @@ impl OraclePolicy {
         // services' misses, and so the latency the pool's jobs see, it cannot tell. Those
         // ties go to verification with the best one (on the E5 `load-spike` at the start
         // the best fell short where a tie met both targets: see the module docs).
+        // A packing that overlaps the pool is laid out with each of its ranges on top in
+        // turn (the one that shares a way with the pool).
         let best_cores = packings[0].cores;
         let plans = packings
             .iter()
             .filter(|p| p.cores == best_cores)
-            .map(|p| self.finish(p, met, &eval, be_mba))
+            .flat_map(|p| {
+                let tops: Vec<Option<u32>> = if overlaps(p) {
+                    p.options
+                        .iter()
+                        .filter(|o| matches!(o.place, Place::Range { .. }))
+                        .map(|o| Some(o.members))
+                        .collect()
+                } else {
+                    vec![None]
+                };
+                tops.into_iter()
+                    .map(|top| self.finish(p, top, met, &eval, be_mba))
+                    .collect::<Vec<_>>()
+            })
             .collect();
-        (plans, score)
+        (plans, score, met)
     }
 
     /// The plan of `packing`, with the latency-critical services not in `met` served from
     /// what is left.
-    fn finish(&self, packing: &Packing, met: u32, eval: &Evaluator<'_>, be_mba: u8) -> Plan {
+    fn finish(
+        &self,
+        packing: &Packing,
+        top: Option<u32>,
+        met: u32,
+        eval: &Evaluator<'_>,
+        be_mba: u8,
+    ) -> Plan {
         let lc = self.lc();
         let cap = &self.ctx.host;
-        let mut plan = self.lay_out(packing, be_mba);
+        let mut plan = self.lay_out(packing, top, be_mba);
         // Services left out, before best effort gets any core: in the pool's group, the
-        // fewest cores that bring their p99 within 5 % of what every free core would. (Adding
+        // fewest cores that meet the bare target where some do, else that bring their p99
+        // within 5 % of what every free core would. (Adding
         // a core at a time while each lowered the p99 by 5 % stopped at one core on a
         // saturated queue, whose p99 is the time-out however many cores short it is: on
         // `crowded-e5` on the Gold moses got one core and sat at 20 times its target, where
@@ -841,21 +1036,40 @@ impl OraclePolicy {
                 .saturating_sub(plan.lc_cores())
                 .saturating_sub(after)
                 .max(1);
-            let p99s: Vec<f64> = (1..=free).map(|c| eval.p99_in_pool(k, c)).collect();
-            let best = p99s.iter().copied().fold(f64::INFINITY, f64::min);
-            let cores = (1..=free)
-                .zip(&p99s)
-                .find(|(_, p)| **p <= 1.05 * best)
-                .map_or(1, |(c, _)| c);
-            plan.services.insert(
-                name.clone(),
-                Allocation {
-                    cores,
-                    llc_ways: pool.llc_ways,
-                    mba_pct: pool.mba_pct,
-                    gpu_mps_pct: self.gpu_of(&self.ctx.specs[lc[k]]),
-                },
-            );
+            // In the pool's group, or beside a throttled pool at full bandwidth where a
+            // CLOSID is left for that (LC before BE on memory bandwidth too).
+            let mut best: Option<(f64, u32, u8)> = None;
+            for mba in [pool.mba_pct, MBA_MAX_PCT] {
+                if best.is_some() && mba == pool.mba_pct {
+                    continue;
+                }
+                let p99s: Vec<f64> = (1..=free).map(|c| eval.p99_in_pool_at(k, c, mba)).collect();
+                let low = p99s.iter().copied().fold(f64::INFINITY, f64::min);
+                // The fewest that meet its bare target where some do (a service left out
+                // of the packing may still meet it with what is free), else near the best.
+                let aim = if self.at_targets() && low <= eval.target(k) {
+                    eval.target(k)
+                } else {
+                    1.05 * low
+                };
+                let enough = |p: f64| p <= aim;
+                let cores = (1..=free)
+                    .zip(&p99s)
+                    .find(|(_, p)| enough(**p))
+                    .map_or(1, |(c, _)| c);
+                let mut trial = plan.clone();
+                trial
+                    .services
+                    .insert(name.clone(), left_out_at(pool, cores, mba));
+                let fits = trial.resctrl_groups() <= cap.groups_available() as usize;
+                if fits && best.is_none_or(|(b, ..)| low < 0.95 * b) {
+                    best = Some((low, cores, mba));
+                }
+            }
+            let (_, cores, mba) = best.unwrap_or((f64::INFINITY, 1, pool.mba_pct));
+            let mut a = left_out_at(pool, cores, mba);
+            a.gpu_mps_pct = self.gpu_of(&self.ctx.specs[lc[k]]);
+            plan.services.insert(name.clone(), a);
             plan.best_effort.cores = cap.cores.saturating_sub(plan.lc_cores());
         }
         plan
@@ -870,20 +1084,26 @@ impl OraclePolicy {
     }
 
     fn gpu_of(&self, spec: &cohabit_core::ServiceSpec) -> Option<u8> {
-        spec.gpu
-            .map(|_| self.gpu_shares.get(&spec.name).copied().unwrap_or(100))
+        spec.gpu.map(|_| {
+            self.gpu_now
+                .published
+                .get(&spec.name)
+                .copied()
+                .unwrap_or(100)
+        })
     }
 
-    /// The plan of a packing: ranges from way 0 up (ordered by their first member), the
-    /// pool above them; services in the pool's range take its ways and MBA.
-    fn lay_out(&self, packing: &Packing, be_mba: u8) -> Plan {
+    /// The plan of a packing: ranges from way 0 up (ordered by their first member, the
+    /// range of members `top` last), the pool above them (on the top way when they take
+    /// every way); services in the pool's range take its ways and MBA.
+    fn lay_out(&self, packing: &Packing, top: Option<u32>, be_mba: u8) -> Plan {
         let cap = &self.ctx.host;
         let specs: Vec<_> = self.ctx.latency_critical().collect();
         let mut options = packing.options.clone();
-        options.sort_by_key(|o| o.members.trailing_zeros());
+        options.sort_by_key(|o| (Some(o.members) == top, o.members.trailing_zeros()));
         let mut next = 0;
         let mut ranges: Vec<(usize, u32, WayRange)> = Vec::new();
-        let mut pooled: Vec<(usize, u32)> = Vec::new();
+        let mut pooled: Vec<(usize, u32, u8)> = Vec::new();
         for o in &options {
             match o.place {
                 Place::Range { ways, .. } => {
@@ -891,7 +1111,10 @@ impl OraclePolicy {
                     next += ways;
                     ranges.extend(o.cores.iter().map(|&(k, c)| (k, c, r)));
                 }
-                Place::Pool => pooled.extend(o.cores.iter().copied()),
+                Place::Pool => pooled.extend(o.cores.iter().map(|&(k, c)| (k, c, be_mba))),
+                Place::PoolWays => {
+                    pooled.extend(o.cores.iter().map(|&(k, c)| (k, c, MBA_MAX_PCT)));
+                }
             }
         }
         let pool_ways = if next < cap.llc_ways {
@@ -911,13 +1134,13 @@ impl OraclePolicy {
                 },
             );
         }
-        for (k, cores) in pooled {
+        for (k, cores, mba_pct) in pooled {
             services.insert(
                 specs[k].name.clone(),
                 Allocation {
                     cores,
                     llc_ways: pool_ways,
-                    mba_pct: be_mba,
+                    mba_pct,
                     gpu_mps_pct: self.gpu_of(specs[k]),
                 },
             );
@@ -935,27 +1158,24 @@ impl OraclePolicy {
     }
 
     fn plan_for(&mut self, start_ms: u64, reference: &Plan) -> Decision {
-        // Without foresight, the interval just measured (before the first, its own).
-        let planned_ms = if self.cfg.foresight {
-            start_ms
-        } else {
-            start_ms.saturating_sub(self.tick_ms())
-        };
-        let mid_s = (planned_ms as f64 + self.tick_ms() as f64 / 2.0) / 1000.0;
-        let loads = self.truth.loads_at(mid_s);
+        let loads = self.planned_loads(start_ms);
+        self.gpu_now = self.gpu_tick(start_ms);
         if let Some(last) = &self.last {
-            // Loads within 2 % of those the plan was found for, and it still reaches the same
-            // score under the true physics: keep it (one evaluation instead of a search).
+            // Loads within 2 % of those the plan was found for, the same GPU shares and
+            // clients, and it still reaches the same score under the true physics: keep it
+            // (one evaluation instead of a search).
             let close = last
                 .loads
                 .iter()
                 .zip(&loads)
                 .all(|(a, b)| (a - b).abs() <= REUSE_TOLERANCE * a.max(1e-9));
-            if close {
-                let zeros = vec![0.0; loads.len()];
-                let (_, truth) =
-                    self.truth
-                        .evaluate(&last.found.plan, &loads, &self.gpu_effective(), &zeros);
+            if close && last.gpu == self.gpu_now {
+                let (_, truth) = self.truth.evaluate(
+                    &last.found.plan,
+                    &loads,
+                    &self.gpu_effective(),
+                    self.downtime(),
+                );
                 if self.score_of(&truth) >= last.found.score {
                     let plan = last.found.plan.clone();
                     let why = format!("{} (still reaches its score)", last.found.why);
@@ -965,7 +1185,11 @@ impl OraclePolicy {
         }
         let found = self.search(&loads, reference);
         let decision = Decision::new(found.plan.clone(), reasons_for(&found.plan, &found.why));
-        self.last = Some(Last { loads, found });
+        self.last = Some(Last {
+            loads,
+            gpu: self.gpu_now.clone(),
+            found,
+        });
         decision
     }
 }
@@ -973,33 +1197,6 @@ impl OraclePolicy {
 /// Most latency-critical services for which every set of services to satisfy is tried;
 /// beyond, only the set of all that can meet their targets alone (no longer a bound).
 const MAX_SETS_LC: usize = 12;
-
-/// Most GPU splits the oracle evaluates exhaustively.
-const MAX_GPU_SPLITS: usize = 5_000;
-
-/// Load samples per run for choosing GPU shares.
-const GPU_SAMPLES: u64 = 30;
-
-/// Every way to give `n` services at least one of `units` 5 % units each, at most `units`
-/// in all (in units).
-fn gpu_splits(n: usize, units: u32) -> Vec<Vec<u32>> {
-    if n == 0 {
-        return vec![vec![]];
-    }
-    let mut out = Vec::new();
-    for first in 1..=units {
-        for mut rest in gpu_splits(n - 1, units - first) {
-            if rest.len() == n - 1 && (n == 1 || rest.iter().all(|u| *u >= 1)) {
-                rest.insert(0, first);
-                out.push(rest);
-            }
-        }
-        if out.len() > MAX_GPU_SPLITS {
-            break;
-        }
-    }
-    out
-}
 
 /// The pool MBA values a platform allows, from 100 % down to its minimum, in its steps.
 pub fn mba_steps(min_pct: u8, gran_pct: u8) -> Vec<u8> {
@@ -1043,6 +1240,27 @@ impl Evaluator<'_> {
         )
     }
 
+    /// LLC misses per second of service `k` with `cores` holding `cache` bytes at full
+    /// bandwidth: its outcome without the p99 (a tenant without a target skips the queue
+    /// model, most of an outcome's cost; the misses do not depend on it).
+    fn misses(&self, k: usize, cores: u32, cache: f64) -> f64 {
+        let i = self.lc[k];
+        let t = Tenant {
+            cores: f64::from(cores),
+            mba_pct: f64::from(MBA_MAX_PCT),
+            p99_target_ms: None,
+            ..self.tenants[i].clone()
+        };
+        world::isolated(
+            self.host(),
+            &t,
+            cache,
+            self.frozen.latency,
+            self.frozen.interference[k],
+        )
+        .llc_misses_per_s
+    }
+
     fn target(&self, k: usize) -> f64 {
         self.oracle.ctx.specs[self.lc[k]]
             .p99_target_ms()
@@ -1052,6 +1270,13 @@ impl Evaluator<'_> {
     /// The fewest cores with which service `k` meets its target (with the margin) holding
     /// `cache` bytes at MBA `mba`, or `None`.
     fn fewest(&self, k: usize, cache: f64, mba: u8) -> Option<u32> {
+        self.fewest_near(k, cache, mba, None)
+    }
+
+    /// [`Self::fewest`], starting the binary search from `hint` (e.g. the answer with a way
+    /// less): one evaluation at the hint halves the range. The answer is the same, since the
+    /// p99 does not rise with cores; only the evaluations spent differ.
+    fn fewest_near(&self, k: usize, cache: f64, mba: u8, hint: Option<u32>) -> Option<u32> {
         let c_total = self.oracle.ctx.host.cores;
         let target = self.target(k) * self.frozen.margin;
         let meets = |c: u32| {
@@ -1059,10 +1284,13 @@ impl Evaluator<'_> {
                 .p99_ms
                 .is_some_and(|p| p <= target)
         };
-        if !meets(c_total) {
-            return None;
-        }
-        let (mut lo, mut hi) = (1, c_total);
+        let (mut lo, mut hi) = match hint.filter(|h| (1..c_total).contains(h)) {
+            Some(h) if meets(h) => (1, h),
+            Some(h) if meets(c_total) => (h + 1, c_total),
+            Some(_) => return None,
+            None if meets(c_total) => (1, c_total),
+            None => return None,
+        };
         while lo < hi {
             let mid = (lo + hi) / 2;
             if meets(mid) {
@@ -1074,9 +1302,51 @@ impl Evaluator<'_> {
         Some(lo)
     }
 
-    /// The p99 of service `k` in the pool's range with `cores`.
-    fn p99_in_pool(&self, k: usize, cores: u32) -> f64 {
-        self.outcome(k, cores, self.frozen.pool_cache[k], self.be_mba)
+    /// [`Self::fewest_near`] where at least `lo` cores are known to be needed ([`Answers`]):
+    /// `lo` is tried first (most rounds need what the one before did), then the cores above.
+    fn fewest_from(
+        &self,
+        k: usize,
+        cache: f64,
+        mba: u8,
+        lo: u32,
+        hint: Option<u32>,
+    ) -> Option<u32> {
+        let c_total = self.oracle.ctx.host.cores;
+        let target = self.target(k) * self.frozen.margin;
+        let meets = |c: u32| {
+            self.outcome(k, c, cache, mba)
+                .p99_ms
+                .is_some_and(|p| p <= target)
+        };
+        if lo > c_total {
+            return None;
+        }
+        if meets(lo.max(1)) {
+            return Some(lo.max(1));
+        }
+        let lo = lo.max(1) + 1;
+        let (mut lo, mut hi) = match hint.filter(|h| (lo..c_total).contains(h)) {
+            Some(h) if meets(h) => (lo, h),
+            Some(h) if meets(c_total) => (h + 1, c_total),
+            Some(_) => return None,
+            None if lo <= c_total && meets(c_total) => (lo, c_total),
+            None => return None,
+        };
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if meets(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Some(lo)
+    }
+
+    /// The p99 of service `k` in the pool's range with `cores` at MBA `mba`.
+    fn p99_in_pool_at(&self, k: usize, cores: u32, mba: u8) -> f64 {
+        self.outcome(k, cores, self.frozen.pool_cache[k], mba)
             .p99_ms
             .unwrap_or(f64::INFINITY)
     }
@@ -1087,11 +1357,14 @@ impl Evaluator<'_> {
         let bytes = f64::from(ways) * self.oracle.ctx.host.llc_way_bytes as f64;
         let c_total = self.oracle.ctx.host.cores;
         let mut cache = vec![bytes / members.len() as f64; members.len()];
+        if members.len() < 2 {
+            return cache;
+        }
         for _ in 0..8 {
             let misses: Vec<f64> = members
                 .iter()
                 .zip(&cache)
-                .map(|(&k, &c)| self.outcome(k, c_total, c, MBA_MAX_PCT).llc_misses_per_s)
+                .map(|(&k, &c)| self.misses(k, c_total, c))
                 .collect();
             let total: f64 = misses.iter().sum();
             if total <= 0.0 {
@@ -1105,17 +1378,51 @@ impl Evaluator<'_> {
     }
 
     /// Every option: each service alone in 1..=W ways, each pair (and all services together)
-    /// in a shared range, each service in the pool's range.
+    /// in a shared range (with `share_ways`), each service in the pool's range.
     fn options(&self, share_ways: bool) -> Vec<Option_> {
         let n = self.lc.len();
-        let cap = &self.oracle.ctx.host;
-        let w_max = if self.oracle.ctx.has_cpu_best_effort() {
-            cap.llc_ways - 1
-        } else {
-            cap.llc_ways
+        let frozen = (
+            self.frozen.latency.to_bits(),
+            self.frozen.margin.to_bits(),
+            self.frozen
+                .interference
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+        );
+        // A search without shared ranges takes the single-service options of a search with
+        // them under the same frozen values, when there is one.
+        let share = share_ways && self.oracle.cfg.share_ways;
+        let found = {
+            let memo = self.oracle.memo.borrow();
+            memo.get(&(true, frozen.clone()))
+                .or_else(|| memo.get(&(share, frozen.clone())))
+                .cloned()
         };
+        let ranges = found.unwrap_or_else(|| {
+            let r: Arc<[Option_]> = self.range_options(share).into();
+            self.oracle
+                .memo
+                .borrow_mut()
+                .insert((share, frozen), Arc::clone(&r));
+            r
+        });
+        let mut out: Vec<Option_> = ranges
+            .iter()
+            .filter(|o| share || o.members.count_ones() == 1)
+            .cloned()
+            .collect();
+        self.pool_options(n, &mut out);
+        out
+    }
+
+    /// Every range option: each service alone in 1..=W ways and, with `share`, each pair
+    /// and all services together in a shared range.
+    fn range_options(&self, share: bool) -> Vec<Option_> {
+        let n = self.lc.len();
+        let w_max = self.oracle.ctx.host.llc_ways;
         let mut groups: Vec<Vec<usize>> = (0..n).map(|k| vec![k]).collect();
-        if share_ways && n >= 2 {
+        if share && n >= 2 {
             for a in 0..n {
                 for b in a + 1..n {
                     groups.push(vec![a, b]);
@@ -1126,15 +1433,53 @@ impl Evaluator<'_> {
             }
         }
         let mut out = Vec::new();
+        // The answers of the tightest state already searched that bounds these from below.
+        let answers = self.oracle.answers.borrow();
+        let base = answers
+            .iter()
+            .filter(|a| a.below(self.frozen))
+            .max_by(|a, b| {
+                a.latency
+                    .total_cmp(&b.latency)
+                    .then(b.margin.total_cmp(&a.margin))
+            });
+        let mut mine = HashMap::new();
         for members in groups {
             let mask = members.iter().fold(0u32, |m, k| m | (1 << k));
+            // Each member's answer with a way less: the search's starting point.
+            let mut hints: Vec<Option<u32>> = vec![None; members.len()];
             for w in 1..=w_max {
                 let cache = self.split(&members, w);
-                let cores: Option<Vec<(usize, u32)>> = members
+                let known = base.and_then(|b| b.fewest.get(&(mask, w)));
+                let found: Vec<Option<u32>> = members
                     .iter()
                     .zip(&cache)
-                    .map(|(&k, &c)| self.fewest(k, c, MBA_MAX_PCT).map(|n| (k, n)))
+                    .zip(&hints)
+                    .enumerate()
+                    .map(|(j, ((&k, &c), &h))| {
+                        match known.and_then(|v| v.get(j)).filter(|v| v.0 == c.to_bits()) {
+                            Some((_, None)) => None,
+                            Some((_, Some(lo))) => self.fewest_from(k, c, MBA_MAX_PCT, *lo, h),
+                            None => self.fewest_near(k, c, MBA_MAX_PCT, h),
+                        }
+                    })
                     .collect();
+                mine.insert(
+                    (mask, w),
+                    cache
+                        .iter()
+                        .map(|c| c.to_bits())
+                        .zip(found.clone())
+                        .collect(),
+                );
+                let cores: Option<Vec<(usize, u32)>> = members
+                    .iter()
+                    .zip(&found)
+                    .map(|(&k, n)| n.map(|n| (k, n)))
+                    .collect();
+                for (h, f) in hints.iter_mut().zip(&found) {
+                    *h = f.or(*h);
+                }
                 if let Some(cores) = cores {
                     out.push(Option_ {
                         members: mask,
@@ -1147,6 +1492,19 @@ impl Evaluator<'_> {
                 }
             }
         }
+        drop(answers);
+        self.oracle.answers.borrow_mut().push(Answers {
+            latency: self.frozen.latency,
+            margin: self.frozen.margin,
+            interference: self.frozen.interference.clone(),
+            fewest: mine,
+        });
+        out
+    }
+
+    /// Each service's options in the pool's ways: in its group, and beside a throttled pool
+    /// in a group of its own at full bandwidth.
+    fn pool_options(&self, n: usize, out: &mut Vec<Option_>) {
         for k in 0..n {
             if let Some(c) = self.fewest(k, self.frozen.pool_cache[k], self.be_mba) {
                 out.push(Option_ {
@@ -1155,8 +1513,18 @@ impl Evaluator<'_> {
                     cores: vec![(k, c)],
                 });
             }
+            // Beside a throttled pool, on its ways at full bandwidth (as `ml` places a
+            // cache-insensitive service).
+            if self.be_mba < MBA_MAX_PCT {
+                if let Some(c) = self.fewest(k, self.frozen.pool_cache[k], MBA_MAX_PCT) {
+                    out.push(Option_ {
+                        members: 1 << k,
+                        place: Place::PoolWays,
+                        cores: vec![(k, c)],
+                    });
+                }
+            }
         }
-        out
     }
 
     /// Best-effort progress per pool core, by the pool's way count, at the pool's MBA.
@@ -1207,17 +1575,33 @@ fn pack(options: &[Option_], met: u32, w_cap: u32, budget: usize, c_cap: u32) ->
     // (cores, option taken, previous ways, previous groups)
     let mut dp: Vec<Option<(u32, usize, usize, usize)>> = vec![None; (met as usize + 1) * cells];
     dp[at(0, 0, 0)] = Some((0, usize::MAX, 0, 0));
+    // The options that place each member, in the given order (the same ties as a scan of
+    // every option).
+    let mut placing: Vec<Vec<usize>> = vec![Vec::new(); 32];
+    for (oi, o) in options.iter().enumerate() {
+        if o.members & !met == 0 {
+            for (k, p) in placing.iter_mut().enumerate() {
+                if o.members & (1 << k) != 0 {
+                    p.push(oi);
+                }
+            }
+        }
+    }
     let mut mask = 0u32;
     loop {
         let remaining = met & !mask;
         if remaining != 0 {
             let lowest = remaining & remaining.wrapping_neg();
-            for (oi, o) in options.iter().enumerate() {
-                if o.members & lowest == 0 || o.members & !remaining != 0 {
+            for &oi in &placing[lowest.trailing_zeros() as usize] {
+                let o = &options[oi];
+                if o.members & !remaining != 0 {
                     continue;
                 }
                 let next = mask | o.members;
                 let (ow, og, oc) = (o.ways() as usize, o.groups(), o.total_cores());
+                if ow > w_cap {
+                    continue;
+                }
                 for u in 0..=w_cap.saturating_sub(ow) {
                     for g in 0..g_dim {
                         let Some((cores, ..)) = dp[at(mask, u, g)] else {
@@ -1267,6 +1651,17 @@ fn pack(options: &[Option_], met: u32, w_cap: u32, budget: usize, c_cap: u32) ->
         });
     }
     out
+}
+
+/// A left-out service's allocation on the pool's ways: `cores` at MBA `mba` (the pool's:
+/// its group; full: a group of its own beside a throttled pool).
+fn left_out_at(pool: Allocation, cores: u32, mba: u8) -> Allocation {
+    Allocation {
+        cores,
+        llc_ways: pool.llc_ways,
+        mba_pct: mba,
+        gpu_mps_pct: None,
+    }
 }
 
 fn reasons_for(plan: &Plan, why: &str) -> BTreeMap<String, Reason> {
@@ -1382,7 +1777,7 @@ mod tests {
 
     #[test]
     fn gpu_splits_give_everyone_a_unit_and_never_exceed_the_gpu() {
-        let s = gpu_splits(3, 19);
+        let s = gpu::unit_splits(3, 19);
         assert_eq!(s.len(), 969, "C(19, 3)");
         assert!(s.iter().all(|v| v.len() == 3 && v.iter().all(|u| *u >= 1)));
         assert!(s.iter().all(|v| v.iter().sum::<u32>() <= 19));
@@ -1571,66 +1966,81 @@ mod tests {
     }
 
     #[test]
-    fn throttling_the_streaming_jobs_is_the_cheapest_way_on_mba_stream_on_the_gold() {
-        // The scenario's own platform (the E5-2697 v4 has no MBA; given it, its pool has two
-        // or three cores beside memcached and a throttle buys little, three cores at 90 %):
-        // the throttled pool wins by more than 5 %.
-        let (mut with, mut without, sc) = full_and_restricted(
-            Scenario::load("mba-stream").unwrap(),
-            OracleConfig {
-                search_mba: false,
-                ..OracleConfig::default()
-            },
-        );
-        let (p, q) = (with.initial().plan, without.initial().plan);
-        assert!(p.best_effort.mba_pct < MBA_MAX_PCT, "{p:?}");
-        assert_eq!(q.best_effort.mba_pct, MBA_MAX_PCT);
-        let ((a, _), (b, _)) = (first_truth(&sc, &p), first_truth(&sc, &q));
-        let (sa, sb) = (with.score_of(&a), with.score_of(&b));
-        assert!(sa >= sb, "{sa:?} vs {sb:?}");
-        // Same targets met, more left to best effort (or more targets met).
-        assert!(
-            sa > sb || a.be_throughput > b.be_throughput * 1.05,
-            "MBA {}%: {} vs {}",
-            p.best_effort.mba_pct,
-            a.be_throughput,
-            b.be_throughput
-        );
+    fn throttling_the_streaming_jobs_pays_where_the_pool_has_few_cores() {
+        // mba-stream on the E5 as if it had MBA: beside memcached and moses the pool has two
+        // or three cores, and three at 90 % leave best effort a quarter more than two at
+        // full bandwidth. On the Gold (the scenario's platform) the pool has sixteen and
+        // full bandwidth is best: until issue 49 the oracle throttled it to 80 % there and
+        // left 0.485 of the host, where a plan it now finds leaves 0.503 unthrottled.
+        // Either way the search over MBA steps never leaves less than the pool at 100 %.
+        for (sc, throttled) in [
+            (on_e5_with_mba("mba-stream"), true),
+            (Scenario::load("mba-stream").unwrap(), false),
+        ] {
+            let (mut with, mut without, sc) = full_and_restricted(
+                sc,
+                OracleConfig {
+                    search_mba: false,
+                    ..OracleConfig::default()
+                },
+            );
+            let (p, q) = (with.initial().plan, without.initial().plan);
+            assert_eq!(q.best_effort.mba_pct, MBA_MAX_PCT);
+            let sb = no_worse(&with, &sc, &p, &q, "the pool at full bandwidth");
+            assert_eq!(sb, Score(vec![2]));
+            let ((a, _), (b, _)) = (first_truth(&sc, &p), first_truth(&sc, &q));
+            if throttled {
+                assert!(p.best_effort.mba_pct < MBA_MAX_PCT, "{p:?}");
+                assert!(
+                    a.be_throughput > b.be_throughput * 1.05,
+                    "MBA {}%: {} vs {}",
+                    p.best_effort.mba_pct,
+                    a.be_throughput,
+                    b.be_throughput
+                );
+            }
+        }
     }
 
     #[test]
     fn a_service_left_out_is_served_past_a_saturated_plateau_before_best_effort() {
-        // `crowded-e5` on the Gold: at the start moses cannot meet its target with the
-        // margin beside the seven others and is left out. Short of its knee its p99 is the
+        // `crowded-e5` on the Gold: at the start moses could not meet its target with the
+        // margin beside the seven others and was left out. Short of its knee its p99 is the
         // time-out whatever its cores, so adding a core at a time while each lowered the p99
         // by 5 % stopped at one core and the pool took the rest: moses at 20 times its
         // target in every interval of the run, where the cores the pool took would have held
-        // it at 1.8 times at the start (and the run's oracle meets its target in 40 % of
-        // the intervals now).
-        let sc = Arc::new(on("crowded-e5", "xeon-gold-6338"));
-        let tm = TruthModel::new(Arc::clone(&sc));
-        let mut o = OraclePolicy::new(tm.clone());
-        let reference = o.initial().plan;
-        let target = sc
-            .specs()
-            .into_iter()
-            .find(|s| s.name == "moses")
-            .and_then(|s| s.p99_target_ms())
-            .unwrap();
-        for (t, within) in [(1.0, 2.0), (31.0, 2.0)] {
-            let loads = tm.loads_at(t);
-            let found = o.search(&loads, &reference);
-            let zeros = vec![0.0; loads.len()];
-            let (_, truth) = tm.evaluate(&found.plan, &loads, &tm.gpu_shares(&found.plan), &zeros);
-            // Left out: in the pool's group.
-            let moses = found.plan.services["moses"];
-            assert_eq!(moses.llc_ways, found.plan.best_effort.llc_ways, "at {t} s");
-            let q = truth.p99_ms["moses"] / target;
-            assert!(
-                q <= within,
-                "at {t} s moses at {q} of its target: {:?}",
-                found.plan
-            );
+        // it at 1.8 times at the start. (Since the search also tries plans that leave the
+        // pool fewer cores, it meets its target there.)
+        for sc in [on("crowded-e5", "xeon-gold-6338")] {
+            let sc = Arc::new(sc);
+            let platform = sc.host.preset;
+            let tm = TruthModel::new(Arc::clone(&sc));
+            let mut o = OraclePolicy::new(tm.clone());
+            let reference = o.initial().plan;
+            let target = sc
+                .specs()
+                .into_iter()
+                .find(|s| s.name == "moses")
+                .and_then(|s| s.p99_target_ms())
+                .unwrap();
+            for t in [1.0, 31.0] {
+                let loads = tm.loads_at(t);
+                let found = o.search(&loads, &reference);
+                let zeros = vec![0.0; loads.len()];
+                let (_, truth) =
+                    tm.evaluate(&found.plan, &loads, &tm.gpu_shares(&found.plan), &zeros);
+                let q = truth.p99_ms["moses"] / target;
+                let moses = found.plan.services["moses"];
+                if q > 1.0 {
+                    // Left out: in the pool's ways.
+                    assert_eq!(moses.llc_ways, found.plan.best_effort.llc_ways, "at {t} s");
+                }
+                assert!(
+                    q <= 2.0,
+                    "{platform} at {t} s moses at {q} of its target: {:?}",
+                    found.plan
+                );
+            }
         }
     }
 
@@ -1708,7 +2118,16 @@ mod tests {
 
     #[test]
     fn a_service_left_out_is_served_first_once_it_has_the_higher_priority() {
-        let text = include_str!("../../simulator/scenarios/crowded-gold.toml");
+        // crowded-gold at twice its loads: not every target can be met there.
+        let text = include_str!("../../simulator/scenarios/crowded-gold.toml")
+            .replace("fraction = 0.12", "fraction = 0.24")
+            .replace("fraction = 0.08", "fraction = 0.16")
+            .replace("fraction = 0.06", "fraction = 0.12")
+            .replace(
+                "mean = 0.08, amplitude = 0.02",
+                "mean = 0.16, amplitude = 0.04",
+            );
+        let text = text.as_str();
         let base =
             Arc::new(Scenario::from_toml(text, "crowded-gold", std::path::Path::new(".")).unwrap());
         let mut o = OraclePolicy::new(TruthModel::new(Arc::clone(&base)));
@@ -1763,36 +2182,252 @@ mod tests {
     }
 
     #[test]
-    fn gpu_shares_are_fixed_for_the_run_and_best_effort_gets_only_what_is_left() {
+    fn in_every_interval_the_gpu_job_gets_only_what_the_services_leave() {
         for name in ["gpu-inference", "gpu-llm-crowd"] {
             let (mut o, _) = oracle(name);
-            let plan = o.initial().plan;
-            let lc_sum: u32 = plan
-                .services
-                .values()
-                .filter_map(|a| a.gpu_mps_pct)
-                .map(u32::from)
-                .sum();
-            assert!(lc_sum < 100, "{name}: {lc_sum}");
-            assert_eq!(
-                u32::from(plan.best_effort.gpu_mps_pct.unwrap()),
-                100 - lc_sum,
-                "{name}"
-            );
-            let later = o.decide(
-                &Observation {
-                    t_ms: 300_000,
-                    services: vec![],
-                    current: plan.clone(),
-                },
-                300_000,
-            );
-            for (svc, a) in &later.plan.services {
+            let mut plan = o.initial().plan;
+            for t_ms in (0..600_000).step_by(20_000) {
+                plan = o
+                    .decide(
+                        &Observation {
+                            t_ms,
+                            services: vec![],
+                            current: plan.clone(),
+                        },
+                        t_ms,
+                    )
+                    .plan;
+                let lc_sum: u32 = plan
+                    .services
+                    .values()
+                    .filter_map(|a| a.gpu_mps_pct)
+                    .map(u32::from)
+                    .sum();
+                assert!(lc_sum < 100, "{name} at {t_ms} ms: {lc_sum}");
                 assert_eq!(
-                    a.gpu_mps_pct, plan.services[svc].gpu_mps_pct,
-                    "{name}: {svc}: no restarts"
+                    u32::from(plan.best_effort.gpu_mps_pct.unwrap()),
+                    100 - lc_sum,
+                    "{name} at {t_ms} ms"
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_oracle_plans_with_the_gpu_shares_the_simulated_host_runs_at() {
+        // A share change restarts the client: the simulated host keeps the old share in
+        // effect and the client down for 3 s. The oracle's CPU search must see each
+        // interval as the host runs it, or its verification means nothing.
+        // At 60 s the LLM's load falls and the classifier's rises: the schedule moves the
+        // shares once, and pays a restart.
+        let text = "name = \"crossing\"\nduration_s = 120\n[host]\npreset = \"xeon-e5-2697v4-a100\"\n\
+            [[service]]\nname = \"llm-infer\"\nmodel = \"llm-infer\"\ngpu = 0\n\
+            load = { kind = \"steps\", steps = [{ at_s = 0, fraction = 0.7 }, { at_s = 60, fraction = 0.1 }] }\n\
+            [[service]]\nname = \"resnet-infer\"\nmodel = \"resnet-infer\"\ngpu = 0\n\
+            load = { kind = \"steps\", steps = [{ at_s = 0, fraction = 0.1 }, { at_s = 60, fraction = 0.5 }] }\n\
+            [[best_effort]]\nname = \"gpu-train\"\nmodel = \"gpu-train\"\ngpu = 0\n\
+            [[best_effort]]\nname = \"compute\"\nmodel = \"compute\"\n";
+        let sc =
+            Arc::new(Scenario::from_toml(text, "crossing", std::path::Path::new(".")).unwrap());
+        let mut o = OraclePolicy::new(TruthModel::new(Arc::clone(&sc)));
+        assert!(o.gpu.changes() > 0, "the schedule moves shares");
+        let mut plan = o.initial().plan;
+        let mut host = cohabit_sim::SimulatedHost::launch(Arc::clone(&sc), &plan, None).unwrap();
+        let mut restarting = 0;
+        for tick in 0..sc.ticks() {
+            use cohabit_core::{Actuator, Collector};
+            let obs = host.collect().unwrap();
+            let start_ms = tick * sc.tick_ms;
+            let ran = o.gpu_tick(start_ms);
+            let loads = o.planned_loads(start_ms);
+            let (_, planned) = o
+                .truth
+                .evaluate(&plan, &loads, &ran.effective, &ran.downtime_ms);
+            let truth = host.last_truth().unwrap();
+            for (name, p) in &truth.p99_ms {
+                let q = planned.p99_ms[name];
+                assert!(
+                    (p - q).abs() <= 1e-9 * p.max(1.0),
+                    "{name} at {start_ms} ms: {p} vs {q}"
+                );
+            }
+            restarting += usize::from(ran.downtime_ms.iter().any(|d| *d > 0.0));
+            plan = o.decide(&obs, obs.t_ms).plan;
+            host.apply(&plan, &[]).unwrap();
+        }
+        assert!(restarting > 0, "some interval holds a restart");
+    }
+
+    /// The oracle's ranking of a run: targets met per priority level summed over its
+    /// intervals, then best-effort throughput summed.
+    fn ranking(o: &OraclePolicy, run: &crate::simulate::SimRun) -> (Score, f64) {
+        let mut met = Score(vec![0; o.levels().len()]);
+        let mut be = 0.0;
+        for truth in run.records.iter().filter_map(|r| r.truth.as_ref()) {
+            for (m, c) in met.0.iter_mut().zip(o.score_of(truth).0) {
+                *m += c;
+            }
+            be += truth.be_throughput;
+        }
+        (met, be)
+    }
+
+    #[test]
+    fn no_policy_beats_the_oracle_on_its_ranking_on_crowded_hosts() {
+        // Every policy against the oracle on the first minutes of crowded scenarios: the
+        // oracle meets at least as many targets per priority level (summed over the run),
+        // and where it meets as many, leaves best effort at least as much (within 1 %).
+        // Until issue 49 `ml` met more on both of the first: 1.17 services per interval
+        // against 1.08 on `gpu-llm-crowd` (the oracle held one GPU split for the run) and
+        // 5.24 against 5.18 on the diurnal crowded Gold.
+        use crate::simulate::{compare, LabPolicy};
+
+        let mut gpu = Scenario::load("gpu-llm-crowd").unwrap();
+        gpu.duration_s = 120.0;
+        let mut diurnal = (*lab_scenario("crowded-gold-diurnal.toml")).clone();
+        diurnal.duration_s = 120.0;
+        let mut gold = Scenario::load("crowded-gold").unwrap();
+        gold.duration_s = 30.0;
+        let mut e5 = Scenario::load("crowded-e5").unwrap();
+        e5.duration_s = 30.0;
+        for sc in [gpu, diurnal, gold, e5] {
+            let sc = Arc::new(sc);
+            let name = &sc.name;
+            let o = OraclePolicy::new(TruthModel::new(Arc::clone(&sc)));
+            let runs = compare(&sc, &LabPolicy::ALL, None, None).unwrap();
+            let oracle = runs.iter().find(|r| r.summary.policy == "oracle").unwrap();
+            let (best, best_be) = ranking(&o, oracle);
+            for run in &runs {
+                let (met, be) = ranking(&o, run);
+                let policy = &run.summary.policy;
+                assert!(
+                    met <= best,
+                    "{name}: {policy} meets {met:?}, the oracle {best:?}"
+                );
+                if met == best {
+                    assert!(
+                        be <= best_be * 1.01,
+                        "{name}: {policy} leaves best effort {be}, the oracle {best_be}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A lab scenario (lab/scenarios/) by file name.
+    fn lab_scenario(file: &str) -> Arc<Scenario> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        Arc::new(Scenario::load(dir.join(file).to_str().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn a_plan_that_leaves_the_pool_fewer_cores_meets_the_targets_the_quiet_latency_promised() {
+        // The diurnal crowded Gold at 101 s: at the quiet memory latency every target fits,
+        // but the plan that leaves the pool the most cores verifies with two met (the pool's
+        // traffic raises the latency), and every later round, at the latency that plan
+        // measured, planned five. `ml` met all six there with the pool on no cores of its
+        // own; the oracle met five in every interval but a few.
+        let sc = lab_scenario("crowded-gold-diurnal.toml");
+        let o = OraclePolicy::new(TruthModel::new(Arc::clone(&sc)));
+        let reference = layout(&o.ctx, &fair_shares(&o.ctx), MBA_MAX_PCT);
+        let loads = o.truth.loads_at(101.5);
+        let found = o.search(&loads, &reference);
+        let (_, truth) = o
+            .truth
+            .evaluate(&found.plan, &loads, &o.gpu_effective(), o.downtime());
+        assert_eq!(o.score_of(&truth), Score(vec![6]), "{:?}", found.plan);
+        assert_eq!(found.score, Score(vec![6]));
+    }
+
+    #[test]
+    fn a_service_that_only_reaches_its_bare_target_is_still_served() {
+        // moses beside a streaming job with its target set so that the best it can do is
+        // 0.985 of it: no round reaches the first margin (0.97), and a service left out
+        // runs in the pool's ways, where it misses.
+        let text = |target: f64| {
+            format!(
+                "name = \"tight\"\nduration_s = 10\n[host]\npreset = \"xeon-gold-6338\"\n\
+                 [[service]]\nname = \"moses\"\nmodel = \"moses\"\np99_target_ms = {target}\n\
+                 load = {{ kind = \"constant\", fraction = 0.3 }}\n\
+                 [[best_effort]]\nname = \"stream\"\nmodel = \"stream\"\n"
+            )
+        };
+        let here = std::path::Path::new(".");
+        let loose = Arc::new(Scenario::from_toml(&text(1e6), "loose", here).unwrap());
+        let tm = TruthModel::new(Arc::clone(&loose));
+        let loads = tm.loads_at(0.5);
+        // Its best: every core but the pool's one, every way but the pool's, the pool
+        // throttled to the platform's minimum.
+        let cap = loose.capacity();
+        let best = Plan {
+            services: BTreeMap::from([(
+                "moses".to_string(),
+                Allocation {
+                    cores: cap.cores - 1,
+                    llc_ways: WayRange::new(0, cap.llc_ways - 1),
+                    mba_pct: MBA_MAX_PCT,
+                    gpu_mps_pct: None,
+                },
+            )]),
+            best_effort: Allocation {
+                cores: 1,
+                llc_ways: WayRange::new(cap.llc_ways - 1, 1),
+                mba_pct: cap.mba_min_pct,
+                gpu_mps_pct: None,
+            },
+        };
+        let n = loads.len();
+        let (_, t) = tm.evaluate(&best, &loads, &vec![None; n], &vec![0.0; n]);
+        let target = t.p99_ms["moses"] / 0.985;
+        let tight = Arc::new(Scenario::from_toml(&text(target), "tight", here).unwrap());
+        let mut o = OraclePolicy::new(TruthModel::new(Arc::clone(&tight)));
+        let plan = o.initial().plan;
+        let (truth, _) = first_truth(&tight, &plan);
+        assert!(
+            truth.p99_ms["moses"] <= target,
+            "moses at {} of its target: {plan:?}",
+            truth.p99_ms["moses"] / target
+        );
+    }
+
+    #[test]
+    fn an_earlier_rounds_fewest_cores_start_a_later_search_and_change_no_option() {
+        // The diurnal crowded Gold: the range options under a raised latency and a tighter
+        // margin, searched from the answers of the first round, are those searched from
+        // nothing; and the raise moves some answer, so the bound was put to use.
+        let sc = lab_scenario("crowded-gold-diurnal.toml");
+        let o = OraclePolicy::new(TruthModel::new(Arc::clone(&sc)));
+        let reference = layout(&o.ctx, &fair_shares(&o.ctx), MBA_MAX_PCT);
+        let loads = o.truth.loads_at(101.5);
+        let start = o.start(&loads, &reference);
+        let tenants = o
+            .truth
+            .tenants(&reference, &loads, &o.gpu_effective(), o.downtime());
+        let lc = o.lc();
+        let options = |frozen: &Frozen| -> Vec<(u32, Place, Vec<(usize, u32)>)> {
+            let eval = Evaluator {
+                oracle: &o,
+                tenants: &tenants,
+                lc: &lc,
+                frozen,
+                be_mba: MBA_MAX_PCT,
+            };
+            eval.range_options(true)
+                .into_iter()
+                .map(|x| (x.members, x.place, x.cores))
+                .collect()
+        };
+        let first = options(&start);
+        let raised = Frozen {
+            latency: start.latency * 1.3,
+            margin: start.margin * 0.9,
+            ..start.clone()
+        };
+        let bounded = options(&raised);
+        assert_eq!(o.answers.borrow().len(), 2, "both states' answers kept");
+        o.answers.borrow_mut().clear();
+        let fresh = options(&raised);
+        assert_eq!(bounded, fresh);
+        assert_ne!(first, fresh, "the raise needs more cores somewhere");
     }
 }

@@ -254,7 +254,7 @@ pub fn on_lab_platforms(name: &str) -> Result<Option<Vec<Arc<Scenario>>>, RunErr
 /// a line saying it is skipped and gives no platforms.
 pub fn on_lab_platforms_or_skip(name: &str) -> Result<Vec<Arc<Scenario>>, RunError> {
     Ok(on_lab_platforms(name)?.unwrap_or_else(|| {
-        println!("{name:<13} skipped: GPU scenario (the oracle fixes GPU shares per run)");
+        println!("{name:<13} skipped: GPU scenario (the lab's CPU platforms have no GPU)");
         Vec::new()
     }))
 }

@@ -24,8 +24,12 @@
 //! first, then most slack), then, for a service with nothing else to take, any service of
 //! lower priority whatever its slack. When nothing can be had for a CPU service, the pool's
 //! MBA drops one platform step (down to the minimum); once every service has more than 0.20
-//! slack it rises a step again before any service is cut. These are additions to the
-//! paper, which has no priorities and (in our reading) no MBA.
+//! slack it rises a step again before any service is cut. On a GPU, a service far over its
+//! target (twice it, two intervals in a row) is not the one upsized while a co-runner of its
+//! priority misses by less: the closest to its target is, and it may take GPU share from
+//! the one far over (issue 49: on `gpu-llm-crowd` every service sat at an equal share of
+//! the GPU, missing its target). These are additions to the paper, which has no priorities and (in
+//! our reading) no MBA.
 //!
 //! Properties: one unit moves per interval, so convergence after a load change takes as
 //! many intervals as units are missing. It knows nothing of MPS restarts; a GPU share
@@ -39,6 +43,10 @@ use super::{
     carry_shares, downcast, fair_shares, layout, slack, unchanged_services, Adopted, Decision,
     HostContext, Policy, Share,
 };
+
+/// Slack under which a service is far over its target (a p99 over twice it): on a GPU, it
+/// gives way to a co-runner that misses by less ([`PartiesPolicy::gpu_receiver`]).
+const HOPELESS_SLACK: f64 = -1.0;
 
 /// PARTIES' thresholds and timings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -316,7 +324,12 @@ impl PartiesPolicy {
                         .then(a.1.total_cmp(b.1))
                 })
                 .map(|(v, _)| v.clone())
-                .or_else(|| self.lower_priority_donor(name, r));
+                .or_else(|| self.lower_priority_donor(name, r))
+                .or_else(|| {
+                    (r == Resource::GpuShare)
+                        .then(|| self.hopeless_donor(name, slacks))
+                        .flatten()
+                });
             if let Some(v) = victim {
                 self.adjust(&v, r, -i64::from(unit));
                 self.adjust(name, r, i64::from(unit));
@@ -344,6 +357,71 @@ impl PartiesPolicy {
             })
             .min_by_key(|v| v.priority)
             .map(|v| v.name.clone())
+    }
+
+    /// Whether `name` has been far over its target ([`HOPELESS_SLACK`]) for two intervals.
+    fn hopeless(&self, name: &str, slack: f64) -> bool {
+        slack < HOPELESS_SLACK
+            && self
+                .state
+                .get(name)
+                .and_then(|st| st.prev_slack)
+                .is_some_and(|p| p < HOPELESS_SLACK)
+    }
+
+    /// The service to upsize when the worst is a GPU service far over its target: a
+    /// co-runner on its GPU of the same priority that misses its target by less, the
+    /// closest to it first (the fewest violations, docs/DESIGN.md 5: more share for the
+    /// worst buys nothing, and on `gpu-llm-crowd` every service sat at a third of the GPU
+    /// missing its target); else the worst.
+    fn gpu_receiver(
+        &self,
+        worst: &str,
+        worst_slack: f64,
+        slacks: &BTreeMap<String, f64>,
+    ) -> (String, f64) {
+        let gpu = self.gpu_of(worst);
+        if gpu.is_none() || !self.hopeless(worst, worst_slack) {
+            return (worst.to_string(), worst_slack);
+        }
+        slacks
+            .iter()
+            .filter(|(n, s)| {
+                n.as_str() != worst
+                    && self.gpu_of(n) == gpu
+                    && self.priority(n) == self.priority(worst)
+                    && **s < self.cfg.upsize_below
+                    && !self.hopeless(n, **s)
+            })
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or((worst.to_string(), worst_slack), |(n, s)| (n.clone(), *s))
+    }
+
+    /// A co-runner on `name`'s GPU, of no higher priority, far over its target for two
+    /// intervals and further from it than `name` is, that can give a unit of GPU share:
+    /// it misses whatever it gets (the lowest priority first, then the furthest over).
+    fn hopeless_donor(&self, name: &str, slacks: &BTreeMap<String, f64>) -> Option<String> {
+        let mine = slacks.get(name).copied()?;
+        let r = Resource::GpuShare;
+        slacks
+            .iter()
+            .filter(|(v, s)| {
+                v.as_str() != name
+                    && self.gpu_of(v) == self.gpu_of(name)
+                    && self.priority(v) <= self.priority(name)
+                    && **s < mine
+                    && self.hopeless(v, **s)
+                    && self
+                        .shares
+                        .get(*v)
+                        .is_some_and(|sh| Self::amount(sh, r) >= Self::minimum(r) + Self::unit(r))
+            })
+            .min_by(|a, b| {
+                self.priority(a.0)
+                    .cmp(&self.priority(b.0))
+                    .then(a.1.total_cmp(b.1))
+            })
+            .map(|(v, _)| v.clone())
     }
 
     fn act(&mut self, obs: &Observation, now_ms: u64, reasons: &mut BTreeMap<String, Reason>) {
@@ -395,7 +473,7 @@ impl PartiesPolicy {
         else {
             return;
         };
-        let worst = worst.clone();
+        let (worst, worst_slack) = self.gpu_receiver(worst, worst_slack, &slacks);
         if worst_slack < self.cfg.upsize_below {
             if let Some((r, from)) = self.upsize(&worst, &slacks, now_ms) {
                 reasons.insert(
@@ -847,6 +925,30 @@ mod tests {
             assert_eq!(plan.best_effort.mba_pct, 100, "tick {k}");
             plan.validate(&c.host, &c.specs).unwrap();
         }
+    }
+
+    #[test]
+    fn on_a_full_gpu_a_service_far_over_its_target_gives_way_to_one_closer_to_its_own() {
+        // Three GPU services and a training job, no CPU job: lc0 is 20 times over its
+        // target, lc1 a third over, lc2 half over. lc0, the worst, takes the pool's GPU
+        // share first (LC before BE) and misses all the same; once nothing is left to
+        // take, upsizing it buys nothing, and lc1, the closest to its target, takes GPU
+        // share from it instead (the fewest violations).
+        let c = ctx(3, false, true, 3);
+        let mut p = PartiesPolicy::new(c.clone(), PartiesConfig::default());
+        let start = p.initial().plan;
+        let p99 = [("lc0", 20.0), ("lc1", 1.3), ("lc2", 1.5)];
+        let gpu = |plan: &cohabit_core::Plan, n: &str| plan.services[n].gpu_mps_pct.unwrap();
+        let mut plan = start.clone();
+        let mut lc0_most = 0;
+        for t in 1..16 {
+            plan = p.decide(&obs(&plan, &c, &p99), t * 1000).plan;
+            lc0_most = lc0_most.max(gpu(&plan, "lc0"));
+        }
+        assert!(plan.best_effort.gpu_mps_pct.unwrap() <= 10, "{plan:?}");
+        assert!(gpu(&plan, "lc1") > gpu(&start, "lc1"), "{plan:?}");
+        assert!(gpu(&plan, "lc0") < lc0_most, "{plan:?}");
+        assert!(gpu(&plan, "lc2") <= gpu(&start, "lc2"));
     }
 
     /// `c` with `lc1`'s target moved to `target_ms` and a second best-effort job.

@@ -2404,7 +2404,8 @@ mod tests {
             .truth
             .tenants(&reference, &loads, &o.gpu_effective(), o.downtime());
         let lc = o.lc();
-        let options = |frozen: &Frozen| -> Vec<(u32, Place, Vec<(usize, u32)>)> {
+        type Listed = (u32, Place, Vec<(usize, u32)>);
+        let options = |frozen: &Frozen| -> Vec<Listed> {
             let eval = Evaluator {
                 oracle: &o,
                 tenants: &tenants,

@@ -611,6 +611,7 @@ fn start_daemon(
         probe_timeout_ms: ctx.opts.probe_timeout_ms,
         best_effort_cpus: ctx.opts.best_effort_cpus,
         ml: if name == "ml" { &ctx.opts.ml } else { &[] },
+        explore_walk: explore,
     });
     std::fs::write(&config, text).map_err(crate::io_err("writing", &config))?;
     let output = dir.join("cohabit.log");

@@ -227,6 +227,11 @@ pub struct CohabitConfig<'a> {
     /// `ml`'s tunables as `key = value` entries ([`ml_pair`]; `ml = { … }`; empty: none
     /// written).
     pub ml: &'a [String],
+    /// Writes `explore = { rule = "walk" }`: the explore runs collect training logs, for
+    /// which the bounded walk's wider spread of allocations is the point (the informative
+    /// rule, `--explore`'s default around `ml`, steps only where the model certifies a
+    /// step safe, which on a 2-CPU VM is rarely).
+    pub explore_walk: bool,
 }
 
 fn quoted(s: &str) -> String {
@@ -246,6 +251,9 @@ pub fn cohabit_toml(c: &CohabitConfig<'_>) -> String {
     }
     if !c.ml.is_empty() {
         let _ = writeln!(t, "ml = {{ {} }}", c.ml.join(", "));
+    }
+    if c.explore_walk {
+        let _ = writeln!(t, "explore = {{ rule = \"walk\" }}");
     }
     let _ = writeln!(t, "log = {}", quoted(&c.log.display().to_string()));
     let _ = writeln!(t, "metrics_addr = \"\"");
@@ -317,6 +325,7 @@ mod tests {
             probe_timeout_ms: 100,
             best_effort_cpus: None,
             ml: &[],
+            explore_walk: false,
         });
         assert!(t.contains("policy = \"parties\""));
         assert!(t.contains(
@@ -329,6 +338,7 @@ mod tests {
         assert!(t.contains("[paths]\nstate_dir = \"/tmp/run/cohabit-state\""));
         assert!(!t.contains("model"));
         assert!(!t.contains("best_effort_cpus"));
+        assert!(!t.contains("explore"));
         assert_eq!("ml".parse::<Policy>().unwrap().cohabit(), Some("ml"));
         assert_eq!("ml-host".parse::<Policy>().unwrap().cohabit(), Some("ml"));
         assert_eq!(Policy::MlHost.name(), "ml-host");
@@ -367,10 +377,13 @@ mod tests {
                 probe_timeout_ms: 100,
                 best_effort_cpus: None,
                 ml,
+                explore_walk: true,
             })
         };
         assert!(config(&pairs).contains("\nml = { margin = 0.95, shrink_after = 3 }\n"));
         assert!(!config(&[]).contains("ml = {"));
+        // The explore runs ask for the walk (training logs want a spread of allocations).
+        assert!(config(&[]).contains("\nexplore = { rule = \"walk\" }\n"));
     }
 
     #[test]
@@ -408,6 +421,7 @@ mod tests {
                 probe_timeout_ms: 100,
                 best_effort_cpus: b,
                 ml: &[],
+                explore_walk: false,
             })
         };
         assert!(!config(None).contains("best_effort_cpus"));

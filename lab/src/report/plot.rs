@@ -595,6 +595,7 @@ mod tests {
                 predictions: Default::default(),
                 truth: None,
                 from_pods: Default::default(),
+                control: Default::default(),
             })
             .collect();
         Run {

@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(pool.pids, [10, 11].into());
         match &pool.resources[&Resource::Cores] {
             Control::Partial { why } => assert!(
-                why.starts_with("a: cpuset: ") && !why.contains("c: "),
+                why.starts_with("a: cpuset, cpu: ") && !why.contains("c: "),
                 "{why}"
             ),
             other => panic!("{other:?}"),

@@ -367,7 +367,15 @@ fn every_command_with_format_json_prints_only_the_json_document_on_stdout() {
     .unwrap();
     let commands: [Vec<&str>; 5] = [
         vec!["scenarios", "--models"],
-        vec!["compare", "--scenario", "demo", "--policies", "static", "--out", runs.to_str().unwrap()],
+        vec![
+            "compare",
+            "--scenario",
+            "demo",
+            "--policies",
+            "static",
+            "--out",
+            runs.to_str().unwrap(),
+        ],
         vec!["bench", "--scenarios", "demo"],
         vec!["probe"],
         vec!["check", "--config", cfg.to_str().unwrap(), "--wait-ms", "0"],
@@ -379,7 +387,10 @@ fn every_command_with_format_json_prints_only_the_json_document_on_stdout() {
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));
         let text = stdout(&o);
         let v: Result<serde_json::Value, _> = serde_json::from_str(&text);
-        assert!(v.is_ok(), "{args:?}: stdout is not one JSON document ({v:?}):\n{text}");
+        assert!(
+            v.is_ok(),
+            "{args:?}: stdout is not one JSON document ({v:?}):\n{text}"
+        );
         if args[0] == "compare" {
             assert!(
                 stderr(&o).contains("wrote the runs and summary.json under"),

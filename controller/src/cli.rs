@@ -108,6 +108,21 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Show what `run` would do on this host, changing nothing: per service the matched
+    /// processes, their cgroups, what would be controlled (in place, moved, unmanaged and
+    /// why) and the latency source's first reading. Exits non-zero when `run` would refuse
+    /// to start.
+    Check {
+        /// Configuration file (TOML; see examples/cohabit.toml).
+        #[arg(long)]
+        config: PathBuf,
+        /// How long to gather the latency sources' first reading, in milliseconds.
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        wait_ms: u64,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
     /// Run the daemon on this host until SIGTERM, SIGINT, SIGHUP or SIGQUIT, then restore it.
     Run {
         /// Configuration file (TOML; see examples/cohabit.toml).
@@ -303,6 +318,27 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
                 Format::Table => write!(out, "{}", report.render())?,
             }
+            Ok(())
+        }
+        Command::Check {
+            config,
+            wait_ms,
+            format,
+        } => {
+            let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
+            let report = crate::daemon::check::check(
+                cfg,
+                config,
+                std::time::Duration::from_millis(wait_ms),
+            )?;
+            match format {
+                Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+                Format::Table => write!(out, "{}", report.render())?,
+            }
+            anyhow::ensure!(
+                report.would_start(),
+                "cohabit run would refuse to start with this configuration (see above)"
+            );
             Ok(())
         }
         Command::Run {

@@ -384,3 +384,55 @@ fn man_page_and_completions_cover_every_subcommand() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("tcsh"), "{}", stderr(&o));
 }
+
+/// Issue 48, item 5: with `--format json`, stdout is the JSON document and nothing else,
+/// for every command that has the option; status lines go to stderr.
+#[test]
+fn every_command_with_format_json_prints_only_the_json_document_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let runs = d.join("runs");
+    let cfg = d.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nstate_dir = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-proc\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n",
+            d.join("state").display()
+        ),
+    )
+    .unwrap();
+    let commands: [Vec<&str>; 5] = [
+        vec!["scenarios", "--models"],
+        vec![
+            "compare",
+            "--scenario",
+            "demo",
+            "--policies",
+            "static",
+            "--out",
+            runs.to_str().unwrap(),
+        ],
+        vec!["bench", "--scenarios", "demo"],
+        vec!["probe"],
+        vec!["check", "--config", cfg.to_str().unwrap(), "--wait-ms", "0"],
+    ];
+    for args in commands {
+        let mut args = args.clone();
+        args.extend(["--format", "json"]);
+        let o = cohabit(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let text = stdout(&o);
+        let v: Result<serde_json::Value, _> = serde_json::from_str(&text);
+        assert!(
+            v.is_ok(),
+            "{args:?}: stdout is not one JSON document ({v:?}):\n{text}"
+        );
+        if args[0] == "compare" {
+            assert!(
+                stderr(&o).contains("wrote the runs and summary.json under"),
+                "the status line goes to stderr: {}",
+                stderr(&o)
+            );
+        }
+    }
+}

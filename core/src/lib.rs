@@ -29,8 +29,8 @@ pub use log::{
 pub use num::whole;
 pub use plan::{Change, Plan, BEST_EFFORT_GROUP};
 pub use record::{
-    ApplyOutcome, DecisionPath, DecisionRecord, Estimate, GroundTruth, PosteriorEstimate,
-    Prediction, Reason, DECISION_SCHEMA_VERSION,
+    ApplyOutcome, Control, DecisionPath, DecisionRecord, Estimate, GroundTruth, GroupControl,
+    PosteriorEstimate, Prediction, Reason, DECISION_SCHEMA_VERSION,
 };
 pub use sample::{Observation, Sample, ServiceObservation};
 pub use service::{ServiceClass, ServiceSpec};

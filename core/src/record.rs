@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Change, Observation, Plan};
+use crate::{Change, Observation, Plan, Resource};
 
 /// Version of the [`DecisionRecord`] layout. Changes are additive where they can be: new
 /// fields carry `#[serde(default)]`. Version 2 typed the reasons ([`Reason`]) and moved the
@@ -190,6 +190,49 @@ pub struct GroundTruth {
     pub be_throughput: f64,
 }
 
+/// How one resource of a group's allocation reached the group's processes on a real host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "control", rename_all = "snake_case")]
+pub enum Control {
+    /// Written where its processes are: their owners' cgroups (or, for a GPU share, the
+    /// service's MPS client).
+    InPlace,
+    /// Its processes were put into one of cohabit's own groups (a cgroup, with
+    /// `placement = "move"`, or a resctrl control group), where the values are written.
+    Moved,
+    /// Some of its processes get the values; the others are left alone, for this reason.
+    Partial {
+        /// Why the others are left alone.
+        why: String,
+    },
+    /// Nothing written for this resource reaches any of its processes.
+    Unmanaged {
+        /// Why.
+        why: String,
+    },
+}
+
+impl Control {
+    /// Why the resource does not reach the group's processes (`None`: it does, or it
+    /// reaches some of them).
+    pub fn unmanaged(&self) -> Option<&str> {
+        match self {
+            Control::Unmanaged { why } => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// Which processes one group's allocation reached at one tick, resource by resource (real
+/// hosts; the simulator controls every group by construction).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupControl {
+    /// The group's processes found this tick (pids).
+    pub pids: BTreeSet<u32>,
+    /// Each resource the group is allocated, and how it reached the processes.
+    pub resources: BTreeMap<Resource, Control>,
+}
+
 /// One line of `decisions.jsonl`: what the controller saw, decided and why, at one tick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DecisionRecord {
@@ -203,7 +246,8 @@ pub struct DecisionRecord {
     pub observation: Observation,
     /// The plan decided at this tick.
     pub plan: Plan,
-    /// What was actually changed on the host to get from `observation.current` to `plan`.
+    /// What changed between `observation.current` and `plan`, resource by resource; on a
+    /// real host a change reached only the processes `control` says it did.
     pub changes: Vec<Change>,
     /// Per group, why the policy decided what it did.
     #[serde(default)]
@@ -225,9 +269,24 @@ pub struct DecisionRecord {
     /// when every service came from the configuration, and in logs older than this field.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub from_pods: BTreeSet<String>,
+    /// Real hosts: per group, the processes its allocation reached and how, resource by
+    /// resource (a group left unmanaged for a resource says so and why). Empty (and absent
+    /// from the line) in simulated runs and in logs older than this field.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub control: BTreeMap<String, GroupControl>,
 }
 
 impl DecisionRecord {
+    /// Why `resource` of `group` reached none of the group's processes, if the record says
+    /// it did not.
+    pub fn unmanaged(&self, group: &str, resource: Resource) -> Option<&str> {
+        self.control
+            .get(group)?
+            .resources
+            .get(&resource)?
+            .unmanaged()
+    }
+
     /// True when `service` was made from a pod's annotations rather than configured.
     pub fn from_pod(&self, service: &str) -> bool {
         self.from_pods.contains(service)
@@ -310,6 +369,7 @@ mod tests {
             predictions: Default::default(),
             truth: None,
             from_pods: Default::default(),
+            control: Default::default(),
         };
         let mut v = serde_json::to_value(&rec).unwrap();
         let obj = v.as_object_mut().unwrap();
@@ -337,6 +397,48 @@ mod tests {
         assert_eq!(v["from_pods"], serde_json::json!(["shop.kv"]));
         let back: DecisionRecord = serde_json::from_value(v).unwrap();
         assert!(back.from_pod("shop.kv") && !back.from_pod("memcached"));
+    }
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    #[test]
+    fn a_record_says_per_group_which_resources_reached_its_processes() {
+        let line = r#"{"schema_version":2,"policy":"parties","simulated":false,
+            "observation":{"t_ms":0,"services":[],"current":{"services":{},"best_effort":
+            {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}}},
+            "plan":{"services":{},"best_effort":{"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
+            "changes":[],"decision_us":1.0}"#;
+        let mut r: DecisionRecord = serde_json::from_str(line).unwrap();
+        assert!(r.control.is_empty(), "older logs have no control");
+        assert_eq!(r.unmanaged("memcached", Resource::Cores), None);
+        let why = "it is in the hierarchy's root";
+        r.control.insert(
+            "memcached".into(),
+            GroupControl {
+                pids: [42].into(),
+                resources: [
+                    (Resource::Cores, Control::Unmanaged { why: why.into() }),
+                    (Resource::LlcWays, Control::Moved),
+                ]
+                .into(),
+            },
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v["control"]["memcached"]["resources"]["cores"],
+            serde_json::json!({"control": "unmanaged", "why": why})
+        );
+        assert_eq!(
+            v["control"]["memcached"]["resources"]["llc_ways"],
+            serde_json::json!({"control": "moved"})
+        );
+        let back: DecisionRecord = serde_json::from_value(v).unwrap();
+        assert_eq!(back.unmanaged("memcached", Resource::Cores), Some(why));
+        assert_eq!(back.unmanaged("memcached", Resource::LlcWays), None);
+        assert_eq!(back, r);
     }
 }
 

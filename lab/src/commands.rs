@@ -335,11 +335,9 @@ pub fn compare_cmd(
         }
     }
     if let Some(dir) = dir {
-        writeln!(
-            out,
-            "wrote the runs and summary.json under {}",
-            dir.display()
-        )?;
+        // A status line, not part of the report: stdout holds only the document (with
+        // `--format json`, one JSON value a program parses).
+        eprintln!("wrote the runs and summary.json under {}", dir.display());
     }
     Ok(())
 }

@@ -68,6 +68,7 @@ pub fn step<H: ControlledHost>(
         decision_us,
         predictions: decision.predictions,
         from_pods: Default::default(),
+        control: Default::default(),
     })
 }
 

@@ -60,6 +60,8 @@
 //! placement = "in_place"            # default: control the cgroup the processes are in;
 //!                                    # "move": bare processes (in a hierarchy's root) go
 //!                                    # into cohabit's own group, and back on exit
+//! allow_unmanaged = false            # true: `run` starts even when no resource reaches its
+//!                                    # processes (then only watched; `cohabit check` says)
 //!
 //! [[best_effort]]
 //! name = "batch"
@@ -276,6 +278,8 @@ struct ServiceFile {
     matcher: MatchFile,
     #[serde(default)]
     placement: Placement,
+    #[serde(default)]
+    allow_unmanaged: bool,
     latency: LatencyFile,
     gpu: Option<GpuFile>,
     #[serde(default)]
@@ -321,6 +325,8 @@ struct BestEffortFile {
     matcher: MatchFile,
     #[serde(default)]
     placement: Placement,
+    #[serde(default)]
+    allow_unmanaged: bool,
     gpu: Option<GpuFile>,
 }
 
@@ -514,6 +520,10 @@ pub struct ServiceConfig {
     pub constraint: ProcessConstraint,
     /// How its CPU controls are applied.
     pub placement: Placement,
+    /// `allow_unmanaged = true`: `cohabit run` may start while no resource it is allocated
+    /// reaches its processes (it is then only watched); otherwise such a service stops the
+    /// start (see `host::reach`).
+    pub allow_unmanaged: bool,
     /// Latency source, for latency-critical services.
     pub latency: Option<LatencySource>,
     /// GPU share handling, for GPU services.
@@ -792,6 +802,7 @@ impl DaemonConfig {
                 matcher: matcher(&s.matcher).map_err(|m| err(format!("{who}: {m}")))?,
                 constraint: constraint(&s.matcher).map_err(|m| err(format!("{who}: {m}")))?,
                 placement: s.placement,
+                allow_unmanaged: s.allow_unmanaged,
                 latency: Some(latency(&s.latency).map_err(|m| err(format!("{who}: {m}")))?),
                 p99_target_ms: Some(s.p99_target_ms),
                 priority: i32::try_from(s.priority)
@@ -828,6 +839,7 @@ impl DaemonConfig {
                 matcher: matcher(&b.matcher).map_err(|m| err(format!("{who}: {m}")))?,
                 constraint: constraint(&b.matcher).map_err(|m| err(format!("{who}: {m}")))?,
                 placement: b.placement,
+                allow_unmanaged: b.allow_unmanaged,
                 latency: None,
                 p99_target_ms: None,
                 priority: 0,

@@ -1030,6 +1030,7 @@ mod tests {
             predictions: [("kv".to_string(), Prediction::new(-0.2, 0.1))].into(),
             truth: None,
             from_pods: Default::default(),
+            control: Default::default(),
         }
     }
 

@@ -817,6 +817,7 @@ mod tests {
             matcher: Matcher::ProcessName("llm".into()),
             constraint: Default::default(),
             placement: Default::default(),
+            allow_unmanaged: false,
             latency: None,
             priority: 0,
             gpu: Some(GpuConfig {

@@ -248,6 +248,7 @@ pub fn pod_service(
             },
             constraint: config::ProcessConstraint::default(),
             placement: Placement::InPlace,
+            allow_unmanaged: false,
             latency,
             gpu: None,
             priority: granted.priority,

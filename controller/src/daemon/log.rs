@@ -374,6 +374,7 @@ mod tests {
             predictions: BTreeMap::new(),
             truth: None,
             from_pods: Default::default(),
+            control: Default::default(),
         }
     }
 

@@ -33,6 +33,7 @@
 //! from the state file instead. A tick that panics ends the loop the same way, but the
 //! daemon exits non-zero, so that the service manager restarts it.
 
+pub mod check;
 pub mod config;
 pub mod exporter;
 pub mod fds;
@@ -411,7 +412,11 @@ fn start(
     }
     if let Err(e) = host.launch(&initial.plan) {
         host.host_mut().restore();
-        return Err(anyhow::Error::new(e).context("applying the initial plan"));
+        let during = match e {
+            supervise::ApplyError::Host(host::HostError::Uncontrolled(_)) => "refusing to start",
+            _ => "applying the initial plan",
+        };
+        return Err(anyhow::Error::new(e).context(during));
     }
     tracing::info!(
         policy = policy.name(),
@@ -539,6 +544,11 @@ impl Loop {
         if let Some(pods) = &self.pods {
             // Which services are the pods' word, so that fleet retraining can tell.
             record.from_pods = pods.from_pods().clone();
+        }
+        if !self.dry_run {
+            // Which processes the plan reached, resource by resource: a group left
+            // unmanaged says so, so the log never claims what was not applied.
+            record.control = self.host.host().control();
         }
         posterior::tick_logged(&mut self.posterior, self.policy.as_ref());
         let mut logged = Ok(());

@@ -88,11 +88,7 @@ fn decision_table(run: &Run) -> String {
                 None => s.push_str("<td>–</td>"),
             }
         }
-        let changes: Vec<String> = r
-            .changes
-            .iter()
-            .map(|c| format!("{} {}: {} → {}", c.group, c.resource, c.from, c.to))
-            .collect();
+        let changes: Vec<String> = r.changes.iter().map(|c| change_text(r, c)).collect();
         let mut why: Vec<String> = r
             .reasons
             .iter()
@@ -117,6 +113,35 @@ fn decision_table(run: &Run) -> String {
     }
     s.push_str("</tbody></table>\n");
     s
+}
+
+/// A change as the table shows it: on a group its allocation did not reach (the log's
+/// `control` says unmanaged), marked as planned only, never as if it happened.
+fn change_text(r: &cohabit_core::DecisionRecord, c: &cohabit_core::Change) -> String {
+    match r.unmanaged(&c.group, c.resource) {
+        Some(why) => format!(
+            "{} {}: {} → {} planned, NOT APPLIED (unmanaged: {why})",
+            c.group, c.resource, c.from, c.to
+        ),
+        None => format!("{} {}: {} → {}", c.group, c.resource, c.from, c.to),
+    }
+}
+
+/// A paragraph naming the groups some resource of which reached none of their processes.
+fn unmanaged_note(run: &Run) -> String {
+    let mut lines = Vec::new();
+    for res in cohabit_core::Resource::ALL {
+        for g in plot::unmanaged_groups(run, res) {
+            lines.push(format!("{g} {res}"));
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "<p class=\"banner\">Unmanaged on this host (planned, never applied to their processes; see each change's reason): {}.</p>\n",
+        esc(&lines.join(", "))
+    )
 }
 
 const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}\
@@ -151,6 +176,7 @@ pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf> {
                     "<p>No summary.json: a daemon log; figures below come from the log alone.</p>",
                 ),
             }
+            body.push_str(&unmanaged_note(run));
             body.push_str("<h2>Latency against target</h2>\n");
             body.push_str(&img(&files[0], "p99 / target per latency-critical service over time; shaded: intervals over target")?);
             body.push_str("<h2>Allocations</h2>\n");
@@ -211,4 +237,68 @@ fn dedup_join<'a>(it: impl Iterator<Item = &'a str>) -> String {
         }
     }
     v.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real host's record: memcached's cores go 1 → 2 and the pool's 1 → 0, but memcached
+    /// is a bare process its allocation never reached.
+    fn run_with_unmanaged() -> Run {
+        let line = r#"{"schema_version":2,"policy":"parties","simulated":false,
+            "observation":{"t_ms":1000,"services":[],"current":{"services":{"memcached":
+            {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},"best_effort":
+            {"cores":1,"llc_ways":{"first":1,"count":1},"mba_pct":100}}},
+            "plan":{"services":{"memcached":{"cores":2,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
+            "best_effort":{"cores":0,"llc_ways":{"first":1,"count":1},"mba_pct":100}},
+            "changes":[{"group":"memcached","resource":"cores","from":"1","to":"2"},
+                       {"group":"best-effort","resource":"cores","from":"1","to":"0"}],
+            "decision_us":1.0,
+            "control":{"memcached":{"pids":[42],"resources":{"cores":
+                {"control":"unmanaged","why":"it is in the hierarchy's root"}}},
+                "best-effort":{"pids":[43],"resources":{"cores":{"control":"in_place"}}}}}"#;
+        Run {
+            scenario: "host".into(),
+            policy: "parties".into(),
+            records: vec![serde_json::from_str(line).unwrap()],
+            summary: None,
+        }
+    }
+
+    #[test]
+    fn a_change_to_an_unmanaged_group_is_shown_as_planned_not_applied() {
+        let run = run_with_unmanaged();
+        let table = decision_table(&run);
+        assert!(
+            table.contains("memcached cores: 1 → 2 planned, NOT APPLIED (unmanaged: it is in the hierarchy's root)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("best-effort cores: 1 → 0;")
+                || table.contains("best-effort cores: 1 → 0<"),
+            "{table}"
+        );
+        assert!(
+            !table.contains("best-effort cores: 1 → 0 planned"),
+            "{table}"
+        );
+        let note = unmanaged_note(&run);
+        assert!(
+            note.contains("memcached cores") && !note.contains("best-effort"),
+            "{note}"
+        );
+        assert_eq!(
+            plot::unmanaged_groups(&run, cohabit_core::Resource::Cores),
+            ["memcached".to_string()].into()
+        );
+    }
+
+    #[test]
+    fn a_log_without_control_shows_changes_as_before_and_no_note() {
+        let mut run = run_with_unmanaged();
+        run.records[0].control.clear();
+        assert!(decision_table(&run).contains("memcached cores: 1 → 2;"));
+        assert_eq!(unmanaged_note(&run), "");
+    }
 }

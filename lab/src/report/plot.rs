@@ -1,7 +1,7 @@
 //! Decision plots with plotters, rendered without system font libraries: the DejaVu Sans
 //! font is embedded and drawn through plotters' `ab_glyph` backend.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
@@ -315,26 +315,39 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
             .axis_desc_style((FONT, 15))
             .draw()
             .map_err(e)?;
+        let unmanaged = unmanaged_groups(run, *res);
         for (i, (g, pts)) in series.iter().enumerate() {
             let c = if g == BEST_EFFORT_GROUP {
                 RGBColor(120, 120, 120)
             } else {
                 color(i)
             };
+            // A group its allocation never reached is drawn thin and says so: its line is
+            // the plan, not what its processes got.
+            let (label, width) = if unmanaged.contains(g) {
+                (format!("{g} (unmanaged: planned, not applied)"), 1)
+            } else {
+                (g.clone(), 2)
+            };
             chart
-                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(width)))
                 .map_err(e)?
-                .label(g.as_str())
+                .label(label)
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
                 });
         }
         let mut marks: BTreeMap<DecisionPath, Vec<(f64, f64)>> = BTreeMap::new();
+        let mut not_applied: Vec<(f64, f64)> = Vec::new();
         for r in &run.records {
             for c in r.changes.iter().filter(|c| c.resource == *res) {
                 let Some(a) = r.plan.get(&c.group) else {
                     continue;
                 };
+                if r.unmanaged(&c.group, *res).is_some() {
+                    not_applied.push((t_s(r), f64::from(a.amount(*res))));
+                    continue;
+                }
                 // The pool changes because a service moved: take that service's reason.
                 let path = r
                     .reasons
@@ -365,9 +378,39 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
                 .label(format!("actuation: {}", path_label(kind)))
                 .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 5, c.filled()));
         }
+        if !not_applied.is_empty() {
+            let c = RGBColor(200, 0, 0);
+            chart
+                .draw_series(
+                    not_applied
+                        .iter()
+                        .map(|&p| TriangleMarker::new(p, 5, c.stroke_width(1))),
+                )
+                .map_err(e)?
+                .label("planned, not applied (unmanaged)")
+                .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 5, c.stroke_width(1)));
+        }
         legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     Ok(())
+}
+
+/// The groups whose allocation of `res` reached none of their processes in some record of
+/// `run` (a real host's log says so per group; simulated runs never do).
+pub fn unmanaged_groups(run: &Run, res: Resource) -> BTreeSet<String> {
+    run.records
+        .iter()
+        .flat_map(|r| {
+            r.control
+                .iter()
+                .filter(move |(_, c)| {
+                    c.resources
+                        .get(&res)
+                        .is_some_and(|c| c.unmanaged().is_some())
+                })
+                .map(|(g, _)| g.clone())
+        })
+        .collect()
 }
 
 /// Comparison: bars per policy for the headline metrics, one group of bars per scenario.
@@ -595,6 +638,7 @@ mod tests {
                 predictions: Default::default(),
                 truth: None,
                 from_pods: Default::default(),
+                control: Default::default(),
             })
             .collect();
         Run {

@@ -363,6 +363,7 @@ mod tests {
                 exe: None,
             },
             placement: crate::daemon::config::Placement::InPlace,
+            allow_unmanaged: false,
             latency: None,
             gpu: None,
             priority: 0,

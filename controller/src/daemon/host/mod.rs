@@ -28,6 +28,7 @@ pub mod changes;
 pub mod discover;
 pub mod layout;
 mod placement;
+pub mod reach;
 #[cfg(test)]
 mod real_tests;
 
@@ -47,8 +48,8 @@ use cohabit_collectors::perf::PerfSupport;
 use cohabit_collectors::procfs::{ProcIndex, Procfs};
 use cohabit_collectors::resctrl::BandwidthRate;
 use cohabit_core::{
-    Actuator, Allocation, Change, Collector, HostCapacity, Observation, Plan, RunsUnder,
-    ServiceClass, ServiceObservation, ServiceSpec,
+    Actuator, Allocation, Change, Collector, GroupControl, HostCapacity, Observation, Plan,
+    RunsUnder, ServiceClass, ServiceObservation, ServiceSpec,
 };
 
 pub use self::apply::{restore_changes, Kernel};
@@ -113,6 +114,9 @@ pub enum HostError {
     /// `[host] cpus` or the services do not fit the host's CPUs.
     #[error(transparent)]
     Cpus(#[from] discover::CpuError),
+    /// A service would be controlled in no way, and its table does not allow it.
+    #[error(transparent)]
+    Uncontrolled(#[from] reach::Uncontrolled),
 }
 
 /// How often a warning that could fire every tick is repeated.
@@ -307,6 +311,11 @@ impl RealHost {
         Ok(host)
     }
 
+    /// What the host offers, found at open.
+    pub fn facts(&self) -> &HostFacts {
+        &self.facts
+    }
+
     /// The capacity policies plan for.
     pub fn capacity(&self) -> &HostCapacity {
         &self.facts.capacity
@@ -368,12 +377,16 @@ impl RealHost {
     }
 
     /// Cleans what a run left without a record, finds the processes, applies the first
-    /// plan and starts managing them.
+    /// plan and starts managing them. Refuses (before writing anything) a service whose
+    /// processes no resource would reach, unless it allows that ([`reach::uncontrolled`]).
     pub fn launch(&mut self, plan: &Plan) -> Result<(), HostError> {
         if !self.dry_run {
             apply::clean_leftovers(&self.kernel);
         }
         self.refresh_processes();
+        if !self.dry_run {
+            self.uncontrolled()?;
+        }
         self.apply_plan(plan)?;
         self.refresh_processes();
         Ok(())
@@ -415,22 +428,7 @@ impl RealHost {
         let Some(cg) = &self.kernel.cgroups else {
             return (Targets::new(), vec![]);
         };
-        let controllers = self.controllers();
-        let placements: Vec<ServicePlacement> = self
-            .services
-            .iter()
-            .map(|s| {
-                let own = layout::cgroup_name(layout::plan_group(&s.spec));
-                placement::place(
-                    cg,
-                    &self.procfs,
-                    &s.pids,
-                    &own,
-                    s.cfg.placement,
-                    &controllers,
-                )
-            })
-            .collect();
+        let placements = self.placements(cg);
         for (svc, p) in self.services.iter_mut().zip(&placements) {
             for (c, why) in &p.left {
                 if svc.unplaced_logged.insert(*c) {
@@ -450,6 +448,132 @@ impl RealHost {
             }
         }
         (targets, placements)
+    }
+
+    /// Where each service's processes get their values now, in configuration order (read
+    /// only: nothing logged, nothing written).
+    fn placements(&self, cg: &Cgroups) -> Vec<ServicePlacement> {
+        let controllers = self.controllers();
+        self.services
+            .iter()
+            .map(|s| {
+                let own = layout::cgroup_name(layout::plan_group(&s.spec));
+                placement::place(
+                    cg,
+                    &self.procfs,
+                    &s.pids,
+                    &own,
+                    s.cfg.placement,
+                    &controllers,
+                )
+            })
+            .collect()
+    }
+
+    /// Each service's processes and how each resource it is allocated reaches them, in
+    /// configuration order ([`reach::service_control`]).
+    fn service_controls(&self) -> Vec<GroupControl> {
+        let placements = self
+            .kernel
+            .cgroups
+            .as_ref()
+            .map(|cg| self.placements(cg))
+            .unwrap_or_default();
+        let host = reach::HostControls::of(&self.facts, self.kernel.cgroups.is_some());
+        self.services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let p = placements.get(i).cloned().unwrap_or_default();
+                let gpu = s.cfg.gpu.as_ref().map(|_| self.gpu.manages(&s.spec.name));
+                GroupControl {
+                    resources: reach::service_control(&s.pids, &p, host, gpu),
+                    pids: s.pids.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Per plan group, the processes its allocation reaches and how, resource by resource:
+    /// the decision log's `control` ([`reach::merge`] folds the jobs into the pool).
+    pub fn control(&self) -> BTreeMap<String, GroupControl> {
+        let each = self.service_controls();
+        let mut groups: BTreeMap<&str, Vec<(&str, &GroupControl)>> = BTreeMap::new();
+        for (s, c) in self.services.iter().zip(&each) {
+            groups
+                .entry(layout::plan_group(&s.spec))
+                .or_default()
+                .push((s.spec.name.as_str(), c));
+        }
+        groups
+            .into_iter()
+            .map(|(g, members)| (g.to_string(), reach::merge(members)))
+            .collect()
+    }
+
+    /// The services whose processes no resource would reach, and why, unless their table
+    /// says `allow_unmanaged = true` ([`reach::uncontrolled`]).
+    fn uncontrolled(&self) -> Result<(), reach::Uncontrolled> {
+        let services: Vec<(String, String)> = self
+            .services
+            .iter()
+            .zip(self.service_controls())
+            .filter(|(s, _)| !s.cfg.allow_unmanaged)
+            .filter_map(|(s, c)| Some((s.spec.name.clone(), reach::uncontrolled(&c)?)))
+            .collect();
+        if services.is_empty() {
+            Ok(())
+        } else {
+            Err(reach::Uncontrolled { services })
+        }
+    }
+
+    /// What `cohabit check` shows of each service: finds the processes, then for each one
+    /// its cgroup per controller and what would be done there, and how each resource would
+    /// reach the service (read only: nothing is written, whatever `dry_run` says).
+    pub fn survey(&mut self) -> Vec<reach::Survey> {
+        self.refresh_processes();
+        let controls = self.service_controls();
+        let controllers = self.controllers();
+        let mut out = Vec::with_capacity(self.services.len());
+        for (s, control) in self.services.iter().zip(controls) {
+            let own = layout::cgroup_name(layout::plan_group(&s.spec));
+            let processes = s
+                .pids
+                .iter()
+                .map(|&pid| {
+                    let cgroups = self
+                        .kernel
+                        .cgroups
+                        .as_ref()
+                        .and_then(|cg| {
+                            placement::explain(
+                                cg,
+                                &self.procfs,
+                                pid,
+                                &own,
+                                s.cfg.placement,
+                                &controllers,
+                            )
+                        })
+                        .unwrap_or_default();
+                    reach::SurveyedProcess::new(pid, self.procfs.comm(pid), cgroups)
+                })
+                .collect();
+            let refused = (!s.cfg.allow_unmanaged)
+                .then(|| reach::uncontrolled(&control))
+                .flatten();
+            out.push(reach::Survey {
+                name: s.spec.name.clone(),
+                group: layout::plan_group(&s.spec).to_string(),
+                latency_critical: s.spec.is_latency_critical(),
+                allow_unmanaged: s.cfg.allow_unmanaged,
+                processes,
+                control,
+                refused,
+            });
+        }
+        out
     }
 
     /// After the processes were found: where a service's processes moved to new cgroups,

@@ -138,6 +138,59 @@ fn movable(procfs: &Procfs, pid: u32, cohabit_pid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// One process's cgroup in one controller's hierarchy, and what is done there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessPlacement {
+    /// The controller.
+    pub controller: Controller,
+    /// The process's cgroup in its hierarchy (`None`: it could not be followed).
+    pub home: Option<PathBuf>,
+    /// What is done.
+    pub decision: Decision,
+}
+
+/// Decides, for process `pid` and each of `controllers`, where the values of plan group
+/// `own_name` (cohabit's group name for it) go; `None` when the process is gone.
+pub fn explain(
+    cg: &Cgroups,
+    procfs: &Procfs,
+    pid: u32,
+    own_name: &str,
+    placement: Placement,
+    controllers: &[Controller],
+) -> Option<Vec<ProcessPlacement>> {
+    let lines = procfs.cgroups(pid)?;
+    let me = std::process::id();
+    Some(
+        controllers
+            .iter()
+            .map(|&c| {
+                let Some(home) = cg.home(c.name(), &lines) else {
+                    return ProcessPlacement {
+                        controller: c,
+                        home: None,
+                        decision: Decision::Leave("its cgroup could not be followed".into()),
+                    };
+                };
+                let own = cg.own_dir(c, own_name).ok().flatten();
+                let at = cg.in_place(c, &home);
+                let decision = decide(
+                    at,
+                    &home,
+                    own.as_deref(),
+                    placement,
+                    movable(procfs, pid, me),
+                );
+                ProcessPlacement {
+                    controller: c,
+                    home: Some(home),
+                    decision,
+                }
+            })
+            .collect(),
+    )
+}
+
 /// Decides, for each of `pids` and each of `controllers`, where the values of plan group
 /// `own_name` (cohabit's group name for it) go.
 pub fn place(
@@ -148,46 +201,35 @@ pub fn place(
     placement: Placement,
     controllers: &[Controller],
 ) -> ServicePlacement {
-    let me = std::process::id();
     let mut out = ServicePlacement::default();
     for &pid in pids {
-        let (Some(lines), Some(stat)) = (procfs.cgroups(pid), procfs.stat(pid)) else {
+        let Some(stat) = procfs.stat(pid) else {
             continue; // gone meanwhile
         };
+        let Some(each) = explain(cg, procfs, pid, own_name, placement, controllers) else {
+            continue;
+        };
         let mut hops = Vec::new();
-        for &c in controllers {
-            let Some(home) = cg.home(c.name(), &lines) else {
-                out.left
-                    .insert(c, "its cgroup could not be followed".into());
-                continue;
-            };
-            let own = cg.own_dir(c, own_name).ok().flatten();
-            let at = cg.in_place(c, &home);
-            match decide(
-                at,
-                &home,
-                own.as_deref(),
-                placement,
-                movable(procfs, pid, me),
-            ) {
+        for p in each {
+            match p.decision {
                 Decision::Write(dir) => {
                     let own = cg.is_own(&dir);
                     out.targets.insert(Target {
-                        controller: c,
+                        controller: p.controller,
                         dir,
                         own,
                     });
                 }
                 Decision::Move { from, to } => {
                     out.targets.insert(Target {
-                        controller: c,
+                        controller: p.controller,
                         dir: to.clone(),
                         own: true,
                     });
                     hops.push((from, to));
                 }
                 Decision::Leave(why) => {
-                    out.left.insert(c, why);
+                    out.left.insert(p.controller, why);
                 }
             }
         }

@@ -469,6 +469,7 @@ fn latency_critical_services_beyond_the_cpus_are_the_lowest_ranked_pods() {
         matcher: Matcher::ProcessName("x".into()),
         constraint: config::ProcessConstraint::default(),
         placement: Placement::InPlace,
+        allow_unmanaged: false,
         latency: None,
         gpu: None,
         priority,

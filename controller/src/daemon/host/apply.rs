@@ -1498,26 +1498,35 @@ mod tests {
         let first = writes(&h, &plan(2, 6, 6));
         apply(&h.kernel, &mut record, first.clone(), &t, &mut h.gpu, None).unwrap();
         let resctrl_before = resctrl_state(&h);
-        // kv's CPU list cannot be read or written (the kernel would say EIO; a directory in
-        // place of the file fails the same way), after the masks were written.
-        let cpus = h.cg.dir(KV).join("cpuset.cpus");
-        std::fs::remove_file(&cpus).unwrap();
-        std::fs::create_dir(&cpus).unwrap();
+        let cpus = |h: &Host| (read(h, KV, "cpuset.cpus"), read(h, BATCH, "cpuset.cpus"));
+        let cpus_before = cpus(&h);
+        assert_eq!(cpus_before, ("0-1".into(), "2-7".into()));
+        // kv's weight cannot be read or written (the kernel would say EIO; a directory in
+        // place of the file fails the same way). The weight is written last, after the
+        // masks and the CPU sets.
+        let weight = h.cg.dir(KV).join("cpu.weight");
+        std::fs::remove_file(&weight).unwrap();
+        std::fs::create_dir(&weight).unwrap();
+        let written = h.cg.writes().len();
         let next = writes(&h, &plan(4, 8, 0));
         let e = apply(&h.kernel, &mut record, next, &t, &mut h.gpu, None).unwrap_err();
-        assert!(e.to_string().contains("cpuset.cpus"), "{e}");
-        std::fs::remove_dir(&cpus).unwrap();
-        std::fs::write(&cpus, "0-1").unwrap();
+        assert!(e.to_string().contains("cpu.weight"), "{e}");
+        let kv_cpus = h.cg.dir(KV).join("cpuset.cpus");
+        let kv_sets: Vec<String> = h.cg.writes()[written..]
+            .iter()
+            .filter(|(path, _)| *path == kv_cpus)
+            .map(|(_, value)| value.clone())
+            .collect();
+        assert!(
+            kv_sets.len() >= 2 && kv_sets[0] != cpus_before.0,
+            "kv's CPU set was changed before the failure, then written back: {kv_sets:?}"
+        );
         assert_eq!(
             resctrl_state(&h),
             resctrl_before,
             "the masks written first are undone"
         );
-        assert_eq!(
-            (read(&h, KV, "cpuset.cpus"), read(&h, BATCH, "cpuset.cpus")),
-            ("0-1".into(), "2-7".into()),
-            "so are the CPU sets"
-        );
+        assert_eq!(cpus(&h), cpus_before, "so are the CPU sets");
         assert_eq!(
             record.writes, first,
             "the record still holds the plan in force"

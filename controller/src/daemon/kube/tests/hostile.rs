@@ -108,6 +108,12 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
         pods,
     } = Daemon::open(&cfg, Some(&resctrl), &script);
     host.launch(&fair_share).unwrap();
+    let posterior_dir = tempfile::tempdir().unwrap();
+    let posterior = crate::daemon::posterior::PosteriorStore::new(
+        posterior_dir.path(),
+        host.host().capacity(),
+        &[],
+    );
     let looped = Loop {
         host,
         policy,
@@ -116,6 +122,7 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
         fair_share,
         model_watch: None,
         pods: Some(pods),
+        posterior,
     };
     // As `run_with` sets them up.
     let timeout = Duration::from_millis(cfg.collect_timeout_ms).max(INTERVAL);

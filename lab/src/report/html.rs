@@ -93,13 +93,7 @@ fn decision_table(run: &Run) -> String {
             .iter()
             .map(|c| format!("{} {}: {} → {}", c.group, c.resource, c.from, c.to))
             .collect();
-        let mut why: Vec<String> = r
-            .reasons
-            .iter()
-            .filter(|(_, v)| !v.text.starts_with("hold"))
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect();
-        why.dedup();
+        let mut why = why_changed(&r.changes, &r.reasons);
         match &r.apply {
             Some(cohabit_core::ApplyOutcome::Refused { error }) => {
                 why.push(format!("not applied: {error}"));
@@ -117,6 +111,22 @@ fn decision_table(run: &Run) -> String {
     }
     s.push_str("</tbody></table>\n");
     s
+}
+
+/// The reasons of the groups that changed, `group: path: text`, in group order with
+/// repeats dropped: a group that kept its allocation has nothing to explain in this row,
+/// whatever its policy called its decision (a hold, a fallback that kept the plan).
+fn why_changed(
+    changes: &[cohabit_core::Change],
+    reasons: &std::collections::BTreeMap<String, cohabit_core::Reason>,
+) -> Vec<String> {
+    let mut why: Vec<String> = reasons
+        .iter()
+        .filter(|(group, _)| changes.iter().any(|c| &c.group == *group))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    why.dedup();
+    why
 }
 
 const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}\
@@ -211,4 +221,42 @@ fn dedup_join<'a>(it: impl Iterator<Item = &'a str>) -> String {
         }
     }
     v.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use cohabit_core::{Change, DecisionPath, Reason, Resource};
+
+    use super::why_changed;
+
+    #[test]
+    fn a_row_explains_the_groups_that_changed_and_not_those_that_held() {
+        let reasons = [
+            (
+                "kv",
+                Reason::new(DecisionPath::Feedback, "grow (p99 over target)"),
+            ),
+            (
+                "web",
+                Reason::new(DecisionPath::Fallback, "model unsure; hold"),
+            ),
+            (
+                "db",
+                Reason::new(DecisionPath::Hold, "hold the best of 9 samples"),
+            ),
+        ]
+        .map(|(g, r)| (g.to_string(), r))
+        .into();
+        let change = Change {
+            group: "kv".into(),
+            resource: Resource::Cores,
+            from: "2".into(),
+            to: "3".into(),
+        };
+        assert_eq!(
+            why_changed(&[change], &reasons),
+            [format!("kv: {}", reasons["kv"])]
+        );
+        assert!(why_changed(&[], &reasons).is_empty());
+    }
 }

@@ -31,7 +31,8 @@ pub enum BuildError {
     /// `ml` was asked for without a model.
     #[error("policy ml needs a model")]
     NoModel,
-    /// `ml`'s GPU model is of another feature schema than the GPU services' one.
+    /// `ml`'s GPU model is of another feature schema than the GPU services' one (schemas
+    /// as `<name>-v<version>`).
     #[error("policy ml: the GPU model must be of feature schema {expected}, got {got}")]
     GpuModelSchema {
         /// The schema the GPU services' shares are planned with (`qos-gpu-v1`).

@@ -380,9 +380,10 @@ impl MlPolicy {
     /// of another schema is refused, naming both.
     pub fn with_gpu_model(mut self, model: Arc<Model>) -> Result<Self, crate::BuildError> {
         if model.schema() != &GPU_SCHEMA {
+            let id = |s: &cohabit_models::Schema| format!("{}-v{}", s.name, s.version);
             return Err(crate::BuildError::GpuModelSchema {
-                expected: GPU_SCHEMA.to_string(),
-                got: model.schema().to_string(),
+                expected: id(&GPU_SCHEMA),
+                got: id(model.schema()),
             });
         }
         self.gpu_model = Some(model);

@@ -152,6 +152,7 @@ pub fn current_test() -> String {
 
 /// Reports that the running test cannot run here for lacking `need`: prints and records
 /// `why`, or panics where the environment declares `need` present.
+#[track_caller]
 pub fn skip(need: Need, why: &str) {
     if let Err(failure) = Gate::from_env().record(need, &current_test(), why) {
         panic!("{failure}");
@@ -167,6 +168,7 @@ pub fn is_root() -> bool {
 }
 
 /// `true` when root; otherwise [`skip`]s with `Need::Root` and `why`.
+#[track_caller]
 pub fn root_or_skip(why: &str) -> bool {
     let root = is_root();
     if !root {
@@ -190,6 +192,7 @@ pub fn find_program(names: &[&str]) -> Option<PathBuf> {
 
 /// The program `name` (found under any of `names`), or `None` after a
 /// [`Need::Program`]`(name)` skip naming the Debian `package` that installs it.
+#[track_caller]
 pub fn program(name: &'static str, names: &[&str], package: &str) -> Option<PathBuf> {
     let found = find_program(names);
     if found.is_none() {
@@ -202,6 +205,7 @@ pub fn program(name: &'static str, names: &[&str], package: &str) -> Option<Path
 }
 
 /// A headless-capable Chromium, or `None` after a skip (`Need::Program("chromium")`).
+#[track_caller]
 pub fn chromium() -> Option<PathBuf> {
     program(
         "chromium",

@@ -8,8 +8,20 @@ LIBTORCH="${LIBTORCH:-$(./scripts/setup-libtorch.sh)}"
 export LIBTORCH
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
-# On CI (root, a disposable machine; .ci/run sets it): the packages and the image.
-if [ "${COHABIT_CHECK_PACKAGES:-}" = 1 ]; then
-    ./scripts/check-package.sh
+# Each test that skips (root, a program, a machine fact it lacks) appends a line to this file
+# (cohabit-testkit); the summary below says how many skipped and why. A variable the caller
+# set is kept, so CI can keep the file.
+if [ -z "${COHABIT_SKIP_LOG:-}" ]; then
+    COHABIT_SKIP_LOG="$(mktemp -t cohabit-skips.XXXXXX)"
+    trap 'rm -f "$COHABIT_SKIP_LOG"' EXIT
 fi
+export COHABIT_SKIP_LOG
+: >"$COHABIT_SKIP_LOG"
+status=0
+cargo test --workspace --locked || status=$?
+./scripts/skip-summary.sh "$COHABIT_SKIP_LOG"
+# On CI (root, a disposable machine; .ci/run sets it): the packages and the image.
+if [ "$status" = 0 ] && [ "${COHABIT_CHECK_PACKAGES:-}" = 1 ]; then
+    ./scripts/check-package.sh || status=$?
+fi
+exit "$status"

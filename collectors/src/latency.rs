@@ -1558,7 +1558,10 @@ http_request_duration_seconds_count{handler="a"} 100
     #[test]
     fn only_allowed_users_are_counted_as_root() {
         if !nix::unistd::geteuid().is_root() {
-            crate::cgroup::testing::skip("needs root to start senders under other uids");
+            cohabit_testkit::skip(
+                cohabit_testkit::Need::Root,
+                "needs root to start senders under other uids",
+            );
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -906,7 +906,10 @@ mod tests {
     #[test]
     fn a_pid_file_of_another_user_is_refused_as_root() {
         if !nix::unistd::geteuid().is_root() {
-            crate::cgroup::testing::skip("needs root to give the pid file another owner");
+            cohabit_testkit::skip(
+                cohabit_testkit::Need::Root,
+                "needs root to give the pid file another owner",
+            );
             return;
         }
         let dir = tempfile::tempdir().unwrap();

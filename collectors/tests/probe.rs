@@ -1,9 +1,10 @@
 //! The latency probes against real memcached, redis and nginx servers started on loopback
-//! on free ports. A test whose server binary is absent prints why and passes (Debian:
-//! `apt-get install memcached redis-server nginx-light`).
+//! on free ports. A test whose server binary is absent skips through `cohabit_testkit`'s gate
+//! (Debian: `apt-get install memcached redis-server nginx-light`; `.ci/run` installs them
+//! and declares them, so there a missing one fails).
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,14 +24,6 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn find(binary: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/usr/bin".into(), "/sbin".into()])
-        .map(|d| d.join(binary))
-        .find(|p| p.is_file())
 }
 
 fn free_port() -> u16 {
@@ -99,13 +92,6 @@ fn answers(port: u16, hello: &[u8], expect: &[u8]) -> bool {
     got.starts_with(expect)
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-}
-
 /// Probes for about half a second and checks that requests were answered quickly.
 fn probe_answers(url: &str) {
     let u: ProbeUrl = url.parse().unwrap();
@@ -127,8 +113,7 @@ fn probe_answers(url: &str) {
 
 #[test]
 fn memcached_answers_gets_of_the_probe_key() {
-    let Some(bin) = find("memcached") else {
-        println!("skipped: memcached is not installed (apt-get install memcached)");
+    let Some(bin) = cohabit_testkit::program("memcached", &["memcached"], "memcached") else {
         return;
     };
     let port = free_port();
@@ -144,7 +129,7 @@ fn memcached_answers_gets_of_the_probe_key() {
     ]
     .map(String::from)
     .to_vec();
-    if is_root() {
+    if cohabit_testkit::is_root() {
         args.extend(["-u".to_string(), "nobody".to_string()]);
     }
     let server = start(&bin, &args, port, b"version\r\n", b"VERSION ");
@@ -170,8 +155,8 @@ fn memcached_answers_gets_of_the_probe_key() {
 
 #[test]
 fn redis_answers_pings() {
-    let Some(bin) = find("redis-server") else {
-        println!("skipped: redis-server is not installed (apt-get install redis-server)");
+    let Some(bin) = cohabit_testkit::program("redis-server", &["redis-server"], "redis-server")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -198,15 +183,18 @@ fn redis_answers_pings() {
 
 #[test]
 fn nginx_answers_gets_on_a_keep_alive_connection() {
-    let Some(bin) = find("nginx") else {
-        println!("skipped: nginx is not installed (apt-get install nginx-light)");
+    let Some(bin) = cohabit_testkit::program("nginx", &["nginx"], "nginx-light") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("index.html"), "x".repeat(4096)).unwrap();
     let port = free_port();
-    let user = if is_root() { "user root;\n" } else { "" };
+    let user = if cohabit_testkit::is_root() {
+        "user root;\n"
+    } else {
+        ""
+    };
     let conf = format!(
         "{user}daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
          events {{ worker_connections 64; }}\n\

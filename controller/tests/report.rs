@@ -1,8 +1,9 @@
 //! Plots and the HTML report, checked the way a person would see them: the page is opened in
 //! headless Chromium, which must decode every plot and lay out the tables. Without a
-//! Chromium (`apt-get install chromium`) that part prints why it skipped.
+//! Chromium (`apt-get install chromium`) that part skips through `cohabit_testkit`'s gate, a
+//! failure where `.ci/run` declares Chromium installed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 fn cohabit(args: &[&str]) -> String {
@@ -16,17 +17,6 @@ fn cohabit(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn chromium() -> Option<PathBuf> {
-    [
-        "/usr/bin/chromium",
-        "/usr/bin/chromium-browser",
-        "/usr/bin/google-chrome",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
 }
 
 fn headless(browser: &Path, profile: &Path) -> Command {
@@ -139,8 +129,7 @@ fn the_report_renders_its_plots_and_tables_in_a_browser() {
         );
         assert!(html.matches("data:image/png;base64,").count() >= 2);
     }
-    let Some(browser) = chromium() else {
-        println!("skipped the browser check: no Chromium (apt-get install chromium)");
+    let Some(browser) = cohabit_testkit::chromium() else {
         return;
     };
     for (d, min_rows) in [(&run, 10), (&cmp, 3)] {

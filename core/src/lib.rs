@@ -13,6 +13,7 @@ mod alloc;
 mod error;
 mod host;
 pub mod log;
+pub mod name;
 pub mod num;
 mod plan;
 mod record;
@@ -27,7 +28,7 @@ pub use log::{
     DecisionLogReader, DecisionLogWriter, LogError, LogHeader, LogSegment, DECISION_LOG_VERSION,
 };
 pub use num::whole;
-pub use plan::{Change, Plan, BEST_EFFORT_GROUP};
+pub use plan::{Change, Plan, ResctrlClass, BEST_EFFORT_GROUP};
 pub use record::{
     ApplyOutcome, Control, DecisionPath, DecisionRecord, Estimate, GroundTruth, GroupControl,
     PosteriorEstimate, Prediction, Reason, DECISION_SCHEMA_VERSION,

@@ -2,7 +2,19 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Allocation, CoreError, HostCapacity, Resource, ServiceSpec};
+use crate::{Allocation, CoreError, HostCapacity, Resource, ServiceSpec, WayRange};
+
+/// One resctrl group a plan needs ([`Plan::resctrl_classes`]): the cache ways and memory
+/// bandwidth its members share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResctrlClass<'a> {
+    /// The LLC ways.
+    pub llc_ways: WayRange,
+    /// The MBA percentage.
+    pub mba_pct: u8,
+    /// The plan groups in it: services, then the pool, in [`Plan::groups`] order.
+    pub members: Vec<&'a str>,
+}
 
 /// The desired allocation of a whole host: one [`Allocation`] per latency-critical service,
 /// and one shared pool for all best-effort jobs (one resctrl group, one cpuset).
@@ -79,16 +91,16 @@ impl Plan {
     }
 
     /// The resctrl groups the plan needs, each with its members (services, then the pool,
-    /// in [`Self::groups`] order), ordered by way range and MBA.
+    /// in [`Self::groups`] order), ordered by way range (first way, then count) and MBA.
     ///
-    /// Rule (the daemon's, `controller/src/daemon/host.rs`): every group of the plan, the
-    /// best-effort pool included, is placed in a resctrl group of its own unless another
-    /// has the same LLC way range and MBA percentage; groups with equal (way range, MBA)
-    /// share one group, and so one CLOSID. Cores and GPU shares do not matter (they are
-    /// not resctrl resources). The pool never uses the default (root) group: the root keeps
-    /// every task cohabit does not manage, so a plan may use `host.groups_available()`
-    /// groups, `closids - 1`.
-    pub fn resctrl_classes(&self) -> Vec<Vec<&str>> {
+    /// Rule (the one place it is written; the real host's layout and the simulator use it):
+    /// every group of the plan, the best-effort pool included, is placed in a resctrl group
+    /// of its own unless another has the same LLC way range and MBA percentage; groups with
+    /// equal (way range, MBA) share one group, and so one CLOSID. Cores and GPU shares do
+    /// not matter (they are not resctrl resources). The pool never uses the default (root)
+    /// group: the root keeps every task cohabit does not manage, so a plan may use
+    /// `host.groups_available()` groups, `closids - 1`.
+    pub fn resctrl_classes(&self) -> Vec<ResctrlClass<'_>> {
         let mut by_class: BTreeMap<(u32, u32, u8), Vec<&str>> = BTreeMap::new();
         for (group, a) in self.groups() {
             by_class
@@ -96,7 +108,14 @@ impl Plan {
                 .or_default()
                 .push(group);
         }
-        by_class.into_values().collect()
+        by_class
+            .into_iter()
+            .map(|((first, count, mba_pct), members)| ResctrlClass {
+                llc_ways: WayRange::new(first, count),
+                mba_pct,
+                members,
+            })
+            .collect()
     }
 
     /// How many resctrl groups (CLOSIDs besides the default one) the plan needs; see
@@ -267,9 +286,18 @@ mod tests {
             .into(),
             best_effort: alloc(1, 4, 4),
         };
+        let members: Vec<Vec<&str>> = p.resctrl_classes().into_iter().map(|c| c.members).collect();
         assert_eq!(
-            p.resctrl_classes(),
+            members,
             vec![vec!["a"], vec!["b"], vec!["c", BEST_EFFORT_GROUP]]
+        );
+        assert_eq!(
+            p.resctrl_classes()[2],
+            ResctrlClass {
+                llc_ways: WayRange::new(4, 4),
+                mba_pct: 100,
+                members: vec!["c", BEST_EFFORT_GROUP]
+            }
         );
         assert_eq!(p.resctrl_groups(), 3);
         // Same ways, other MBA: a group of its own. Cores and GPU shares do not matter.

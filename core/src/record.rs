@@ -27,17 +27,25 @@ pub enum DecisionPath {
     /// Safe exploration (`cohabit run --explore`): a bounded step away from the base
     /// policy's plan, taken only while every service kept its margin under its target.
     Explore,
+    /// One sample of a policy's search: a plan tried on the host to measure it, not one the
+    /// policy expects to keep (CLITE's Bayesian optimisation).
+    Search,
+    /// A plan held on purpose: the policy keeps the plan it chose before (CLITE's best
+    /// sample, between searches).
+    Hold,
 }
 
 impl DecisionPath {
     /// Every path, in legend order.
-    pub const ALL: [DecisionPath; 6] = [
+    pub const ALL: [DecisionPath; 8] = [
         DecisionPath::Model,
         DecisionPath::Fallback,
         DecisionPath::Feedback,
         DecisionPath::Oracle,
         DecisionPath::Static,
         DecisionPath::Explore,
+        DecisionPath::Search,
+        DecisionPath::Hold,
     ];
 
     /// Short name, as written in logs and metrics labels.
@@ -49,6 +57,8 @@ impl DecisionPath {
             DecisionPath::Oracle => "oracle",
             DecisionPath::Static => "static",
             DecisionPath::Explore => "explore",
+            DecisionPath::Search => "search",
+            DecisionPath::Hold => "hold",
         }
     }
 }

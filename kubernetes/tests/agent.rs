@@ -444,7 +444,10 @@ fn start_refuses_unusable_configs_without_touching_the_network() {
 #[test]
 fn in_cluster_without_service_account_is_a_clear_error() {
     if std::path::Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").exists() {
-        eprintln!("skipped: this machine has a service-account token");
+        cohabit_testkit::skip(
+            cohabit_testkit::Need::Machine,
+            "this machine has a service-account token",
+        );
         return;
     }
     let e = NodeAgent::start(NodeAgentConfig::new("n", ApiAccess::InCluster)).unwrap_err();

@@ -160,10 +160,7 @@ pub fn build_ml_with(
     let gpu = cohabit_models::builtin_gpu(scenario.host.preset)
         .transpose()?
         .map(Arc::new);
-    PolicyKind::build_ml(ctx, Some(cpu), gpu, cfg).map_err(|e| match e {
-        BuildError::GpuModel(m) => RunError::GpuModel(m),
-        other => RunError::Build(other),
-    })
+    Ok(PolicyKind::build_ml(ctx, Some(cpu), gpu, cfg)?)
 }
 
 /// The built-in model of a platform preset.
@@ -188,12 +185,9 @@ pub enum RunError {
     /// The model could not be loaded.
     #[error(transparent)]
     Model(#[from] cohabit_models::ModelError),
-    /// The policy could not be built.
+    /// The policy could not be built (no model, or a GPU model of another schema).
     #[error(transparent)]
     Build(#[from] BuildError),
-    /// The GPU model does not fit the `ml` policy.
-    #[error("GPU model: {0}")]
-    GpuModel(String),
 }
 
 /// One simulated run: every record and its summary.

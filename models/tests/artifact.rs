@@ -321,7 +321,7 @@ fn a_fifo_as_metadata_or_weights_is_refused_within_a_second_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let meta = dir.path().join("qos.json");
         if !mkfifo(&meta) {
-            eprintln!("skipped: mkfifo is not available");
+            cohabit_testkit::skip(cohabit_testkit::Need::Machine, "mkfifo is not available");
             return;
         }
         let r = rules.clone();

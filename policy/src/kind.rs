@@ -31,9 +31,15 @@ pub enum BuildError {
     /// `ml` was asked for without a model.
     #[error("policy ml needs a model")]
     NoModel,
-    /// `ml`'s GPU model does not fit it (another feature schema): the policy's words.
-    #[error("policy ml: {0}")]
-    GpuModel(String),
+    /// `ml`'s GPU model is of another feature schema than the GPU services' one (schemas
+    /// as `<name>-v<version>`).
+    #[error("policy ml: the GPU model must be of feature schema {expected}, got {got}")]
+    GpuModelSchema {
+        /// The schema the GPU services' shares are planned with (`qos-gpu-v1`).
+        expected: String,
+        /// The given model's.
+        got: String,
+    },
 }
 
 impl PolicyKind {
@@ -103,7 +109,7 @@ impl PolicyKind {
     ) -> Result<MlPolicy, BuildError> {
         let ml = MlPolicy::new(ctx, model.ok_or(BuildError::NoModel)?, cfg);
         match gpu_model {
-            Some(gpu) => ml.with_gpu_model(gpu).map_err(BuildError::GpuModel),
+            Some(gpu) => ml.with_gpu_model(gpu),
             None => Ok(ml),
         }
     }
@@ -173,7 +179,7 @@ mod tests {
             )
             .err();
         assert!(
-            matches!(&e, Some(BuildError::GpuModel(m)) if m.contains("qos-gpu-v1")),
+            matches!(&e, Some(BuildError::GpuModelSchema { expected, .. }) if expected == "qos-gpu-v1"),
             "{e:?}"
         );
         PolicyKind::Ml

@@ -346,6 +346,119 @@ mod tests {
         assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
     }
 
+    /// The configuration as cohabit's own parser reads it (the daemon refuses at start what
+    /// this refuses): every cohabit policy, with and without a model, tunables and
+    /// best-effort CPUs.
+    #[test]
+    fn cohabits_parser_reads_the_generated_config_as_meant() {
+        use cohabit_collectors::users::UserRef;
+        use cohabit_controller::daemon::config::{
+            BestEffortCpus as Cpus, DaemonConfig, LatencySource, Matcher,
+        };
+        use cohabit_policy::PolicyKind;
+        let services = [
+            LcEntry {
+                kind: Kind::Memcached,
+                port: 11311,
+                p99_target_ms: 1.5,
+                user: RunAs::Name("nobody"),
+            },
+            LcEntry {
+                kind: Kind::Nginx,
+                port: 8081,
+                p99_target_ms: 4.0,
+                user: RunAs::Uid(0),
+            },
+        ];
+        let names = ["stress-ng-cpu".to_string(), "stress-ng-vm".to_string()];
+        let ml = [ml_pair("margin=0.95").unwrap()];
+        for (policy, kind) in [
+            ("static", PolicyKind::Static),
+            ("parties", PolicyKind::Parties),
+            ("clite", PolicyKind::Clite),
+            ("ml", PolicyKind::Ml),
+        ] {
+            let is_ml = kind == PolicyKind::Ml;
+            let text = cohabit_toml(&CohabitConfig {
+                policy,
+                interval_ms: 500,
+                model: is_ml.then_some(Path::new("/tmp/run/qos-host.safetensors")),
+                log: Path::new("/tmp/run/decisions.jsonl"),
+                state_dir: Path::new("/tmp/run/cohabit-state"),
+                services: &services,
+                batch_names: &names,
+                batch_user: RunAs::Uid(1000),
+                probe_rate_hz: 200,
+                probe_timeout_ms: 100,
+                best_effort_cpus: is_ml.then_some(BestEffortCpus::All),
+                ml: if is_ml { &ml } else { &[] },
+                explore_walk: is_ml,
+            });
+            let c = DaemonConfig::parse(&text, "realbench")
+                .unwrap_or_else(|e| panic!("{policy}: {e}\n{text}"));
+            assert_eq!((c.policy, c.interval_ms), (kind, 500), "{policy}");
+            assert_eq!(c.host_name, "realbench");
+            assert_eq!(c.metrics_addr, None, "no metrics endpoint");
+            assert_eq!(
+                c.log.as_deref(),
+                Some(Path::new("/tmp/run/decisions.jsonl"))
+            );
+            assert_eq!(c.state_dir, Path::new("/tmp/run/cohabit-state"));
+            assert_eq!(
+                c.model.as_deref(),
+                is_ml.then_some(Path::new("/tmp/run/qos-host.safetensors"))
+            );
+            assert_eq!(c.ml.margin == 0.95, is_ml, "{policy}: tunables");
+            // The explore runs' table: the walk, as cohabit reads it.
+            assert_eq!(
+                c.explore.as_ref().map(|e| e.rule),
+                is_ml.then_some(cohabit_policy::ExploreRule::Walk),
+                "{policy}: explore"
+            );
+            let pool = if is_ml { Cpus::All } else { Cpus::default() };
+            assert_eq!(c.best_effort_cpus, pool, "{policy}");
+            let seen: Vec<_> = c
+                .services
+                .iter()
+                .map(|s| {
+                    let url = match &s.latency {
+                        Some(LatencySource::Probe {
+                            url,
+                            rate_hz: 200,
+                            timeout_ms: 100,
+                        }) => Some(url.to_string()),
+                        None => None,
+                        other => panic!("{}: {other:?}", s.name),
+                    };
+                    (
+                        s.name.as_str(),
+                        s.p99_target_ms,
+                        &s.matcher,
+                        &s.constraint.user,
+                        url,
+                    )
+                })
+                .collect();
+            let comm = |n: &str| Matcher::ProcessName(n.into());
+            let name = UserRef::Name("nobody".into());
+            let (root, batch) = (UserRef::Id(0), UserRef::Id(1000));
+            let (mc, ng) = (comm("rb-memcached"), comm("rb-nginx"));
+            let (cpu, vm) = (comm("stress-ng-cpu"), comm("stress-ng-vm"));
+            let mc_url = Some("memcached://127.0.0.1:11311".to_string());
+            let ng_url = Some("http://127.0.0.1:8081/index.html".to_string());
+            assert_eq!(
+                seen,
+                [
+                    ("memcached", Some(1.5), &mc, &Some(name), mc_url),
+                    ("nginx", Some(4.0), &ng, &Some(root), ng_url),
+                    ("batch-0", None, &cpu, &Some(batch.clone()), None),
+                    ("batch-1", None, &vm, &Some(batch), None),
+                ],
+                "{policy}"
+            );
+        }
+    }
+
     #[test]
     fn mls_tunables_are_written_into_an_ml_table_only_when_given() {
         assert_eq!(ml_pair(" margin=0.95"), Ok("margin = 0.95".into()));

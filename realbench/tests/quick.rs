@@ -5,7 +5,8 @@
 //! benchmark started, no cgroup of its own or of cohabit's.
 //!
 //! Needs root, writable cgroups and the Debian packages memcached, nginx-light and
-//! stress-ng (`.ci/run` installs them); otherwise each test prints why it skipped. The
+//! stress-ng (`.ci/run` installs them); otherwise each test skips through `cohabit_testkit`'s
+//! gate, which fails it where `.ci/run` declares root and those programs present. The
 //! daemon is built from the workspace first (`REALBENCH_COHABIT` names another binary).
 
 use std::io::{BufRead, BufReader};
@@ -13,23 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cohabit_testkit::{skip, Need};
+
 /// The tests share the host's cgroups and process names: one at a time.
 static HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 const BENCH: &str = env!("CARGO_BIN_EXE_cohabit-realbench");
-
-fn find(binary: &str) -> bool {
-    ["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
-        .iter()
-        .any(|d| Path::new(d).join(binary).is_file())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-}
 
 fn cgroups_writable() -> bool {
     let probe = ["/sys/fs/cgroup/cpuset", "/sys/fs/cgroup"]
@@ -45,25 +35,45 @@ fn cgroups_writable() -> bool {
     }
 }
 
-/// Why the benchmark cannot run here, if it cannot.
-fn unusable() -> Option<String> {
-    if !is_root() {
-        return Some("not root".into());
+/// Whether the benchmark can run here (root, writable cgroups, its programs, a host free of
+/// another run); when not, the test skips through the gate and returns.
+fn usable() -> bool {
+    if !root_with_cgroups() {
+        return false;
+    }
+    for (binary, package) in [
+        ("memcached", "memcached"),
+        ("nginx", "nginx-light"),
+        ("stress-ng", "stress-ng"),
+    ] {
+        if cohabit_testkit::program(binary, &[binary], package).is_none() {
+            return false;
+        }
+    }
+    host_free()
+}
+
+/// Root and writable cgroups, or a skip.
+fn root_with_cgroups() -> bool {
+    if !cohabit_testkit::root_or_skip("the benchmark runs its processes in cgroups of its own") {
+        return false;
     }
     if !cgroups_writable() {
-        return Some("cgroups are not writable".into());
+        skip(Need::Root, "cgroups are not writable");
+        return false;
     }
-    let missing: Vec<&str> = ["memcached", "nginx", "stress-ng"]
-        .into_iter()
-        .filter(|b| !find(b))
-        .collect();
-    if !missing.is_empty() {
-        return Some(format!(
-            "{} not installed (apt-get install memcached nginx-light stress-ng)",
-            missing.join(", ")
-        ));
+    true
+}
+
+/// No process, cgroup or state of another run on the host, or a skip: a busy host is a
+/// failure where root tests are required, since a previous test left it so.
+fn host_free() -> bool {
+    let before = leftovers();
+    if !before.is_empty() {
+        skip(Need::Root, &format!("the host is busy with {before:?}"));
+        return false;
     }
-    None
+    true
 }
 
 /// The cohabit daemon, built now so it matches the sources (a no-op when up to date);
@@ -191,13 +201,7 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn the_quick_benchmark_measures_every_run_and_leaves_the_host_as_it_was() {
     let _host = lock();
-    if let Some(why) = unusable() {
-        println!("skipped: {why}");
-        return;
-    }
-    let before = leftovers();
-    if !before.is_empty() {
-        println!("skipped: the host is busy with {before:?}");
+    if !usable() {
         return;
     }
     let cohabit = cohabit_binary();
@@ -298,17 +302,15 @@ fn the_quick_benchmark_measures_every_run_and_leaves_the_host_as_it_was() {
 #[test]
 fn a_short_explore_run_trains_a_host_model_that_ml_host_runs_with() {
     let _host = lock();
-    if let Some(why) = unusable() {
-        println!("skipped: {why}");
-        return;
-    }
-    if !leftovers().is_empty() {
-        println!("skipped: the host is busy");
+    if !usable() {
         return;
     }
     let cohabit = cohabit_binary();
     let Some(train) = cohabit_train_binary() else {
-        println!("skipped: LIBTORCH is not set, so cohabit-train cannot be built");
+        skip(
+            Need::Machine,
+            "LIBTORCH is not set, so cohabit-train cannot be built",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -390,12 +392,7 @@ fn a_short_explore_run_trains_a_host_model_that_ml_host_runs_with() {
 #[test]
 fn an_interrupted_benchmark_stops_everything_it_started() {
     let _host = lock();
-    if let Some(why) = unusable() {
-        println!("skipped: {why}");
-        return;
-    }
-    if !leftovers().is_empty() {
-        println!("skipped: the host is busy");
+    if !usable() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -460,12 +457,7 @@ fn start_and_wait_for_the_daemon(
 #[test]
 fn a_killed_benchmark_is_cleaned_up_by_the_cleanup_command() {
     let _host = lock();
-    if let Some(why) = unusable() {
-        println!("skipped: {why}");
-        return;
-    }
-    if !leftovers().is_empty() {
-        println!("skipped: the host is busy");
+    if !usable() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -485,12 +477,7 @@ fn a_killed_benchmark_is_cleaned_up_by_the_cleanup_command() {
 #[test]
 fn a_probe_that_does_not_answer_stops_the_daemon_before_it_changes_anything() {
     let _host = lock();
-    if !is_root() {
-        println!("skipped: not root");
-        return;
-    }
-    if !leftovers().is_empty() {
-        println!("skipped: the host is busy");
+    if !cohabit_testkit::root_or_skip("the daemon runs as root") || !host_free() {
         return;
     }
     let cohabit = cohabit_binary();
@@ -529,12 +516,7 @@ fn a_panic_while_processes_run_still_stops_them_and_removes_the_cgroups() {
     use cohabit_realbench::cgroups::Tree;
     use cohabit_realbench::procs::Lab;
     let _host = lock();
-    if !is_root() || !cgroups_writable() {
-        println!("skipped: needs root and writable cgroups");
-        return;
-    }
-    if !leftovers().is_empty() {
-        println!("skipped: the host is busy");
+    if !root_with_cgroups() || !host_free() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

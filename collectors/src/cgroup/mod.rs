@@ -79,10 +79,8 @@ pub enum CgroupError {
     #[error(transparent)]
     Io(#[from] IoError),
     /// A group name that could escape the hierarchy.
-    #[error(
-        "invalid cgroup name {0:?}: use 1-64 characters of [A-Za-z0-9._-] not starting with '.'"
-    )]
-    BadName(String),
+    #[error("invalid cgroup name: {0}")]
+    BadName(cohabit_core::name::NameError),
     /// A CPU list that does not parse.
     #[error("invalid CPU list {0:?}: expected e.g. 0-3,8")]
     BadCpuList(String),
@@ -327,18 +325,10 @@ pub fn find_mounts(mountinfo: &str) -> (BTreeMap<String, PathBuf>, Option<PathBu
     (v1, v2)
 }
 
+/// Each component of a group path cohabit makes follows the group-name rule
+/// (`cohabit_core::name`).
 fn validate(name: &str) -> Result<(), CgroupError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CgroupError::BadName(name.to_string()))
-    }
+    cohabit_core::name::check_group_name(name).map_err(CgroupError::BadName)
 }
 
 fn pids(text: &str) -> Vec<u32> {

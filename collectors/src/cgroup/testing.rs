@@ -2,39 +2,29 @@
 //! decides whether such a test runs, and a guard for the "owner" cgroups a test creates in
 //! the place of a container runtime or systemd.
 //!
-//! A real-kernel test that cannot run prints why and passes, unless
-//! `COHABIT_REQUIRE_ROOT_TESTS=1` is set (CI sets it: it runs as root on a host with
-//! writable cgroups), in which case the skip is a failure: a green run then means the
+//! A real-kernel test that cannot run goes through `cohabit_testkit`'s gate (`Need::Root`):
+//! it prints and records why it skipped, and fails where `COHABIT_REQUIRE_ROOT_TESTS=1`
+//! (CI sets it: it runs as root on a host with writable cgroups), so a green run means the
 //! kernel path was exercised.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cohabit_testkit::{skip, Need};
+
 use super::{Cgroups, Controller, Version};
 use crate::HostPaths;
 
-/// The environment variable that turns a skipped real-kernel test into a failure.
-pub const REQUIRE_ENV: &str = "COHABIT_REQUIRE_ROOT_TESTS";
-
-/// True when [`REQUIRE_ENV`] is `1`.
-pub fn required() -> bool {
-    std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
-}
-
-/// Reports that a real-kernel test cannot run here: prints `skipped: why`, or panics when
-/// [`REQUIRE_ENV`] is set.
-pub fn skip(why: &str) {
-    assert!(!required(), "{REQUIRE_ENV}=1, but: {why}");
-    println!("skipped: {why}");
-}
-
 /// This machine's cgroups when the cpuset and cpu controllers can both be written (root,
-/// a writable hierarchy); otherwise `None`, after [`skip`].
+/// a writable hierarchy); otherwise `None`, after a `Need::Root` skip.
 pub fn real_cgroups() -> Option<Cgroups> {
     let cg = match Cgroups::detect(&HostPaths::standard()) {
         Ok(Some(cg)) => cg,
         other => {
-            skip(&format!("no cgroup hierarchy found ({other:?})"));
+            skip(
+                Need::Root,
+                &format!("no cgroup hierarchy found ({other:?})"),
+            );
             return None;
         }
     };
@@ -43,7 +33,7 @@ pub fn real_cgroups() -> Option<Cgroups> {
         .iter()
         .all(|c| writable.iter().any(|w| w == c));
     if !both {
-        skip(&format!(
+        skip(Need::Root, &format!(
             "cpuset and cpu are not both writable here (writable: {writable:?}; run as root on cgroup v1, or v2 with both controllers)"
         ));
         return None;

@@ -316,7 +316,10 @@ fn on_the_real_v1_tree_a_cgroupfs_kubepods_tree_is_found_and_written_in_place() 
         return;
     };
     if cg.version != crate::cgroup::Version::V1 {
-        testing::skip("this machine's cgroups are not v1");
+        cohabit_testkit::skip(
+            cohabit_testkit::Need::Root,
+            "this machine's cgroups are not v1",
+        );
         return;
     }
     let root = format!("cohabit-test-kubepods-{}", std::process::id());

@@ -47,8 +47,10 @@ pub const GROUP_PREFIX: &str = "cohabit-";
 /// How errors name the root (default) resctrl group.
 pub const ROOT_GROUP_LABEL: &str = "the root group";
 
-/// Longest group name accepted (the kernel allows more; we keep names readable).
-pub const MAX_GROUP_NAME: usize = 64;
+/// Longest group name accepted: the group-name limit of `cohabit_core::name`. The
+/// characters are checked more loosely than there ([`validate_name`]): the groups read here
+/// include other tools' groups, whose names cohabit did not choose.
+pub const MAX_GROUP_NAME: usize = cohabit_core::name::GROUP_NAME_MAX;
 
 /// What went wrong with resctrl.
 #[derive(Debug, thiserror::Error)]

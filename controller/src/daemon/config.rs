@@ -848,18 +848,12 @@ impl DaemonConfig {
         }
         let mut seen = BTreeSet::new();
         for s in &services {
-            let valid = !s.name.is_empty()
-                && s.name.len() <= 48
-                && !s.name.starts_with('.')
-                && s.name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-            if !valid {
-                return Err(err(format!(
-                    "service name {:?}: use 1-48 characters of [A-Za-z0-9._-]",
-                    s.name
-                )));
-            }
+            cohabit_core::name::check_service_name(&s.name).map_err(|e| {
+                err(format!(
+                    "service name: {e} (a name is 1-{} characters of [A-Za-z0-9._-])",
+                    cohabit_core::name::SERVICE_NAME_MAX
+                ))
+            })?;
             if s.name == cohabit_core::BEST_EFFORT_GROUP {
                 return Err(err(format!(
                     "service name {:?} is reserved for the best-effort pool",

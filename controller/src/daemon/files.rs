@@ -505,7 +505,7 @@ mod tests {
             .status()
             .is_ok_and(|s| s.success());
         if !made {
-            eprintln!("skipped: mkfifo is not available");
+            cohabit_testkit::skip(cohabit_testkit::Need::Machine, "mkfifo is not available");
             return;
         }
         let e = open_log_file(&path, false).unwrap_err();

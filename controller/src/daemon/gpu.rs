@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cohabit_collectors::mps::{MpsCapabilities, MpsControl};
+use cohabit_collectors::mps::{MpsCapabilities, MpsControl, MpsError};
 use cohabit_core::ShareChange;
 
 use super::config::{GpuConfig, ServiceConfig};
@@ -63,6 +63,45 @@ const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 const PINNED_VAR: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 /// The variables cohabit writes in environment files; no other line is touched.
 pub const MANAGED: [&str; 2] = [VAR, PINNED_VAR];
+
+/// Why a GPU share could not be published or taken back.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The MPS control program refused the share (its words are in the source); the
+    /// previous share stays in force.
+    #[error("MPS control refused a share of {pct}% for {service}: {source}")]
+    Refused {
+        /// The service.
+        service: String,
+        /// The share asked for.
+        pct: u8,
+        /// The control program's answer.
+        source: MpsError,
+    },
+    /// The environment file or its directory could not be checked, read or written.
+    #[error("{service}'s environment file: {source}")]
+    File {
+        /// The service.
+        service: String,
+        /// What went wrong, naming the path.
+        source: FileError,
+    },
+    /// A pinned-memory limit that would add lines to the environment file.
+    #[error("the pinned-memory limit {limit:?} would add lines to the environment file")]
+    PinnedLimit {
+        /// The limit as given.
+        limit: String,
+    },
+    /// The file's original could not be noted in the host's record of changes, so nothing
+    /// was written.
+    #[error("noting {} before writing it: {source}", path.display())]
+    Note {
+        /// The environment file.
+        path: PathBuf,
+        /// Why the record could not be saved.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
 
 /// How long shutdown waits for a running hook before killing it.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
@@ -151,15 +190,19 @@ pub fn plan_pinned_limits(clients: &[MemoryUse], total_bytes: u64) -> BTreeMap<S
     out
 }
 
+/// Why the host's record of changes could not note a file (its error, boxed: the record
+/// belongs to the host, above this module).
+pub type NoteFailed = Box<dyn std::error::Error + Send + Sync>;
+
 /// Applies a published share to a service's running client: one implementation per
 /// mechanism the host offers.
 pub trait ShareMechanism: std::fmt::Debug + Send {
     /// What a change costs: a restart, or nothing.
     fn change(&self) -> ShareChange;
     /// Applies `pct` at once where this mechanism can: `Ok(true)` when it is in force,
-    /// `Ok(false)` when it waits for the client's restart. `Err` holds the refusal, in the
-    /// control program's words.
-    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, String>;
+    /// `Ok(false)` when it waits for the client's restart. `Err` is the control program's
+    /// refusal.
+    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, MpsError>;
 }
 
 /// MPS v2 percentages: a running client keeps its share; the restart hook applies it.
@@ -170,7 +213,7 @@ impl ShareMechanism for RestartHook {
     fn change(&self) -> ShareChange {
         ShareChange::Restart
     }
-    fn apply_now(&self, _cfg: &GpuConfig, _pct: u8) -> Result<bool, String> {
+    fn apply_now(&self, _cfg: &GpuConfig, _pct: u8) -> Result<bool, MpsError> {
         Ok(false)
     }
 }
@@ -186,14 +229,11 @@ impl ShareMechanism for V3Dynamic {
     fn change(&self) -> ShareChange {
         ShareChange::Live
     }
-    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, String> {
+    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, MpsError> {
         let Some(server) = cfg.mps_server.as_deref() else {
             return Ok(false);
         };
-        self.mps
-            .update_server_share(server, pct)
-            .map(|()| true)
-            .map_err(|e| e.to_string())
+        self.mps.update_server_share(server, pct).map(|()| true)
     }
 }
 
@@ -265,13 +305,13 @@ fn with_lines(text: &str, set: &[(&str, Option<String>)]) -> String {
 
 /// The environment file `current` with the share `pct` (and the pinned limit, when
 /// given; an existing limit line is kept otherwise). Refuses a limit that would add lines.
-fn env_with_share(current: &str, pct: u8, pinned: Option<&str>) -> Result<String, String> {
+fn env_with_share(current: &str, pct: u8, pinned: Option<&str>) -> Result<String, GpuError> {
     let mut set = vec![(VAR, Some(format!("{VAR}={pct}")))];
     if let Some(limit) = pinned {
         if limit.contains(['\n', '\r', '\0']) {
-            return Err(format!(
-                "the pinned-memory limit {limit:?} would add lines to the environment file"
-            ));
+            return Err(GpuError::PinnedLimit {
+                limit: limit.to_string(),
+            });
         }
         set.push((PINNED_VAR, Some(format!("{PINNED_VAR}={limit}"))));
     }
@@ -486,7 +526,7 @@ impl GpuActuator {
         service: &str,
         pct: u8,
         pinned_limit: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         self.publish_noted(service, pct, pinned_limit, &mut |_| Ok(()))
     }
 
@@ -502,8 +542,8 @@ impl GpuActuator {
         service: &str,
         pct: u8,
         pinned_limit: Option<&str>,
-        note: &mut dyn FnMut(HostChange) -> Result<(), String>,
-    ) -> Result<(), String> {
+        note: &mut dyn FnMut(HostChange) -> Result<(), NoteFailed>,
+    ) -> Result<(), GpuError> {
         let Self {
             mechanism, clients, ..
         } = self;
@@ -514,13 +554,21 @@ impl GpuActuator {
             return Ok(());
         }
         let path = c.cfg.env_file.clone();
+        let file = |source| GpuError::File {
+            service: service.to_string(),
+            source,
+        };
         // Refused before anything is noted or written.
-        files::check_private_dir(files::parent_dir(&path)).map_err(|e| e.to_string())?;
-        let live = mechanism.apply_now(&c.cfg, pct).map_err(|e| {
-            tracing::warn!(service, share = pct, error = %e, "MPS control refused the share; the previous one stays in force");
-            e
+        files::check_private_dir(files::parent_dir(&path)).map_err(file)?;
+        let live = mechanism.apply_now(&c.cfg, pct).map_err(|source| {
+            tracing::warn!(service, share = pct, error = %source, "MPS control refused the share; the previous one stays in force");
+            GpuError::Refused {
+                service: service.to_string(),
+                pct,
+                source,
+            }
         })?;
-        let current = files::read_regular(&path).map_err(|e| e.to_string())?;
+        let current = files::read_regular(&path).map_err(file)?;
         let (text, meta) = current.map_or((None, None), |(t, m)| (Some(t), Some(m)));
         let pinned_limit = c.pinned.as_deref().or(pinned_limit);
         let new = env_with_share(text.as_deref().unwrap_or(""), pct, pinned_limit)?;
@@ -529,10 +577,13 @@ impl GpuActuator {
                 path: path.clone(),
                 original: text.clone(),
             })
-            .map_err(|e| format!("noting {} before writing it: {e}", path.display()))?;
+            .map_err(|source| GpuError::Note {
+                path: path.clone(),
+                source,
+            })?;
             c.original = Some(text);
         }
-        files::replace(&path, new.as_bytes(), meta.as_ref()).map_err(|e| e.to_string())?;
+        files::replace(&path, new.as_bytes(), meta.as_ref()).map_err(file)?;
         c.published = Some(pct);
         if live {
             c.effective = Some(pct);
@@ -549,7 +600,7 @@ impl GpuActuator {
         service: &str,
         previous: Option<u8>,
         pinned_limit: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         if let Some(pct) = previous {
             return self.publish(service, pct, pinned_limit);
         }
@@ -557,7 +608,12 @@ impl GpuActuator {
             return Ok(());
         };
         if let Some(original) = &c.original {
-            restore_file(&c.cfg.env_file, original.as_deref()).map_err(|e| e.to_string())?;
+            restore_file(&c.cfg.env_file, original.as_deref()).map_err(|source| {
+                GpuError::File {
+                    service: service.to_string(),
+                    source,
+                }
+            })?;
             c.original = None;
         }
         c.published = None;
@@ -873,7 +929,10 @@ mod tests {
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20\n"
         );
         let e = env_with_share("", 20, Some("0=8G\nLD_PRELOAD=/tmp/x.so")).unwrap_err();
-        assert!(e.contains("would add lines"), "{e}");
+        assert!(
+            matches!(&e, GpuError::PinnedLimit { limit } if limit.contains("LD_PRELOAD")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1015,7 +1074,11 @@ mod tests {
         assert!(e.to_string().contains("symbolic link"), "{e}");
         let mut g = GpuActuator::new(&services, None);
         let e = g.publish("llm", 40, None).unwrap_err();
-        assert!(e.contains("symbolic link"), "{e}");
+        assert!(
+            matches!(&e, GpuError::File { service, .. } if service == "llm"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("symbolic link"), "{e}");
         assert_eq!(g.published("llm"), None);
         g.restore();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:x:0:0\n");
@@ -1056,7 +1119,10 @@ mod tests {
         let e = g
             .publish_noted("llm", 40, None, &mut |_| Err("disk full".into()))
             .unwrap_err();
-        assert!(e.contains("disk full"), "{e}");
+        assert!(
+            matches!(&e, GpuError::Note { path, source } if path.ends_with("llm.env") && source.to_string() == "disk full"),
+            "{e}"
+        );
         assert_eq!(
             std::fs::read_to_string(dir.path().join("llm.env")).unwrap(),
             "OTHER=1\n"
@@ -1134,7 +1200,10 @@ mod tests {
         // The configured server is not one the daemon knows.
         let mut g = GpuActuator::with_probe(&[named(dir.path(), "bert")], Some(mps.clone()));
         let e = g.publish("llm", 45, None).unwrap_err();
-        assert!(e.contains("Server bert not found"), "{e}");
+        assert!(
+            matches!(&e, GpuError::Refused { service, pct: 45, source } if service == "llm" && source.to_string().contains("Server bert not found")),
+            "{e}"
+        );
         assert_eq!((g.published("llm"), g.effective("llm")), (None, None));
         assert!(!dir.path().join("llm.env").exists(), "nothing written");
         // A v2 daemon (protocol file gone) is probed as restart-only: no live command sent.

@@ -157,8 +157,8 @@ pub enum Skip {
     Exclusive,
 }
 
-/// The longest service name (the configuration's limit).
-const NAME_MAX: usize = 48;
+/// The longest service name (the configuration's limit, one rule in `cohabit_core::name`).
+const NAME_MAX: usize = cohabit_core::name::SERVICE_NAME_MAX;
 
 /// The service name of a pod: `<namespace>.<name>`, or, when that is longer than the
 /// configuration allows, its first 39 characters, `-` and the UID's first 8.

@@ -572,7 +572,7 @@ mod tests {
             .status()
             .is_ok_and(|s| s.success());
         if !made {
-            eprintln!("skipped: mkfifo is not available");
+            cohabit_testkit::skip(cohabit_testkit::Need::Machine, "mkfifo is not available");
             return;
         }
         let (found, slowest) = within(Duration::from_secs(1), move || {

@@ -89,13 +89,7 @@ fn decision_table(run: &Run) -> String {
             }
         }
         let changes: Vec<String> = r.changes.iter().map(|c| change_text(r, c)).collect();
-        let mut why: Vec<String> = r
-            .reasons
-            .iter()
-            .filter(|(_, v)| !v.text.starts_with("hold"))
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect();
-        why.dedup();
+        let mut why = why_changed(&r.changes, &r.reasons);
         match &r.apply {
             Some(cohabit_core::ApplyOutcome::Refused { error }) => {
                 why.push(format!("not applied: {error}"));
@@ -142,6 +136,22 @@ fn unmanaged_note(run: &Run) -> String {
         "<p class=\"banner\">Unmanaged on this host (planned, never applied to their processes; see each change's reason): {}.</p>\n",
         esc(&lines.join(", "))
     )
+}
+
+/// The reasons of the groups that changed, `group: path: text`, in group order with
+/// repeats dropped: a group that kept its allocation has nothing to explain in this row,
+/// whatever its policy called its decision (a hold, a fallback that kept the plan).
+fn why_changed(
+    changes: &[cohabit_core::Change],
+    reasons: &std::collections::BTreeMap<String, cohabit_core::Reason>,
+) -> Vec<String> {
+    let mut why: Vec<String> = reasons
+        .iter()
+        .filter(|(group, _)| changes.iter().any(|c| &c.group == *group))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    why.dedup();
+    why
 }
 
 const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}\
@@ -241,6 +251,8 @@ fn dedup_join<'a>(it: impl Iterator<Item = &'a str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use cohabit_core::{Change, DecisionPath, Reason, Resource};
+
     use super::*;
 
     /// A real host's record: memcached's cores go 1 → 2 and the pool's 1 → 0, but memcached
@@ -300,5 +312,36 @@ mod tests {
         run.records[0].control.clear();
         assert!(decision_table(&run).contains("memcached cores: 1 → 2;"));
         assert_eq!(unmanaged_note(&run), "");
+    }
+
+    #[test]
+    fn a_row_explains_the_groups_that_changed_and_not_those_that_held() {
+        let reasons = [
+            (
+                "kv",
+                Reason::new(DecisionPath::Feedback, "grow (p99 over target)"),
+            ),
+            (
+                "web",
+                Reason::new(DecisionPath::Fallback, "model unsure; hold"),
+            ),
+            (
+                "db",
+                Reason::new(DecisionPath::Hold, "hold the best of 9 samples"),
+            ),
+        ]
+        .map(|(g, r)| (g.to_string(), r))
+        .into();
+        let change = Change {
+            group: "kv".into(),
+            resource: Resource::Cores,
+            from: "2".into(),
+            to: "3".into(),
+        };
+        assert_eq!(
+            why_changed(&[change], &reasons),
+            [format!("kv: {}", reasons["kv"])]
+        );
+        assert!(why_changed(&[], &reasons).is_empty());
     }
 }

@@ -260,6 +260,8 @@ fn path_label(p: DecisionPath) -> &'static str {
         DecisionPath::Oracle => "oracle",
         DecisionPath::Static => "fixed share",
         DecisionPath::Explore => "exploration",
+        DecisionPath::Search => "search sample",
+        DecisionPath::Hold => "held plan",
     }
 }
 
@@ -367,6 +369,9 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
             (DecisionPath::Oracle, color(5)),
             (DecisionPath::Static, color(7)),
             (DecisionPath::Explore, color(6)),
+            // Two more of the same family, kept out of the palette the lines cycle through.
+            (DecisionPath::Search, RGBColor(23, 190, 207)),
+            (DecisionPath::Hold, RGBColor(188, 189, 34)),
         ];
         for (kind, c) in shapes {
             let Some(pts) = marks.get(&kind) else {

@@ -493,7 +493,7 @@ impl ClitePolicy {
     fn sampling(&mut self, search: Search, text: &str) -> Decision {
         let plan = self.plan(&search.current);
         self.phase = Phase::Search(search);
-        Decision::new(plan, self.reasons(DecisionPath::Explore, text))
+        Decision::new(plan, self.reasons(DecisionPath::Search, text))
     }
 
     /// Puts `held` in force: the best configuration its search found.
@@ -504,7 +504,7 @@ impl ClitePolicy {
             held.samples, held.score
         );
         self.phase = Phase::Hold(held);
-        Decision::new(plan, self.reasons(DecisionPath::Model, &text))
+        Decision::new(plan, self.reasons(DecisionPath::Hold, &text))
     }
 
     /// Whether a search of `other`'s can go on here: the same host, the same
@@ -598,7 +598,7 @@ impl Policy for ClitePolicy {
         let plan = self.plan(current);
         Decision::new(
             plan,
-            self.reasons(DecisionPath::Explore, "sample 1 (fair split)"),
+            self.reasons(DecisionPath::Search, "sample 1 (fair split)"),
         )
     }
 
@@ -688,7 +688,7 @@ impl Policy for ClitePolicy {
                 let c = self.restart(&from);
                 let plan = self.plan(&c);
                 let text = format!("search again ({why}): sample 1");
-                Decision::new(plan, self.reasons(DecisionPath::Explore, &text))
+                Decision::new(plan, self.reasons(DecisionPath::Search, &text))
             }
         }
     }

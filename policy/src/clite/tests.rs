@@ -151,6 +151,40 @@ fn without_the_pools_counters_its_share_of_the_host_is_scored_and_a_throttle_cos
 }
 
 #[test]
+fn samples_are_labelled_search_and_the_held_optimum_hold() {
+    let toy = Toy::new(ctx(2, true, false, 0), &[7.5, 5.5], 2);
+    let mut p = ClitePolicy::new(toy.ctx.clone(), CliteConfig::default());
+    let mut d = p.initial();
+    let mut paths = vec![];
+    for t in 1..=200 {
+        paths.extend(d.reasons.values().map(|r| (r.path, r.text.clone())));
+        d = p.decide(&toy.observe(&d.plan, t * 1000), t * 1000);
+    }
+    paths.extend(d.reasons.values().map(|r| (r.path, r.text.clone())));
+    // Every reason is a sample or the hold, each under its own path: none claims a learned
+    // model chose it, or that the daemon's safe exploration stepped.
+    for (path, text) in &paths {
+        let holding = text.starts_with("hold the best");
+        let want = if holding {
+            DecisionPath::Hold
+        } else {
+            DecisionPath::Search
+        };
+        assert_eq!(*path, want, "{text}");
+    }
+    assert_eq!(
+        paths[0].0,
+        DecisionPath::Search,
+        "the first plan is a sample"
+    );
+    assert_eq!(
+        paths.last().unwrap().0,
+        DecisionPath::Hold,
+        "the search ended held"
+    );
+}
+
+#[test]
 fn each_sample_is_held_for_the_latency_window_before_the_next() {
     let toy = Toy::new(ctx(2, true, false, 0), &[7.5, 5.5], 2);
     let cfg = CliteConfig::default();

@@ -387,12 +387,13 @@ pub(super) fn model_share(
 impl MlPolicy {
     /// This policy with `model` for the GPU services' shares (see the module docs); a model
     /// of another schema is refused, naming both.
-    pub fn with_gpu_model(mut self, model: Arc<Model>) -> Result<Self, String> {
+    pub fn with_gpu_model(mut self, model: Arc<Model>) -> Result<Self, crate::BuildError> {
         if model.schema() != &GPU_SCHEMA {
-            return Err(format!(
-                "the GPU model must be of feature schema {GPU_SCHEMA}, got {}",
-                model.schema()
-            ));
+            let id = |s: &cohabit_models::Schema| format!("{}-v{}", s.name, s.version);
+            return Err(crate::BuildError::GpuModelSchema {
+                expected: id(&GPU_SCHEMA),
+                got: id(model.schema()),
+            });
         }
         self.gpu_model = Some(model);
         Ok(self)
@@ -937,7 +938,13 @@ mod tests {
         let cpu = Arc::new(Model::synthetic(1, &[], 0));
         let ml = MlPolicy::new(ctx, Arc::clone(&cpu), MlConfig::default());
         let e = ml.with_gpu_model(cpu).unwrap_err();
-        assert!(e.contains("qos-gpu-v1") && e.contains("qos-v1"), "{e}");
+        assert_eq!(
+            e,
+            crate::BuildError::GpuModelSchema {
+                expected: "qos-gpu-v1".into(),
+                got: "qos-v1".into()
+            }
+        );
     }
 
     /// A model placed at `share` with `samples` smoothed readings of `log_q`.

@@ -59,7 +59,7 @@ use super::changes::{Change, ChangeLog, HostChanges, InMemory};
 use super::layout::{self, HostWrites};
 use super::placement::{Move, Target, Targets};
 use super::{HostError, Throttle};
-use crate::daemon::gpu::{self, GpuActuator};
+use crate::daemon::gpu::{self, GpuActuator, GpuError, NoteFailed};
 
 /// The kernel interfaces cohabit writes to (each absent when the host lacks it or it is not
 /// writable).
@@ -189,52 +189,7 @@ impl Journal {
         let mut failed = 0;
         for undo in self.0.into_iter().rev() {
             let what = format!("{undo:?}");
-            let result: Result<(), String> = match undo {
-                Undo::RemoveResctrlGroup(g) => resctrl(k)
-                    .and_then(|r| r.remove_group(&g).map_err(|e| e.to_string()))
-                    .map(|()| {
-                        record.forget(|c| matches!(c, Change::ResctrlGroup { name } if *name == g))
-                    }),
-                Undo::RecreateResctrlGroup {
-                    name,
-                    schemata,
-                    tasks,
-                } => resctrl(k).and_then(|r| {
-                    record
-                        .note(Change::ResctrlGroup { name: name.clone() })
-                        .map_err(|e| e.to_string())?;
-                    r.ensure_group(&name)
-                        .and_then(|_| r.apply(&name, &schemata))
-                        .and_then(|_| r.move_tasks(Some(&name), &tasks))
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }),
-                Undo::Schemata { group, previous } => resctrl(k).and_then(|r| {
-                    r.apply(&group, &previous)
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }),
-                Undo::RootCache(previous) => resctrl(k).and_then(|r| {
-                    r.apply_root_undoable(&previous)
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }),
-                Undo::RemoveCgroup(d) => cgroups(k)
-                    .and_then(|c| c.remove_dir(&d).map_err(|e| e.to_string()))
-                    .map(|()| {
-                        record.forget(|c| matches!(c, Change::CreatedCgroup { dir } if *dir == d))
-                    }),
-                Undo::File {
-                    dir,
-                    file,
-                    previous,
-                } => cgroups(k).and_then(|c| {
-                    c.write_control(&dir, &file, &previous)
-                        .map_err(|e| e.to_string())
-                }),
-                Undo::Gpu { service, previous } => gpu.revert(&service, previous, pinned),
-            };
-            if let Err(e) = result {
+            if let Err(e) = undo.play(k, record, gpu, pinned) {
                 failed += 1;
                 tracing::error!(undo = %what, error = %e, "could not undo a write; the next apply rewrites it");
             }
@@ -243,18 +198,95 @@ impl Journal {
     }
 }
 
-// The journal holds a note for an interface only after writing through it, so these are
-// always present when asked.
-fn resctrl(k: &Kernel) -> Result<&Resctrl, String> {
-    k.resctrl
-        .as_ref()
-        .ok_or_else(|| "resctrl is not in use".to_string())
+/// Why one write could not be undone (a rollback), or one recorded change restored.
+#[derive(Debug, thiserror::Error)]
+enum UndoError {
+    /// The interface the note is for is not in use (cannot happen: the journal holds a
+    /// note for an interface only after writing through it).
+    #[error("{0} is not in use")]
+    NotInUse(&'static str),
+    /// resctrl refused or failed.
+    #[error(transparent)]
+    Resctrl(#[from] cohabit_collectors::resctrl::ResctrlError),
+    /// A cgroup write or removal failed.
+    #[error(transparent)]
+    Cgroup(#[from] cohabit_collectors::cgroup::CgroupError),
+    /// The recreated group could not be noted in the record of changes first.
+    #[error("noting the recreated group: {0}")]
+    Record(Box<HostError>),
+    /// The GPU share could not be taken back.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// A recorded root cache line that does not parse.
+    #[error("the recorded root cache lines: {0}")]
+    Schemata(#[from] cohabit_collectors::resctrl::SchemataError),
+    /// An environment file could not be put back.
+    #[error(transparent)]
+    File(#[from] crate::daemon::files::FileError),
+    /// A recorded cgroup outside cohabit's parent: left alone.
+    #[error("{} is not under cohabit's parent; left alone", .0.display())]
+    NotOwn(PathBuf),
+    /// A recorded cgroup in no hierarchy in use.
+    #[error("{} is in no hierarchy in use", .0.display())]
+    NoHierarchy(PathBuf),
 }
 
-fn cgroups(k: &Kernel) -> Result<&Cgroups, String> {
-    k.cgroups
-        .as_ref()
-        .ok_or_else(|| "cgroups are not in use".to_string())
+impl Undo {
+    /// Puts back what this note describes.
+    fn play(
+        self,
+        k: &Kernel,
+        record: &mut Record,
+        gpu: &mut GpuActuator,
+        pinned: Option<&str>,
+    ) -> Result<(), UndoError> {
+        match self {
+            Undo::RemoveResctrlGroup(g) => {
+                resctrl(k)?.remove_group(&g)?;
+                record.forget(|c| matches!(c, Change::ResctrlGroup { name } if *name == g));
+            }
+            Undo::RecreateResctrlGroup {
+                name,
+                schemata,
+                tasks,
+            } => {
+                let r = resctrl(k)?;
+                record
+                    .note(Change::ResctrlGroup { name: name.clone() })
+                    .map_err(|e| UndoError::Record(Box::new(e)))?;
+                r.ensure_group(&name)?;
+                r.apply(&name, &schemata)?;
+                r.move_tasks(Some(&name), &tasks)?;
+            }
+            Undo::Schemata { group, previous } => {
+                resctrl(k)?.apply(&group, &previous)?;
+            }
+            Undo::RootCache(previous) => {
+                resctrl(k)?.apply_root_undoable(&previous)?;
+            }
+            Undo::RemoveCgroup(d) => {
+                cgroups(k)?.remove_dir(&d)?;
+                record.forget(|c| matches!(c, Change::CreatedCgroup { dir } if *dir == d));
+            }
+            Undo::File {
+                dir,
+                file,
+                previous,
+            } => cgroups(k)?.write_control(&dir, &file, &previous)?,
+            Undo::Gpu { service, previous } => gpu.revert(&service, previous, pinned)?,
+        }
+        Ok(())
+    }
+}
+
+// The journal holds a note for an interface only after writing through it, so these are
+// always present when asked.
+fn resctrl(k: &Kernel) -> Result<&Resctrl, UndoError> {
+    k.resctrl.as_ref().ok_or(UndoError::NotInUse("resctrl"))
+}
+
+fn cgroups(k: &Kernel) -> Result<&Cgroups, UndoError> {
+    k.cgroups.as_ref().ok_or(UndoError::NotInUse("cgroups"))
 }
 
 /// Writes `next` to `targets` on the host (see the module doc for the order, the record
@@ -414,8 +446,8 @@ fn write_root_cache(
         }
         (None, Some(original)) => {
             let result = Schemata::parse(&original)
-                .map_err(|e| e.to_string())
-                .and_then(|o| r.apply_root_undoable(&o).map_err(|e| e.to_string()));
+                .map_err(UndoError::from)
+                .and_then(|o| Ok(r.apply_root_undoable(&o)?));
             match result {
                 Ok(applied) => {
                     record.forget(|c| matches!(c, Change::ResctrlRootCache { .. }));
@@ -703,9 +735,8 @@ fn write_gpu(
             continue;
         }
         gpu.publish_noted(&share.service, share.pct, pinned, &mut |c| {
-            record.note(c).map_err(|e| e.to_string())
-        })
-        .map_err(HostError::Gpu)?;
+            record.note(c).map_err(|e| Box::new(e) as NoteFailed)
+        })?;
         journal.0.push(Undo::Gpu {
             service: share.service.clone(),
             previous,
@@ -970,17 +1001,13 @@ pub fn restore_changes(k: &Kernel, changes: &HostChanges, procfs: &Procfs) -> Ho
             } if !created.iter().any(|d| dir.starts_with(d)) => {
                 restore_file(k, dir, file, original)
             }
-            Change::ResctrlGroup { name } => {
-                resctrl(k).and_then(|r| r.remove_group(name).map_err(|e| e.to_string()))
-            }
+            Change::ResctrlGroup { name } => resctrl(k).and_then(|r| Ok(r.remove_group(name)?)),
             Change::ResctrlRootCache { original } => resctrl(k).and_then(|r| {
-                let o = Schemata::parse(original).map_err(|e| e.to_string())?;
-                r.apply_root_undoable(&o)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
+                r.apply_root_undoable(&Schemata::parse(original)?)?;
+                Ok(())
             }),
             Change::File { path, original } => {
-                gpu::restore_file(path, original.as_deref()).map_err(|e| e.to_string())
+                gpu::restore_file(path, original.as_deref()).map_err(UndoError::from)
             }
             _ => Ok(()),
         };
@@ -1019,7 +1046,7 @@ fn origins(k: &Kernel, changes: &HostChanges) -> BTreeMap<PathBuf, PathBuf> {
         .collect()
 }
 
-fn restore_moved(k: &Kernel, c: &Change, procfs: &Procfs) -> Result<(), String> {
+fn restore_moved(k: &Kernel, c: &Change, procfs: &Procfs) -> Result<(), UndoError> {
     let Change::MovedProcess {
         pid,
         start_time,
@@ -1033,7 +1060,7 @@ fn restore_moved(k: &Kernel, c: &Change, procfs: &Procfs) -> Result<(), String> 
     }
     let cg = cgroups(k)?;
     for dir in from {
-        if !cg.move_process(dir, *pid).map_err(|e| e.to_string())? {
+        if !cg.move_process(dir, *pid)? {
             return Ok(()); // exited meanwhile
         }
     }
@@ -1044,13 +1071,10 @@ fn remove_created(
     k: &Kernel,
     dir: &Path,
     origins: &BTreeMap<PathBuf, PathBuf>,
-) -> Result<(), String> {
+) -> Result<(), UndoError> {
     let cg = cgroups(k)?;
     if !cg.is_own(dir) {
-        return Err(format!(
-            "{} is not under cohabit's parent; left alone",
-            dir.display()
-        ));
+        return Err(UndoError::NotOwn(dir.to_path_buf()));
     }
     if !cg.exists(dir) {
         return Ok(());
@@ -1059,17 +1083,17 @@ fn remove_created(
         .mounts
         .values()
         .find(|m| dir.starts_with(m))
-        .ok_or_else(|| format!("{} is in no hierarchy in use", dir.display()))?;
+        .ok_or_else(|| UndoError::NoHierarchy(dir.to_path_buf()))?;
     let to = origins.get(mount).unwrap_or(mount);
     let mut attempt = 1;
     loop {
-        for pid in cg.processes_in(dir).map_err(|e| e.to_string())? {
+        for pid in cg.processes_in(dir)? {
             tracing::info!(pid, to = %to.display(), "a process cohabit did not move leaves its group");
-            cg.move_process(to, pid).map_err(|e| e.to_string())?;
+            cg.move_process(to, pid)?;
         }
         match cg.remove_dir(dir) {
             Ok(()) => return Ok(()),
-            Err(e) if attempt >= REMOVE_ATTEMPTS => return Err(e.to_string()),
+            Err(e) if attempt >= REMOVE_ATTEMPTS => return Err(e.into()),
             Err(e) => {
                 tracing::debug!(dir = %dir.display(), error = %e, attempt, "the group is not empty yet");
                 attempt += 1;
@@ -1089,17 +1113,17 @@ const REMOVE_ATTEMPTS: u32 = 10;
 /// The wait between two attempts (at most 0.2 s in all).
 const REMOVE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
-fn restore_file(k: &Kernel, dir: &Path, file: &str, original: &str) -> Result<(), String> {
+fn restore_file(k: &Kernel, dir: &Path, file: &str, original: &str) -> Result<(), UndoError> {
     let cg = cgroups(k)?;
     if !cg.exists(dir) {
         return Ok(()); // its owner removed it
     }
-    let current = cg.read_control(dir, file).map_err(|e| e.to_string())?;
+    let current = cg.read_control(dir, file)?;
     if current.trim() == original.trim() {
         return Ok(());
     }
-    cg.write_control(dir, file, original)
-        .map_err(|e| e.to_string())
+    cg.write_control(dir, file, original)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1498,26 +1522,35 @@ mod tests {
         let first = writes(&h, &plan(2, 6, 6));
         apply(&h.kernel, &mut record, first.clone(), &t, &mut h.gpu, None).unwrap();
         let resctrl_before = resctrl_state(&h);
-        // kv's CPU list cannot be read or written (the kernel would say EIO; a directory in
-        // place of the file fails the same way), after the masks were written.
-        let cpus = h.cg.dir(KV).join("cpuset.cpus");
-        std::fs::remove_file(&cpus).unwrap();
-        std::fs::create_dir(&cpus).unwrap();
+        let cpus = |h: &Host| (read(h, KV, "cpuset.cpus"), read(h, BATCH, "cpuset.cpus"));
+        let cpus_before = cpus(&h);
+        assert_eq!(cpus_before, ("0-1".into(), "2-7".into()));
+        // kv's weight cannot be read or written (the kernel would say EIO; a directory in
+        // place of the file fails the same way). The weight is written last, after the
+        // masks and the CPU sets.
+        let weight = h.cg.dir(KV).join("cpu.weight");
+        std::fs::remove_file(&weight).unwrap();
+        std::fs::create_dir(&weight).unwrap();
+        let written = h.cg.writes().len();
         let next = writes(&h, &plan(4, 8, 0));
         let e = apply(&h.kernel, &mut record, next, &t, &mut h.gpu, None).unwrap_err();
-        assert!(e.to_string().contains("cpuset.cpus"), "{e}");
-        std::fs::remove_dir(&cpus).unwrap();
-        std::fs::write(&cpus, "0-1").unwrap();
+        assert!(e.to_string().contains("cpu.weight"), "{e}");
+        let kv_cpus = h.cg.dir(KV).join("cpuset.cpus");
+        let kv_sets: Vec<String> = h.cg.writes()[written..]
+            .iter()
+            .filter(|(path, _)| *path == kv_cpus)
+            .map(|(_, value)| value.clone())
+            .collect();
+        assert!(
+            kv_sets.len() >= 2 && kv_sets[0] != cpus_before.0,
+            "kv's CPU set was changed before the failure, then written back: {kv_sets:?}"
+        );
         assert_eq!(
             resctrl_state(&h),
             resctrl_before,
             "the masks written first are undone"
         );
-        assert_eq!(
-            (read(&h, KV, "cpuset.cpus"), read(&h, BATCH, "cpuset.cpus")),
-            ("0-1".into(), "2-7".into()),
-            "so are the CPU sets"
-        );
+        assert_eq!(cpus(&h), cpus_before, "so are the CPU sets");
         assert_eq!(
             record.writes, first,
             "the record still holds the plan in force"

@@ -322,7 +322,10 @@ mod tests {
     #[test]
     fn a_pid_file_naming_a_process_of_another_user_is_refused() {
         if !nix::unistd::geteuid().is_root() {
-            cohabit_collectors::cgroup::testing::skip("needs root to own a pid file as root");
+            cohabit_testkit::skip(
+                cohabit_testkit::Need::Root,
+                "needs root to own a pid file as root",
+            );
             return;
         }
         let (dir, procfs, index) = tree();

@@ -321,33 +321,25 @@ fn resctrl_groups(
     cbm_mask: u64,
     schemata_for: impl Fn(u64, u8) -> Schemata,
 ) -> Result<(Vec<ResctrlGroup>, Vec<WayOverlap>), TooManyGroups> {
-    let mut by_alloc: BTreeMap<(u32, u32, u8), Vec<&str>> = BTreeMap::new();
-    for (g, a) in plan.groups() {
-        by_alloc
-            .entry((a.llc_ways.first, a.llc_ways.count, a.mba_pct))
-            .or_default()
-            .push(g);
-    }
-    if by_alloc.len() > available as usize {
+    // The grouping rule is the plan's own (`Plan::resctrl_classes`).
+    let classes = plan.resctrl_classes();
+    if classes.len() > available as usize {
         return Err(TooManyGroups {
-            needed: by_alloc.len(),
+            needed: classes.len(),
             available,
         });
     }
-    let ranges: Vec<WayRange> = by_alloc
-        .keys()
-        .map(|(first, count, _)| WayRange::new(*first, *count))
-        .collect();
+    let ranges: Vec<WayRange> = classes.iter().map(|c| c.llc_ways).collect();
     let masks = cache_masks(&ranges, host.min_cbm_bits, cbm_mask);
-    let groups: Vec<ResctrlGroup> = by_alloc
+    let groups: Vec<ResctrlGroup> = classes
         .into_iter()
         .zip(&masks)
-        .filter_map(|((key, members), mask)| {
-            let first = *members.first()?;
+        .filter_map(|(class, mask)| {
+            let first = *class.members.first()?;
             Some(ResctrlGroup {
                 name: format!("{GROUP_PREFIX}{first}"),
-                schemata: schemata_for(*mask, key.2),
-                members: members.into_iter().map(str::to_string).collect(),
+                schemata: schemata_for(*mask, class.mba_pct),
+                members: class.members.into_iter().map(str::to_string).collect(),
             })
         })
         .collect();

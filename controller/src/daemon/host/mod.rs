@@ -101,7 +101,7 @@ pub enum HostError {
     },
     /// A GPU share could not be published.
     #[error("GPU share: {0}")]
-    Gpu(String),
+    Gpu(#[from] super::gpu::GpuError),
     /// The plan needs more resctrl groups than the host has CLOSIDs.
     #[error(transparent)]
     TooManyGroups(#[from] TooManyGroups),

@@ -288,7 +288,10 @@ fn a_batch_owners_cgroup_joins_the_real_idle_class_and_gets_its_weight_back() {
         return;
     };
     if !cg.has_idle_class() {
-        eprintln!("skipped: this kernel has no idle class for groups (cpu.idle, Linux 5.15)");
+        cohabit_testkit::skip(
+            cohabit_testkit::Need::Machine,
+            "this kernel has no idle class for groups (cpu.idle, Linux 5.15)",
+        );
         return;
     }
     let owner = OwnerCgroup::create(&cg, &format!("test-batch-{}", std::process::id())).unwrap();

@@ -1145,14 +1145,17 @@ fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
         return;
     };
     if cg.version != cohabit_collectors::cgroup::Version::V1 {
-        testing::skip("this machine's cgroups are not v1");
+        cohabit_testkit::skip(
+            cohabit_testkit::Need::Root,
+            "this machine's cgroups are not v1",
+        );
         return;
     }
     let online = cohabit_collectors::sysfs::Sysfs::new(Path::new("/sys"))
         .online_cpus()
         .unwrap_or_default();
     if online.len() < 2 {
-        testing::skip("needs 2 CPUs");
+        cohabit_testkit::skip(cohabit_testkit::Need::Root, "needs 2 CPUs");
         return;
     }
     let root = format!("cohabit-test-kubepods-{}", std::process::id());

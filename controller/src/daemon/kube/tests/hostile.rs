@@ -108,8 +108,9 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
         pods,
     } = Daemon::open(&cfg, Some(&resctrl), &script);
     host.launch(&fair_share).unwrap();
+    let posterior_dir = tempfile::tempdir().unwrap();
     let posterior = crate::daemon::posterior::PosteriorStore::new(
-        &std::env::temp_dir().join("cohabit-test-no-posterior"),
+        posterior_dir.path(),
         host.host().capacity(),
         &[],
     );

@@ -223,8 +223,8 @@ pub struct SimArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// One of `ml`'s tunables, as the daemon's `ml = { … }` table has them (repeatable):
-    /// `--ml margin=0.95 --ml shrink_after=3`. Each trades QoS for best effort (README,
-    /// "Tuning ml").
+    /// `--ml margin=0.95 --ml shrink_after=3`. Each trades QoS for best effort
+    /// (docs/CONFIGURATION.md, "Tuning ml").
     #[arg(long = "ml", value_name = "KEY=VALUE")]
     pub ml: Vec<String>,
 }

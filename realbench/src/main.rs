@@ -54,7 +54,7 @@ struct Cli {
     #[arg(long)]
     best_effort_cpus: Option<BestEffortCpus>,
     /// One of cohabit's `ml` tunables for the ml and ml-host runs, as `cohabit simulate
-    /// --ml` takes them (repeatable): `--ml margin=0.95` (README, "Tuning ml").
+    /// --ml` takes them (repeatable): `--ml margin=0.95` (docs/CONFIGURATION.md, "Tuning ml").
     #[arg(long = "ml", value_name = "KEY=VALUE", value_parser = cohabit_realbench::policies::ml_pair)]
     ml: Vec<String>,
     /// The cohabit binary (default: beside this one, then PATH).

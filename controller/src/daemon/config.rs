@@ -28,7 +28,7 @@
 //!                                    # unsure_sigma, shrink_after, way_cost, explore_step,
 //!                                    # explore_below, gpu_hysteresis_pct, gpu_shrink_after_ms
 //!                                    # (docs: cohabit_policy::MlConfig; each trades QoS for
-//!                                    # best effort: README, "Tuning ml")
+//!                                    # best effort: docs/CONFIGURATION.md, "Tuning ml")
 //!
 //! [paths]
 //! state_dir = "/run/cohabit"         # lock and record of changes (root-owned, 0700)

@@ -52,7 +52,7 @@ pub struct MlConfig {
     /// exploration off, the default: with 0.15 (and cuts only where the model's mean stays
     /// within the margin) it gained best-effort throughput on three E5 scenarios (which then
     /// had MBA) but cost QoS on `few-closids`, `mba-stream` and the Gold `load-spike`, and
-    /// actuations everywhere (README, Limits), so it stays opt-in until it is surer; since the
+    /// actuations everywhere (docs/LIMITS.md), so it stays opt-in until it is surer; since the
     /// packer's fixes of a later round it gains only on the E5 `few-closids` and `demo`.
     /// A cut is this share of the cores rounded down: a service with fewer than
     /// `1 / explore_step` cores is not probed.

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use cohabit_core::{DecisionPath, DecisionRecord};
+use cohabit_lab::batch::{mean, median, parallel};
 use cohabit_lab::simulate::{self, LabPolicy, PolicyOptions};
 use cohabit_policy::{ExploreConfig, ExploreRule};
 use cohabit_sim::Scenario;
@@ -298,38 +299,4 @@ fn per_minute(records: &[DecisionRecord], sc: &Scenario) -> Vec<Minute> {
         }
     }
     out
-}
-
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.iter().sum::<f64>() / v.len() as f64
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let chunk = items.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|c| {
-                let f = &f;
-                s.spawn(move || c.iter().map(f).collect::<Result<Vec<R>>>())
-            })
-            .collect();
-        let mut out = Vec::with_capacity(items.len());
-        for h in handles {
-            out.extend(h.join().expect("a worker panicked")?);
-        }
-        Ok(out)
-    })
 }

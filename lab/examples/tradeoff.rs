@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use cohabit_lab::batch::parallel;
 use cohabit_lab::simulate;
 use cohabit_models::Model;
 use cohabit_policy::MlConfig;
@@ -270,24 +271,4 @@ fn print_row(name: &str, runs: &BTreeMap<String, Vec<RunFigures>>, hosts: usize)
         "{name:<42} {met:>9} {qos:>8.4} {be:>9.3} {worst:>24} {:>7} {acts:>11}",
         format!("{reach}/{hosts}")
     );
-}
-
-/// `f` over `items` on every CPU the machine has, in order.
-fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let chunk = items.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|c| {
-                let f = &f;
-                s.spawn(move || c.iter().map(f).collect::<Result<Vec<R>>>())
-            })
-            .collect();
-        let mut out = Vec::with_capacity(items.len());
-        for h in handles {
-            out.extend(h.join().expect("a worker panicked")?);
-        }
-        Ok(out)
-    })
 }

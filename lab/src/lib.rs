@@ -10,6 +10,7 @@
 //! - [`report`]: decision plots and the self-contained HTML report.
 //! - [`commands`]: the lab's subcommands of `cohabit` (the CLI only parses and dispatches).
 
+pub mod batch;
 pub mod bench;
 pub mod commands;
 pub mod metrics;

@@ -395,12 +395,7 @@ mod tests {
 
     #[test]
     fn a_record_says_which_services_came_from_pods_and_older_ones_read_as_none() {
-        let line = r#"{"schema_version":2,"policy":"parties","simulated":false,
-            "observation":{"t_ms":0,"services":[],"current":{"services":{},"best_effort":
-            {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}}},
-            "plan":{"services":{},"best_effort":{"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
-            "changes":[],"decision_us":1.0}"#;
-        let mut r: DecisionRecord = serde_json::from_str(line).unwrap();
+        let mut r = minimal_record();
         assert!(r.from_pods.is_empty() && !r.from_pod("shop.kv"));
         r.from_pods.insert("shop.kv".into());
         let v = serde_json::to_value(&r).unwrap();
@@ -408,20 +403,20 @@ mod tests {
         let back: DecisionRecord = serde_json::from_value(v).unwrap();
         assert!(back.from_pod("shop.kv") && !back.from_pod("memcached"));
     }
-}
 
-#[cfg(test)]
-mod control_tests {
-    use super::*;
-
-    #[test]
-    fn a_record_says_per_group_which_resources_reached_its_processes() {
+    /// A record of version 2 as logs before `from_pods` and `control` were written.
+    fn minimal_record() -> DecisionRecord {
         let line = r#"{"schema_version":2,"policy":"parties","simulated":false,
             "observation":{"t_ms":0,"services":[],"current":{"services":{},"best_effort":
             {"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}}},
             "plan":{"services":{},"best_effort":{"cores":1,"llc_ways":{"first":0,"count":1},"mba_pct":100}},
             "changes":[],"decision_us":1.0}"#;
-        let mut r: DecisionRecord = serde_json::from_str(line).unwrap();
+        serde_json::from_str(line).unwrap()
+    }
+
+    #[test]
+    fn a_record_says_per_group_which_resources_reached_its_processes() {
+        let mut r = minimal_record();
         assert!(r.control.is_empty(), "older logs have no control");
         assert_eq!(r.unmanaged("memcached", Resource::Cores), None);
         let why = "it is in the hierarchy's root";

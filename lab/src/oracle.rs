@@ -2320,6 +2320,17 @@ mod tests {
         Arc::new(Scenario::load(dir.join(file).to_str().unwrap()).unwrap())
     }
 
+    /// The oracle on the diurnal crowded Gold, its fair-share layout and the loads at 101 s
+    /// (where every target fits at the quiet memory latency but not at the one the pool's
+    /// traffic raises).
+    fn diurnal_gold_at_101_s() -> (OraclePolicy, Plan, Vec<f64>) {
+        let sc = lab_scenario("crowded-gold-diurnal.toml");
+        let o = OraclePolicy::new(TruthModel::new(sc));
+        let reference = layout(&o.ctx, &fair_shares(&o.ctx), MBA_MAX_PCT);
+        let loads = o.truth.loads_at(101.5);
+        (o, reference, loads)
+    }
+
     #[test]
     fn a_plan_that_leaves_the_pool_fewer_cores_meets_the_targets_the_quiet_latency_promised() {
         // The diurnal crowded Gold at 101 s: at the quiet memory latency every target fits,
@@ -2327,10 +2338,7 @@ mod tests {
         // traffic raises the latency), and every later round, at the latency that plan
         // measured, planned five. `ml` met all six there with the pool on no cores of its
         // own; the oracle met five in every interval but a few.
-        let sc = lab_scenario("crowded-gold-diurnal.toml");
-        let o = OraclePolicy::new(TruthModel::new(Arc::clone(&sc)));
-        let reference = layout(&o.ctx, &fair_shares(&o.ctx), MBA_MAX_PCT);
-        let loads = o.truth.loads_at(101.5);
+        let (o, reference, loads) = diurnal_gold_at_101_s();
         let found = o.search(&loads, &reference);
         let (_, truth) = o
             .truth
@@ -2395,10 +2403,7 @@ mod tests {
         // The diurnal crowded Gold: the range options under a raised latency and a tighter
         // margin, searched from the answers of the first round, are those searched from
         // nothing; and the raise moves some answer, so the bound was put to use.
-        let sc = lab_scenario("crowded-gold-diurnal.toml");
-        let o = OraclePolicy::new(TruthModel::new(Arc::clone(&sc)));
-        let reference = layout(&o.ctx, &fair_shares(&o.ctx), MBA_MAX_PCT);
-        let loads = o.truth.loads_at(101.5);
+        let (o, reference, loads) = diurnal_gold_at_101_s();
         let start = o.start(&loads, &reference);
         let tenants = o
             .truth

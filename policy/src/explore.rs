@@ -3,10 +3,11 @@
 //! --explore`): `ml`'s per-host posterior online, any policy's decision logs offline.
 //!
 //! Problem: a model learned from a host's own readings only sees the allocations its policy
-//! chose, which sit where that policy settles. On the project's 2-vCPU VM `ml` held both
-//! CPUs for memcached because its model put one CPU at 1.34 × the target, and never tried
-//! the other allocation (issue 45). Learning what one core or one way less does needs
-//! those allocations tried, and trying them must never cost a service its target.
+//! chose, which sit where that policy settles: a policy whose model is pessimistic about a
+//! smaller allocation never tries it, so it never learns otherwise (issue 45;
+//! docs/EXPERIMENTS.md has the runs on the project's VM). Learning what one core or one
+//! way less does needs those allocations tried, and trying them must never cost a service
+//! its target.
 //!
 //! Approach: around `ml` (with its posterior), the informative safe step of SafeOpt (Sui et
 //! al., ICML 2015): among the steps that free a core or a way for best effort, those `ml`'s

@@ -428,6 +428,9 @@ pub struct ExportReport {
     pub rows: u64,
     /// Per log, in the order read.
     pub files: Vec<ExportedFile>,
+    /// Sources left out because they are the output itself (an earlier export into the
+    /// directory being exported).
+    pub skipped_output: Vec<PathBuf>,
 }
 
 impl ExportReport {
@@ -454,6 +457,9 @@ impl ExportReport {
                 let _ = writeln!(t, "file {}: {}", f.path.display(), lost.join("; "));
             }
         }
+        for p in &self.skipped_output {
+            let _ = writeln!(t, "file {}: the output itself, left out", p.display());
+        }
         let _ = writeln!(
             t,
             "wrote {} records as {} rows from {} file(s) to {}",
@@ -469,14 +475,19 @@ impl ExportReport {
 /// Writes the decision logs `paths` (JSON lines, compressed or not, or Parquet from an
 /// earlier export) into one Parquet file `out`. A bad line is skipped and counted against
 /// its file; the rest of the file is still written. The file appears under its name only
-/// once it is complete.
+/// once it is complete; an earlier `out` among `paths` is left out, not read.
 pub fn export(paths: &[PathBuf], out: &Path) -> Result<ExportReport, ColumnarError> {
     let partial = out.with_extension("parquet.partial");
-    let mut sink = ParquetSink::create(&partial)?;
     let mut report = ExportReport {
         out: out.to_path_buf(),
         ..ExportReport::default()
     };
+    let out_id = std::fs::canonicalize(out).ok();
+    let (skipped, paths): (Vec<&PathBuf>, Vec<&PathBuf>) = paths
+        .iter()
+        .partition(|p| out_id.is_some() && std::fs::canonicalize(p).ok() == out_id);
+    report.skipped_output = skipped.into_iter().cloned().collect();
+    let mut sink = ParquetSink::create(&partial)?;
     for path in paths {
         let file = export_one(path, &mut sink);
         report.records += file.records;

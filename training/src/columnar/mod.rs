@@ -343,7 +343,7 @@ impl ParquetLog {
         )
     }
 
-    /// Reads the next batch into `rows`; false at the end or after an error (in `err`).
+    /// Reads the next batch into `rows`; false at the end.
     fn next_batch(&mut self) -> Result<bool, ColumnarError> {
         let batch = match self.batches.next() {
             None => return Ok(false),

@@ -16,9 +16,10 @@
 //! # A fleet's logs
 //!
 //! [`Fleet`] reads many hosts' logs at once, as operators collect them: files, directories
-//! (searched recursively for `*.jsonl`, rotated `*.jsonl.N`, either compressed), glob
-//! patterns ([`expand_sources`]), gzip or zstd compressed (told by their first bytes,
-//! not their names). Each log part is featurised with the host its own header records.
+//! (searched recursively for `*.jsonl`, rotated `*.jsonl.N`, either compressed, and
+//! `*.parquet`), glob patterns ([`expand_sources`]), gzip or zstd compressed (told by
+//! their first bytes, not their names), or Parquet from `cohabit-train export`
+//! ([`crate::columnar`]; each log it holds keeps its own host and parts). Each log part is featurised with the host its own header records.
 //! Identical records are counted once: a log collected twice, or a rotated file kept
 //! beside its compressed copy, adds no rows (a pair of records already seen, on the same
 //! host, is skipped). A bad line is counted against its file and breaks the run there
@@ -131,8 +132,11 @@ pub fn rows_from_pair(
 }
 
 /// True for the names a decision log takes: `*.jsonl`, rotated `*.jsonl.N`, either with
-/// `.gz` or `.zst` after it.
+/// `.gz` or `.zst` after it, and `*.parquet` (from `cohabit-train export`).
 pub fn is_log_name(name: &str) -> bool {
+    if name.ends_with(".parquet") {
+        return true;
+    }
     let base = name
         .strip_suffix(".gz")
         .or_else(|| name.strip_suffix(".zst"))
@@ -345,6 +349,21 @@ pub struct Fleet {
     files: Vec<FileReport>,
 }
 
+/// One item of a log file, as the fleet reader takes it.
+enum Entry {
+    /// A record, the host its part of the log names (`None`: a version-1 part) and which
+    /// part of the file it is in (the log it came from, and the headers read in it).
+    Record {
+        record: Box<DecisionRecord>,
+        host: Option<HostCapacity>,
+        part: (String, usize),
+    },
+    /// A line (or Parquet row) that is not a record: counted, and it breaks the run there.
+    Bad(String),
+    /// Reading stopped here.
+    Failed(String),
+}
+
 /// The previous record of a run being read, for pairing.
 struct Prev {
     record: DecisionRecord,
@@ -368,8 +387,12 @@ impl Fleet {
         Ok(())
     }
 
-    /// Reads one log file; what goes wrong is in its [`FileReport`].
+    /// Reads one log file (JSON lines, or Parquet from `cohabit-train export`); what goes
+    /// wrong is in its [`FileReport`].
     pub fn add_file(&mut self, path: &Path) {
+        if crate::columnar::is_parquet(path) {
+            return self.add_parquet(path);
+        }
         match open_log(path) {
             Ok(input) => self.add_reader(path, input),
             Err(e) => self.files.push(FileReport {
@@ -382,36 +405,88 @@ impl Fleet {
 
     /// Reads one log from `input`; `path` names it in the report.
     pub fn add_reader(&mut self, path: &Path, input: impl BufRead) {
+        let mut reader = DecisionLogReader::new(input);
+        let entries = std::iter::from_fn(|| {
+            Some(match reader.next()? {
+                Ok(record) => Entry::Record {
+                    host: reader.host().cloned(),
+                    part: (String::new(), reader.headers_read()),
+                    record: Box::new(record),
+                },
+                Err(cohabit_core::LogError::Read { line, source }) => {
+                    Entry::Failed(format!("line {line}: {source}"))
+                }
+                Err(e) => Entry::Bad(e.to_string()),
+            })
+        });
+        let mut report = self.add_entries(path, entries);
+        report.cut_last_line = reader.cut_last_line();
+        if let Some(line) = report.cut_last_line {
+            tracing::warn!(
+                file = %path.display(),
+                line,
+                "the last line of the decision log was cut off mid-write; it was skipped"
+            );
+        }
+        self.files.push(report);
+    }
+
+    /// Reads a Parquet log: each part of each log it holds is a run, with its own host.
+    fn add_parquet(&mut self, path: &Path) {
+        let log = match crate::columnar::ParquetLog::open(path) {
+            Ok(log) => log,
+            Err(e) => {
+                return self.files.push(FileReport {
+                    path: path.to_path_buf(),
+                    failed: Some(e.to_string()),
+                    ..FileReport::default()
+                })
+            }
+        };
+        let entries = log.map(|item| match item {
+            Ok(r) => Entry::Record {
+                host: r.header.map(|h| h.host),
+                part: (r.source, r.part as usize),
+                record: Box::new(r.record),
+            },
+            Err(e @ crate::columnar::ColumnarError::Value { .. }) => Entry::Bad(e.to_string()),
+            Err(e) => Entry::Failed(e.to_string()),
+        });
+        let report = self.add_entries(path, entries);
+        self.files.push(report);
+    }
+
+    /// Pairs the records of one file's `entries` into rows.
+    fn add_entries(&mut self, path: &Path, entries: impl Iterator<Item = Entry>) -> FileReport {
         let mut report = FileReport {
             path: path.to_path_buf(),
             ..FileReport::default()
         };
         let mut hosts_in_file: HashSet<String> = HashSet::new();
-        let mut reader = DecisionLogReader::new(input);
         let mut prev: Option<Prev> = None;
-        let mut part = 0;
-        while let Some(item) = reader.next() {
-            let record = match item {
-                Ok(r) => r,
-                Err(cohabit_core::LogError::Read { line, source }) => {
-                    report.failed = Some(format!("line {line}: {source}"));
+        let mut part = (String::new(), 0);
+        for entry in entries {
+            let (record, host, this_part) = match entry {
+                Entry::Record { record, host, part } => (record, host, part),
+                Entry::Failed(why) => {
+                    report.failed = Some(why);
                     break;
                 }
-                Err(e) => {
+                Entry::Bad(error) => {
                     report.bad_lines += 1;
                     if report.errors.len() < ERRORS_KEPT {
-                        report.errors.push(e.to_string());
+                        report.errors.push(error);
                     }
                     prev = None;
                     continue;
                 }
             };
-            if reader.headers_read() != part {
-                part = reader.headers_read();
+            if this_part != part {
+                part = this_part;
                 prev = None;
             }
             report.records += 1;
-            let Some(host) = reader.host().or(self.fallback.as_ref()).cloned() else {
+            let Some(host) = host.or_else(|| self.fallback.clone()) else {
                 report.without_host += 1;
                 prev = None;
                 continue;
@@ -447,17 +522,12 @@ impl Fleet {
                     self.rows.rows.extend(rows);
                 }
             }
-            prev = Some(Prev { record, digest });
+            prev = Some(Prev {
+                record: *record,
+                digest,
+            });
         }
-        report.cut_last_line = reader.cut_last_line();
-        if let Some(line) = report.cut_last_line {
-            tracing::warn!(
-                file = %path.display(),
-                line,
-                "the last line of the decision log was cut off mid-write; it was skipped"
-            );
-        }
-        self.files.push(report);
+        report
     }
 
     /// The rows read so far.

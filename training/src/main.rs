@@ -59,7 +59,8 @@ enum Command {
     /// into a dataset; prints the rows per host and what each file lost.
     Logs {
         /// Decision logs: files, directories (searched recursively for *.jsonl and rotated
-        /// *.jsonl.N, gzip or zstd compressed too) and glob patterns (quote them).
+        /// *.jsonl.N, gzip or zstd compressed too, and *.parquet from `export`) and glob
+        /// patterns (quote them).
         #[arg(value_name = "LOG")]
         sources: Vec<String>,
         /// More decision logs (the same as the positional ones).
@@ -72,6 +73,19 @@ enum Command {
         /// Output (JSON Lines).
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Write decision logs (one host's or a fleet's) as one Parquet file for DuckDB,
+    /// Spark, pandas or polars: a row per decision and service, the host's capacity as
+    /// columns (docs/FLEETS.md lists them). A bad line is skipped and reported with its
+    /// file and line; the rest is written.
+    Export {
+        /// Decision logs: files, directories and glob patterns, as `logs` takes them
+        /// (Parquet from an earlier export too).
+        #[arg(value_name = "LOG", required = true)]
+        sources: Vec<String>,
+        /// The Parquet file to write (replaced once the export is complete).
+        #[arg(long, value_name = "OUT")]
+        parquet: PathBuf,
     },
     /// Train the ensemble (and the baseline), evaluate, and write the model artifact.
     Fit {
@@ -266,6 +280,18 @@ fn main() -> Result<()> {
                 report.files.len(),
                 out.display()
             );
+        }
+        Command::Export { sources, parquet } => {
+            let paths = cohabit_training::logs::expand_sources(&sources)?;
+            let report = cohabit_training::columnar::export(&paths, &parquet)?;
+            print!("{}", report.render());
+            if report.records == 0 {
+                let _ = std::fs::remove_file(&parquet);
+                anyhow::bail!(
+                    "no decision records in {} file(s) (see above); nothing written",
+                    report.files.len()
+                );
+            }
         }
         Command::Fit {
             gpu,

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::error::ConfigError;
+
 /// A service's `gpu = { … }` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,16 +73,18 @@ pub struct MpsConfig {
 const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
 impl TryFrom<MpsFile> for MpsConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(m: MpsFile) -> Result<Self, String> {
+    /// Errors name fields within `[mps]`.
+    fn try_from(m: MpsFile) -> Result<Self, ConfigError> {
         if let Some(p) = m
             .pinned_mem_limit
             .as_deref()
             .filter(|p| !pinned_limit_ok(p))
         {
-            return Err(format!(
-                "mps.pinned_mem_limit {p:?} must look like 0=8G (a device, =, a number and K, M or G)"
+            return Err(ConfigError::invalid(
+                "pinned_mem_limit",
+                format!("{p:?} must look like 0=8G (a device, =, a number and K, M or G)"),
             ));
         }
         Ok(Self {
@@ -105,26 +109,32 @@ fn pinned_limit_ok(v: &str) -> bool {
 }
 
 impl TryFrom<&GpuFile> for GpuConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(g: &GpuFile) -> Result<Self, String> {
+    /// Errors name fields within the service's `gpu`.
+    fn try_from(g: &GpuFile) -> Result<Self, ConfigError> {
         let index = u32::try_from(g.index)
-            .map_err(|_| format!("gpu.index must be >= 0, got {}", g.index))?;
+            .map_err(|_| ConfigError::range("index", Some(0.0), None, g.index as f64))?;
         if g.restart.trim().is_empty() {
-            return Err(
-                "gpu.restart must be a command that restarts the service's MPS client".into(),
-            );
+            return Err(ConfigError::invalid(
+                "restart",
+                "must be a command that restarts the service's MPS client",
+            ));
         }
         if g.min_restart_interval_ms < 0 {
-            return Err(format!(
-                "gpu.min_restart_interval_ms must be >= 0, got {}",
-                g.min_restart_interval_ms
+            return Err(ConfigError::range(
+                "min_restart_interval_ms",
+                Some(0.0),
+                None,
+                g.min_restart_interval_ms as f64,
             ));
         }
         if !(1..=3_600_000).contains(&g.hook_timeout_ms) {
-            return Err(format!(
-                "gpu.hook_timeout_ms must be between 1 and 3600000, got {}",
-                g.hook_timeout_ms
+            return Err(ConfigError::range(
+                "hook_timeout_ms",
+                Some(1.0),
+                Some(3_600_000.0),
+                g.hook_timeout_ms as f64,
             ));
         }
         if let Some(name) = g.mps_server.as_deref().filter(|n| {
@@ -133,8 +143,9 @@ impl TryFrom<&GpuFile> for GpuConfig {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         }) {
-            return Err(format!(
-                "gpu.mps_server {name:?} must be a name of letters, digits, -, _ and ."
+            return Err(ConfigError::invalid(
+                "mps_server",
+                format!("{name:?} must be a name of letters, digits, -, _ and ."),
             ));
         }
         Ok(GpuConfig {

@@ -7,6 +7,8 @@ use cohabit_collectors::cgroup::CpuList;
 use cohabit_collectors::HostPaths;
 use serde::Deserialize;
 
+use super::error::{ConfigError, Problem};
+
 /// `[host]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,37 +90,26 @@ const MAX_CPUS: u64 = 4096;
 const MAX_GPUS: i64 = 64;
 
 impl TryFrom<HostFile> for HostConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(h: HostFile) -> Result<Self, String> {
-        if let Some(c) = &h.cpus {
-            if cpu_list_len(c).is_some_and(|n| n > MAX_CPUS) {
-                return Err(format!("host.cpus {c:?} lists more than {MAX_CPUS} CPUs"));
-            }
-        }
-        if let Some(g) = h.gpus.filter(|g| *g > MAX_GPUS) {
-            return Err(format!("host.gpus must be at most {MAX_GPUS}, got {g}"));
-        }
-        let cpus = h
-            .cpus
-            .as_deref()
-            .map(|c| c.parse::<CpuList>().map_err(|e| format!("host.cpus: {e}")))
-            .transpose()?;
-        if cpus.as_ref().is_some_and(|c| c.0.is_empty()) {
-            return Err("host.cpus must list at least one CPU".into());
-        }
-        if let Some(bw) = h.mem_bw_gbps {
-            if !(bw.is_finite() && bw > 0.0) {
-                return Err(format!(
-                    "host.mem_bw_gbps must be a positive number, got {bw}"
-                ));
-            }
+    /// Errors name fields within `[host]`.
+    fn try_from(h: HostFile) -> Result<Self, ConfigError> {
+        let cpus = h.cpus.as_deref().map(cpus).transpose()?;
+        if let Some(bw) = h.mem_bw_gbps.filter(|bw| !(bw.is_finite() && *bw > 0.0)) {
+            return Err(ConfigError::invalid(
+                "mem_bw_gbps",
+                format!("must be a positive number, got {bw}"),
+            ));
         }
         let gpus = h
             .gpus
             .map(|g| {
                 u32::try_from(g)
-                    .map_err(|_| format!("host.gpus must be a whole number >= 0, got {g}"))
+                    .ok()
+                    .filter(|g| i64::from(*g) <= MAX_GPUS)
+                    .ok_or_else(|| {
+                        ConfigError::range("gpus", Some(0.0), Some(MAX_GPUS as f64), g as f64)
+                    })
             })
             .transpose()?;
         Ok(Self {
@@ -132,6 +123,23 @@ impl TryFrom<HostFile> for HostConfig {
     }
 }
 
+/// `cpus`: a CPU list of at least one and at most [`MAX_CPUS`] CPUs.
+fn cpus(text: &str) -> Result<CpuList, ConfigError> {
+    if cpu_list_len(text).is_some_and(|n| n > MAX_CPUS) {
+        return Err(ConfigError::invalid(
+            "cpus",
+            format!("{text:?} lists more than {MAX_CPUS} CPUs"),
+        ));
+    }
+    let cpus = text
+        .parse::<CpuList>()
+        .map_err(|e| ConfigError::new("cpus", Problem::WrongType(e.to_string())))?;
+    if cpus.0.is_empty() {
+        return Err(ConfigError::invalid("cpus", "must list at least one CPU"));
+    }
+    Ok(cpus)
+}
+
 /// `[paths]`, validated: the kernel interfaces' roots and the state directory.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct PathsConfig {
@@ -142,16 +150,17 @@ pub(super) struct PathsConfig {
 }
 
 impl TryFrom<PathsFile> for PathsConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(p: PathsFile) -> Result<Self, String> {
+    /// Errors name fields within `[paths]`.
+    fn try_from(p: PathsFile) -> Result<Self, ConfigError> {
         let state_dir = p
             .state_dir
             .unwrap_or_else(|| super::super::state::DEFAULT_STATE_DIR.into());
         if !state_dir.is_absolute() {
-            return Err(format!(
-                "paths.state_dir must be an absolute path, got {}",
-                state_dir.display()
+            return Err(ConfigError::invalid(
+                "state_dir",
+                format!("must be an absolute path, got {}", state_dir.display()),
             ));
         }
         let standard = HostPaths::standard();

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::error::ConfigError;
+
 /// `[kubernetes]` as written (its presence turns pod discovery on).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,17 +92,65 @@ pub struct KubernetesConfig {
 }
 
 /// Validates `[kubernetes]`; `env` reads the environment (`NODE_NAME`);
-/// `collect_timeout_ms` bounds pods' probe time-outs.
+/// `collect_timeout_ms` bounds pods' probe time-outs. Errors name fields within
+/// `[kubernetes]`.
 pub(super) fn kubernetes(
     k: &KubernetesFile,
     env: &dyn Fn(&str) -> Option<String>,
     collect_timeout_ms: u64,
-) -> Result<KubernetesConfig, String> {
+) -> Result<KubernetesConfig, ConfigError> {
+    use cohabit_collectors::kubepods::Driver;
+    let cgroup_driver = match k.cgroup_driver.as_str() {
+        "auto" => None,
+        "cgroupfs" => Some(Driver::Cgroupfs),
+        "systemd" => Some(Driver::Systemd),
+        other => {
+            return Err(ConfigError::invalid(
+                "cgroup_driver",
+                format!("{other:?} must be auto, cgroupfs or systemd"),
+            ))
+        }
+    };
+    let cgroup_root = k.cgroup_root.clone().unwrap_or_else(|| "/".into());
+    if !cgroup_root.starts_with('/') || cgroup_root.split('/').any(|p| p == "." || p == "..") {
+        return Err(ConfigError::invalid(
+            "cgroup_root",
+            format!("{cgroup_root:?} must be an absolute cgroup path without . or .. (the kubelet's --cgroup-root)"),
+        ));
+    }
+    let kubelet_dir = k.kubelet_dir.as_deref();
+    let socket_dir = k.socket_dir.as_deref();
+    Ok(KubernetesConfig {
+        node_name: node_name(k, env)?,
+        cgroup_driver,
+        cgroup_root,
+        kubelet_dir: absolute(
+            "kubelet_dir",
+            kubelet_dir.unwrap_or(Path::new(DEFAULT_KUBELET_DIR)),
+        )?,
+        api: kube_api(k)?,
+        socket_dir: absolute(
+            "socket_dir",
+            socket_dir.unwrap_or(Path::new(DEFAULT_POD_SOCKET_DIR)),
+        )?,
+        trust: pod_trust(k)?,
+        max_pod_probe_timeout_ms: collect_timeout_ms,
+    })
+}
+
+/// `node_name`, else the environment's `NODE_NAME`: a node name.
+fn node_name(
+    k: &KubernetesFile,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, ConfigError> {
     let node_name = match (&k.node_name, env("NODE_NAME")) {
         (Some(n), _) => n.clone(),
         (None, Some(n)) if !n.is_empty() => n,
         _ => {
-            return Err("kubernetes.node_name is not set and neither is the environment variable NODE_NAME (the DaemonSet sets it from spec.nodeName)".into())
+            return Err(ConfigError::missing(
+                "node_name",
+                "is not set and neither is the environment variable NODE_NAME (the DaemonSet sets it from spec.nodeName)",
+            ))
         }
     };
     let dns = !node_name.is_empty()
@@ -109,120 +159,81 @@ pub(super) fn kubernetes(
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
     if !dns {
-        return Err(format!(
-            "kubernetes.node_name {node_name:?} is not a node name (lowercase letters, digits, - and ., at most 253)"
+        return Err(ConfigError::invalid(
+            "node_name",
+            format!("{node_name:?} is not a node name (lowercase letters, digits, - and ., at most 253)"),
         ));
     }
-    use cohabit_collectors::kubepods::Driver;
-    let cgroup_driver = match k.cgroup_driver.as_str() {
-        "auto" => None,
-        "cgroupfs" => Some(Driver::Cgroupfs),
-        "systemd" => Some(Driver::Systemd),
-        other => {
-            return Err(format!(
-                "kubernetes.cgroup_driver {other:?} must be auto, cgroupfs or systemd"
-            ))
-        }
-    };
-    let cgroup_root = k.cgroup_root.clone().unwrap_or_else(|| "/".into());
-    if !cgroup_root.starts_with('/') || cgroup_root.split('/').any(|p| p == "." || p == "..") {
-        return Err(format!(
-            "kubernetes.cgroup_root {cgroup_root:?} must be an absolute cgroup path without . or .. (the kubelet's --cgroup-root)"
-        ));
+    Ok(node_name)
+}
+
+/// `p`, which must be absolute, at `field`.
+fn absolute(field: &str, p: &Path) -> Result<PathBuf, ConfigError> {
+    if p.is_absolute() {
+        Ok(p.to_path_buf())
+    } else {
+        Err(ConfigError::invalid(
+            field,
+            format!("{} must be an absolute path", p.display()),
+        ))
     }
-    let absolute = |key: &str, p: &Path| {
-        if p.is_absolute() {
-            Ok(p.to_path_buf())
-        } else {
-            Err(format!(
-                "kubernetes.{key} {} must be an absolute path",
-                p.display()
-            ))
-        }
-    };
-    let kubelet_dir = absolute(
-        "kubelet_dir",
-        k.kubelet_dir
-            .as_deref()
-            .unwrap_or(Path::new(DEFAULT_KUBELET_DIR)),
-    )?;
-    let socket_dir = absolute(
-        "socket_dir",
-        k.socket_dir
-            .as_deref()
-            .unwrap_or(Path::new(DEFAULT_POD_SOCKET_DIR)),
-    )?;
-    let api = kube_api(k)?;
-    Ok(KubernetesConfig {
-        node_name,
-        cgroup_driver,
-        cgroup_root,
-        kubelet_dir,
-        api,
-        socket_dir,
-        trust: pod_trust(k)?,
-        max_pod_probe_timeout_ms: collect_timeout_ms,
-    })
 }
 
 /// `api_url`, `token_file`, `ca_file` and `insecure_http`, checked: the API server.
-fn kube_api(k: &KubernetesFile) -> Result<KubeApi, String> {
-    let absolute = |key: &str, p: &Path| {
-        if p.is_absolute() {
-            Ok(p.to_path_buf())
-        } else {
-            Err(format!(
-                "kubernetes.{key} {} must be an absolute path",
-                p.display()
-            ))
-        }
-    };
+fn kube_api(k: &KubernetesFile) -> Result<KubeApi, ConfigError> {
     if k.insecure_http && k.api_url.is_none() {
-        return Err("kubernetes.insecure_http goes with an http:// api_url".into());
+        return Err(ConfigError::conflict(
+            "insecure_http",
+            "goes with an http:// api_url",
+        ));
     }
-    Ok(match &k.api_url {
-        None if k.token_file.is_some() || k.ca_file.is_some() => {
-            return Err("kubernetes.token_file and ca_file go with api_url (in the cluster the service account's are used)".into())
+    let Some(url) = &k.api_url else {
+        if let Some(key) = [("token_file", &k.token_file), ("ca_file", &k.ca_file)]
+            .iter()
+            .find_map(|(key, v)| v.is_some().then_some(*key))
+        {
+            return Err(ConfigError::conflict(
+                key,
+                "goes with api_url (in the cluster the service account's is used)",
+            ));
         }
-        None => KubeApi::InCluster,
-        Some(url) => {
-            let ok = ["https://", "http://"].iter().any(|scheme| {
-                url.strip_prefix(scheme)
-                    .is_some_and(|r| !r.is_empty() && !r.contains(char::is_whitespace))
-            });
-            if !ok {
-                return Err(format!(
-                    "kubernetes.api_url {url:?} must be an https:// (or http://) URL"
-                ));
-            }
-            if url.starts_with("http://") && k.token_file.is_some() && !k.insecure_http {
-                return Err(format!(
-                    "kubernetes.api_url {url:?} would send the bearer token (token_file) in clear: use https://, or set insecure_http = true for a test server on a trusted path"
-                ));
-            }
-            KubeApi::Url {
-                insecure_http: k.insecure_http,
-                url: url.clone(),
-                token_file: k
-                    .token_file
-                    .as_deref()
-                    .map(|p| absolute("token_file", p))
-                    .transpose()?,
-                ca_file: k
-                    .ca_file
-                    .as_deref()
-                    .map(|p| absolute("ca_file", p))
-                    .transpose()?,
-            }
-        }
+        return Ok(KubeApi::InCluster);
+    };
+    let ok = ["https://", "http://"].iter().any(|scheme| {
+        url.strip_prefix(scheme)
+            .is_some_and(|r| !r.is_empty() && !r.contains(char::is_whitespace))
+    });
+    if !ok {
+        return Err(ConfigError::invalid(
+            "api_url",
+            format!("{url:?} must be an https:// (or http://) URL"),
+        ));
+    }
+    if url.starts_with("http://") && k.token_file.is_some() && !k.insecure_http {
+        return Err(ConfigError::conflict(
+            "api_url",
+            format!("{url:?} would send the bearer token (token_file) in clear: use https://, or set insecure_http = true for a test server on a trusted path"),
+        ));
+    }
+    Ok(KubeApi::Url {
+        insecure_http: k.insecure_http,
+        url: url.clone(),
+        token_file: (k.token_file.as_deref())
+            .map(|p| absolute("token_file", p))
+            .transpose()?,
+        ca_file: (k.ca_file.as_deref())
+            .map(|p| absolute("ca_file", p))
+            .transpose()?,
     })
 }
 
 /// `latency_critical_namespaces`, `max_pod_priority` and `min_pod_p99_target_ms`, checked.
-fn pod_trust(k: &KubernetesFile) -> Result<cohabit_kube::trust::PodTrust, String> {
+fn pod_trust(k: &KubernetesFile) -> Result<cohabit_kube::trust::PodTrust, ConfigError> {
+    use cohabit_kube::annotations::MAX_P99_TARGET_MS;
     use cohabit_kube::trust::{MAX_PRIORITY, MIN_POD_P99_TARGET_FLOOR_MS, MIN_PRIORITY};
     let mut namespaces = BTreeSet::new();
-    for ns in &k.latency_critical_namespaces {
+    for (i, ns) in k.latency_critical_namespaces.iter().enumerate() {
+        let field = format!("latency_critical_namespaces[{i}]");
         // A namespace name is an RFC 1123 label.
         let label = !ns.is_empty()
             && ns.len() <= 63
@@ -232,13 +243,17 @@ fn pod_trust(k: &KubernetesFile) -> Result<cohabit_kube::trust::PodTrust, String
             && !ns.starts_with('-')
             && !ns.ends_with('-');
         if !label {
-            return Err(format!(
-                "kubernetes.latency_critical_namespaces: {ns:?} is not a namespace name (lowercase letters, digits and -, at most 63)"
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "{ns:?} is not a namespace name (lowercase letters, digits and -, at most 63)"
+                ),
             ));
         }
         if !namespaces.insert(ns.clone()) {
-            return Err(format!(
-                "kubernetes.latency_critical_namespaces: {ns:?} is listed twice"
+            return Err(ConfigError::conflict(
+                field,
+                format!("{ns:?} is listed twice"),
             ));
         }
     }
@@ -246,19 +261,23 @@ fn pod_trust(k: &KubernetesFile) -> Result<cohabit_kube::trust::PodTrust, String
         .ok()
         .filter(|p| (MIN_PRIORITY..=MAX_PRIORITY).contains(p))
         .ok_or_else(|| {
-            format!(
-                "kubernetes.max_pod_priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} (the bounds of configured services), got {}",
-                k.max_pod_priority
+            ConfigError::range(
+                "max_pod_priority",
+                Some(f64::from(MIN_PRIORITY)),
+                Some(f64::from(MAX_PRIORITY)),
+                k.max_pod_priority as f64,
             )
+            .noted(" (the bounds of configured services)")
         })?;
     let floor = k.min_pod_p99_target_ms;
-    if !(MIN_POD_P99_TARGET_FLOOR_MS..=cohabit_kube::annotations::MAX_P99_TARGET_MS)
-        .contains(&floor)
-    {
-        return Err(format!(
-            "kubernetes.min_pod_p99_target_ms must be from {MIN_POD_P99_TARGET_FLOOR_MS} to {} milliseconds, got {floor}",
-            cohabit_kube::annotations::MAX_P99_TARGET_MS
-        ));
+    if !(MIN_POD_P99_TARGET_FLOOR_MS..=MAX_P99_TARGET_MS).contains(&floor) {
+        return Err(ConfigError::range(
+            "min_pod_p99_target_ms",
+            Some(MIN_POD_P99_TARGET_FLOOR_MS),
+            Some(MAX_P99_TARGET_MS),
+            floor,
+        )
+        .noted(" milliseconds"));
     }
     Ok(cohabit_kube::trust::PodTrust {
         latency_critical_namespaces: namespaces,
@@ -330,7 +349,7 @@ mod tests {
             ("socket_dir = \"pods\"", "kubernetes.socket_dir"),
             (
                 "token_file = \"/t\"",
-                "token_file and ca_file go with api_url",
+                "kubernetes.token_file goes with api_url",
             ),
             ("api_url = \"ftp://10.0.0.1\"", "kubernetes.api_url"),
             ("api_url = \"https://\"", "kubernetes.api_url"),
@@ -379,7 +398,7 @@ mod tests {
         assert_eq!(k.max_pod_probe_timeout_ms, 200);
         for (section, why) in [
             ("max_pod_priority = 1001", "kubernetes.max_pod_priority"),
-            ("max_pod_priority = 2147483647", "from -1000 to 1000"),
+            ("max_pod_priority = 2147483647", "between -1000 and 1000"),
             ("max_pod_priority = -1001", "kubernetes.max_pod_priority"),
             (
                 "min_pod_p99_target_ms = 0.0",

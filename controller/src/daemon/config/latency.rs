@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use cohabit_collectors::latency::{PushAddr, DEFAULT_MODE};
-use cohabit_collectors::probe::{ProbeSettings, ProbeUrl};
+use cohabit_collectors::probe::{ProbeError, ProbeSettings, ProbeUrl, MAX_RATE_HZ};
 use cohabit_collectors::users::{GroupRef, UserRef};
 use serde::Deserialize;
 
+use super::error::{ConfigError, Problem};
 use super::service::{group_ref, user_ref, IdFile};
 
 /// `latency = { … }` as written (a `[[service]]`'s, or a pod's `cohabit.io/latency` table).
@@ -107,56 +108,52 @@ impl Default for PushAccess {
 }
 
 /// A Unix push socket path: absolute, not a directory.
-fn unix_path(p: &Path) -> Result<PathBuf, String> {
+fn unix_path(p: &Path) -> Result<PathBuf, ConfigError> {
     if !p.is_absolute() || p.file_name().is_none() {
-        return Err(format!(
-            "latency.unix {} must be an absolute path to a socket file",
-            p.display()
+        return Err(ConfigError::invalid(
+            "unix",
+            format!("{} must be an absolute path to a socket file", p.display()),
         ));
     }
     Ok(p.to_path_buf())
 }
 
 /// `owner`, `group`, `mode`, `allowed_users` and `allowed_groups` of a Unix push socket.
-fn push_access(l: &LatencyFile) -> Result<PushAccess, String> {
+fn push_access(l: &LatencyFile) -> Result<PushAccess, ConfigError> {
     let mode = match &l.mode {
         None => DEFAULT_MODE,
         Some(m) => u32::from_str_radix(m, 8)
             .ok()
             .filter(|v| *v <= 0o777 && !m.is_empty() && m.len() <= 4)
             .ok_or_else(|| {
-                format!("latency.mode {m:?} must be octal permission bits such as \"0660\"")
+                ConfigError::invalid(
+                    "mode",
+                    format!("{m:?} must be octal permission bits such as \"0660\""),
+                )
             })?,
     };
     Ok(PushAccess {
-        owner: l
-            .owner
-            .as_ref()
-            .map(|o| user_ref("latency.owner", o))
-            .transpose()?,
+        owner: l.owner.as_ref().map(|o| user_ref("owner", o)).transpose()?,
         group: l
             .group
             .as_ref()
-            .map(|g| group_ref("latency.group", g))
+            .map(|g| group_ref("group", g))
             .transpose()?,
         mode,
-        allowed_users: l
-            .allowed_users
-            .iter()
-            .map(|u| user_ref("latency.allowed_users", u))
+        allowed_users: (l.allowed_users.iter().enumerate())
+            .map(|(i, u)| user_ref(&format!("allowed_users[{i}]"), u))
             .collect::<Result<_, _>>()?,
-        allowed_groups: l
-            .allowed_groups
-            .iter()
-            .map(|g| group_ref("latency.allowed_groups", g))
+        allowed_groups: (l.allowed_groups.iter().enumerate())
+            .map(|(i, g)| group_ref(&format!("allowed_groups[{i}]"), g))
             .collect::<Result<_, _>>()?,
     })
 }
 
 impl TryFrom<&LatencyFile> for LatencySource {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(l: &LatencyFile) -> Result<Self, String> {
+    /// Errors name fields within the `latency` table.
+    fn try_from(l: &LatencyFile) -> Result<Self, ConfigError> {
         stray_keys(l)?;
         match (&l.push, &l.unix, &l.prometheus, &l.probe) {
             (None, None, None, Some(url)) => probe(url, l),
@@ -166,46 +163,86 @@ impl TryFrom<&LatencyFile> for LatencySource {
                 access: push_access(l)?,
             }),
             (None, None, Some(url), None) => prometheus(url, l),
-            _ => Err("latency needs exactly one of push, unix, prometheus, probe".into()),
+            _ => Err(ConfigError::conflict(
+                "",
+                "needs exactly one of push, unix, prometheus, probe",
+            )),
         }
     }
 }
 
-/// Keys given without the source they belong to.
-fn stray_keys(l: &LatencyFile) -> Result<(), String> {
-    if l.probe.is_none() && (l.rate_hz.is_some() || l.timeout_ms.is_some()) {
-        return Err("latency.rate_hz and latency.timeout_ms go with probe".into());
+/// Keys given without the source they belong to: the first one, and its source.
+fn stray_keys(l: &LatencyFile) -> Result<(), ConfigError> {
+    let given = |key: &'static str, set: bool| set.then_some(key);
+    let stray = [
+        (
+            l.probe.is_none(),
+            "probe",
+            given("rate_hz", l.rate_hz.is_some()),
+        ),
+        (
+            l.probe.is_none(),
+            "probe",
+            given("timeout_ms", l.timeout_ms.is_some()),
+        ),
+        (
+            l.prometheus.is_none(),
+            "prometheus",
+            given("metric", l.metric.is_some()),
+        ),
+        (
+            l.prometheus.is_none(),
+            "prometheus",
+            given("unit_seconds", l.unit_seconds.is_some()),
+        ),
+        (
+            l.push.is_none(),
+            "push (UDP)",
+            given("unauthenticated", l.unauthenticated),
+        ),
+        (l.unix.is_none(), "unix", given("owner", l.owner.is_some())),
+        (l.unix.is_none(), "unix", given("group", l.group.is_some())),
+        (l.unix.is_none(), "unix", given("mode", l.mode.is_some())),
+        (
+            l.unix.is_none(),
+            "unix",
+            given("allowed_users", !l.allowed_users.is_empty()),
+        ),
+        (
+            l.unix.is_none(),
+            "unix",
+            given("allowed_groups", !l.allowed_groups.is_empty()),
+        ),
+    ];
+    match stray
+        .into_iter()
+        .find_map(|(absent, source, key)| key.filter(|_| absent).map(|k| (k, source)))
+    {
+        Some((key, source)) => Err(ConfigError::conflict(key, format!("goes with {source}"))),
+        None => Ok(()),
     }
-    if l.prometheus.is_none() && (l.metric.is_some() || l.unit_seconds.is_some()) {
-        return Err("latency.metric and latency.unit_seconds go with prometheus".into());
-    }
-    if l.push.is_none() && l.unauthenticated {
-        return Err("latency.unauthenticated goes with push (UDP)".into());
-    }
-    let unix_keys = l.owner.is_some()
-        || l.group.is_some()
-        || l.mode.is_some()
-        || !l.allowed_users.is_empty()
-        || !l.allowed_groups.is_empty();
-    if l.unix.is_none() && unix_keys {
-        return Err(
-            "latency.owner, group, mode, allowed_users and allowed_groups go with unix".into(),
-        );
-    }
-    Ok(())
 }
 
 /// `push = "ADDR"`: a UDP socket on loopback, taken only when said to be unauthenticated.
-fn udp(addr: &str, l: &LatencyFile) -> Result<LatencySource, String> {
+fn udp(addr: &str, l: &LatencyFile) -> Result<LatencySource, ConfigError> {
     let a: std::net::SocketAddr = addr.parse().map_err(|e| {
-        format!("latency.push {addr:?} is not an address like 127.0.0.1:9400 ({e})")
+        ConfigError::new(
+            "push",
+            Problem::WrongType(format!(
+                "{addr:?} is not an address like 127.0.0.1:9400 ({e})"
+            )),
+        )
     })?;
     if !a.ip().is_loopback() {
-        return Err(format!("latency.push {addr:?} must be a loopback address"));
+        return Err(ConfigError::invalid(
+            "push",
+            format!("{addr:?} must be a loopback address"),
+        ));
     }
     if !l.unauthenticated {
-        return Err(format!(
-            "latency.push {addr:?} needs unauthenticated = true: any local user or container on the host network can send to a UDP port and steer the allocation; use unix = \"/run/cohabit/NAME.sock\" to accept only the service's processes"
+        return Err(ConfigError::invalid(
+            "push",
+            format!("{addr:?} needs unauthenticated = true: any local user or container on the host network can send to a UDP port and steer the allocation; use unix = \"/run/cohabit/NAME.sock\" to accept only the service's processes"),
         ));
     }
     Ok(LatencySource::Push {
@@ -215,23 +252,28 @@ fn udp(addr: &str, l: &LatencyFile) -> Result<LatencySource, String> {
 }
 
 /// `prometheus = "URL"` with its `metric` and `unit_seconds`.
-fn prometheus(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
+fn prometheus(url: &str, l: &LatencyFile) -> Result<LatencySource, ConfigError> {
     if !url.starts_with("http://") {
-        return Err(format!("latency.prometheus {url:?} must be an http:// URL"));
+        return Err(ConfigError::invalid(
+            "prometheus",
+            format!("{url:?} must be an http:// URL"),
+        ));
     }
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "latency.prometheus {url:?} contains white space or control characters"
+        return Err(ConfigError::invalid(
+            "prometheus",
+            format!("{url:?} contains white space or control characters"),
         ));
     }
     let metric = l
         .metric
         .clone()
-        .ok_or("latency.metric is required with prometheus")?;
+        .ok_or_else(|| ConfigError::missing("metric", "is required with prometheus"))?;
     let unit_seconds = l.unit_seconds.unwrap_or(1.0);
     if !(unit_seconds.is_finite() && unit_seconds > 0.0) {
-        return Err(format!(
-            "latency.unit_seconds must be positive, got {unit_seconds}"
+        return Err(ConfigError::invalid(
+            "unit_seconds",
+            format!("must be positive, got {unit_seconds}"),
         ));
     }
     Ok(LatencySource::Prometheus {
@@ -242,26 +284,28 @@ fn prometheus(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
 }
 
 /// `probe = "URL"` with its `rate_hz` and `timeout_ms`.
-fn probe(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
-    let parsed: ProbeUrl = url.parse().map_err(|e| format!("latency.probe: {e}"))?;
+fn probe(url: &str, l: &LatencyFile) -> Result<LatencySource, ConfigError> {
+    let parsed: ProbeUrl = url
+        .parse()
+        .map_err(|e: ProbeError| ConfigError::new("probe", Problem::WrongType(e.to_string())))?;
     let rate_hz = match l.rate_hz {
         None => DEFAULT_PROBE_RATE_HZ,
         Some(r) => u32::try_from(r)
             .ok()
-            .filter(|r| (1..=cohabit_collectors::probe::MAX_RATE_HZ).contains(r))
+            .filter(|r| (1..=MAX_RATE_HZ).contains(r))
             .ok_or_else(|| {
-                format!(
-                    "latency.rate_hz must be from 1 to {}, got {r}",
-                    cohabit_collectors::probe::MAX_RATE_HZ
-                )
+                ConfigError::range("rate_hz", Some(1.0), Some(f64::from(MAX_RATE_HZ)), r as f64)
             })?,
     };
     let timeout_ms = match l.timeout_ms {
         None => DEFAULT_PROBE_TIMEOUT_MS,
         Some(t) if t > 0 && t <= 600_000 => t.unsigned_abs(),
         Some(t) => {
-            return Err(format!(
-                "latency.timeout_ms must be from 1 to 600000, got {t}"
+            return Err(ConfigError::range(
+                "timeout_ms",
+                Some(1.0),
+                Some(600_000.0),
+                t as f64,
             ))
         }
     };
@@ -270,7 +314,7 @@ fn probe(url: &str, l: &LatencyFile) -> Result<LatencySource, String> {
         timeout: std::time::Duration::from_millis(timeout_ms),
     }
     .validate(url)
-    .map_err(|e| format!("latency: {e}"))?;
+    .map_err(|e| ConfigError::new("", Problem::WrongType(e.to_string())))?;
     Ok(LatencySource::Probe {
         url: parsed,
         rate_hz,
@@ -299,15 +343,15 @@ mod tests {
             ),
             (
                 "{ push = \"127.0.0.1:9400\", unauthenticated = true, metric = \"m\" }",
-                "latency.metric and latency.unit_seconds go with prometheus",
+                "latency.metric goes with prometheus",
             ),
             (
                 "{ unix = \"/run/kv.sock\", unit_seconds = 0.001 }",
-                "go with prometheus",
+                "latency.unit_seconds goes with prometheus",
             ),
             (
                 "{ push = \"127.0.0.1:9400\", unauthenticated = true, mode = \"0600\" }",
-                "go with unix",
+                "latency.mode goes with unix",
             ),
             ("{ unix = \"/run/kv.sock\", mode = \"660\" }", ""),
             (
@@ -392,7 +436,7 @@ mod tests {
         for (l, why) in [
             (
                 "{ probe = \"redis://127.0.0.1\", rate_hz = 0 }",
-                "rate_hz must be from 1 to 10000, got 0",
+                "rate_hz must be between 1 and 10000, got 0",
             ),
             (
                 "{ probe = \"redis://127.0.0.1\", rate_hz = 10001 }",
@@ -413,11 +457,11 @@ mod tests {
             ("{ probe = \"https://127.0.0.1/\" }", "TLS"),
             (
                 "{ probe = \"redis://127.0.0.1\", metric = \"x\" }",
-                "go with prometheus",
+                "latency.metric goes with prometheus",
             ),
             (
                 "{ push = \"127.0.0.1:9400\", rate_hz = 5 }",
-                "go with probe",
+                "latency.rate_hz goes with probe",
             ),
             (
                 "{ push = \"127.0.0.1:9400\", probe = \"redis://127.0.0.1\" }",

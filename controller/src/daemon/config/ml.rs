@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use cohabit_policy::{ExploreConfig, ExploreRule, MlConfig, PolicyKind};
 use serde::Deserialize;
 
+use super::error::{ConfigError, Problem};
+
 /// `explore = { … }`: every field optional, defaults from [`ExploreConfig::default`].
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,17 +28,19 @@ pub(super) struct ExploreFile {
 }
 
 impl TryFrom<&ExploreFile> for ExploreConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(e: &ExploreFile) -> Result<Self, String> {
+    /// Errors name fields within `explore`.
+    fn try_from(e: &ExploreFile) -> Result<Self, ConfigError> {
         let d = ExploreConfig::default();
         let rule = match e.rule.as_deref() {
             None => d.rule,
             Some("informative") => ExploreRule::Informative,
             Some("walk") => ExploreRule::Walk,
             Some(other) => {
-                return Err(format!(
-                    "explore.rule must be \"informative\" or \"walk\", not {other:?}"
+                return Err(ConfigError::invalid(
+                    "rule",
+                    format!("must be \"informative\" or \"walk\", not {other:?}"),
                 ))
             }
         };
@@ -53,7 +57,7 @@ impl TryFrom<&ExploreFile> for ExploreConfig {
             min_information: e.min_information.unwrap_or(d.min_information),
             settle_ticks: e.settle_ticks.unwrap_or(d.settle_ticks),
         };
-        cfg.validate()?;
+        cfg.validate().map_err(|m| from_policy("explore", &m))?;
         Ok(cfg)
     }
 }
@@ -61,46 +65,81 @@ impl TryFrom<&ExploreFile> for ExploreConfig {
 /// `cohabit simulate --ml KEY=VALUE`: `ml`'s tunables from `KEY=VALUE` pairs, read as the
 /// daemon reads its `ml = { … }` table ([`MlConfig::with_tunables`]: the same names,
 /// defaults and checks; a later pair over an earlier one).
-pub fn ml_settings(pairs: &[String]) -> Result<MlConfig, String> {
+///
+/// Errors are named `--ml` (their `path`) and the tunable (`ml.margin`).
+pub fn ml_settings(pairs: &[String]) -> Result<MlConfig, ConfigError> {
     let mut settings = Vec::with_capacity(pairs.len());
     for pair in pairs {
-        let (key, value) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("--ml {pair:?}: expected KEY=VALUE, like margin=0.95"))?;
-        let value: f64 = value
-            .trim()
-            .parse()
-            .map_err(|_| format!("--ml {pair:?}: {:?} is not a number", value.trim()))?;
+        let (key, value) = pair.split_once('=').ok_or_else(|| {
+            ConfigError::new(
+                "",
+                Problem::WrongType(format!("{pair:?}: expected KEY=VALUE, like margin=0.95")),
+            )
+            .in_file("--ml")
+        })?;
+        let value: f64 = value.trim().parse().map_err(|_| {
+            ConfigError::new(
+                format!("ml.{}", key.trim()),
+                Problem::WrongType(format!("{:?} is not a number", value.trim())),
+            )
+            .in_file("--ml")
+        })?;
         settings.push((key.trim(), value));
     }
-    MlConfig::with_tunables(settings).map_err(|e| format!("--ml: {e}"))
+    MlConfig::with_tunables(settings)
+        .map_err(|m| from_policy("ml", &m).within("ml").in_file("--ml"))
+}
+
+/// An error of the policy crate's checks (`ExploreConfig::validate`,
+/// `MlConfig::with_tunables`), which name the field first (`ml.margin must be …`), as a
+/// problem at that field within `section`.
+fn from_policy(section: &str, message: &str) -> ConfigError {
+    let (first, rest) = message.split_once(' ').unwrap_or((message, ""));
+    match first
+        .strip_prefix(section)
+        .and_then(|f| f.strip_prefix('.'))
+    {
+        Some(field) => ConfigError::invalid(field.trim_end_matches(':'), rest),
+        None => ConfigError::invalid("", message),
+    }
 }
 
 /// `policy`, checked against what it needs (`ml`: a `model`) and what only it reads (the
-/// `ml` table), with `ml`'s tunables (the defaults when there is no table).
+/// `ml` table), with `ml`'s tunables (the defaults when there is no table). Errors name
+/// top-level fields.
 pub(super) fn policy(
     name: &str,
     has_model: bool,
     ml: Option<&BTreeMap<String, f64>>,
-) -> Result<(PolicyKind, MlConfig), String> {
+) -> Result<(PolicyKind, MlConfig), ConfigError> {
     if name == "oracle" {
-        return Err("policy: oracle needs the simulator's ground truth; use static or parties on a real host".into());
+        return Err(ConfigError::invalid(
+            "policy",
+            "oracle needs the simulator's ground truth; use static or parties on a real host",
+        ));
     }
-    let policy: PolicyKind = name.parse().map_err(|e: String| format!("policy: {e}"))?;
+    let policy: PolicyKind = name
+        .parse()
+        .map_err(|e: String| ConfigError::new("policy", Problem::WrongType(e)))?;
     if policy == PolicyKind::Ml && !has_model {
-        return Err(
-            "policy: ml needs model = \"path/to/model.json\" (see cohabit-train fit)".into(),
-        );
+        return Err(ConfigError::missing(
+            "model",
+            "is missing: policy ml needs model = \"path/to/model.json\" (see cohabit-train fit)",
+        ));
     }
     // A table that would do nothing is a mistake, not a setting: say so.
     if ml.is_some() && policy != PolicyKind::Ml {
-        return Err(format!(
-            "ml: these are the tunables of policy = \"ml\", but the policy is {policy:?}; remove the ml table or set policy = \"ml\"",
-            policy = policy.name()
+        return Err(ConfigError::conflict(
+            "ml",
+            format!(
+                "holds the tunables of policy = \"ml\", but the policy is {policy:?}; remove the ml table or set policy = \"ml\"",
+                policy = policy.name()
+            ),
         ));
     }
     let ml = match ml {
-        Some(table) => MlConfig::with_tunables(table.iter().map(|(k, v)| (k.as_str(), *v)))?,
+        Some(table) => MlConfig::with_tunables(table.iter().map(|(k, v)| (k.as_str(), *v)))
+            .map_err(|m| from_policy("ml", &m).within("ml"))?,
         None => MlConfig::default(),
     };
     Ok((policy, ml))
@@ -193,7 +232,7 @@ mod tests {
             "the later margin wins"
         );
         let refused = |p: &[&str], want: &str| {
-            let e = pairs(p).unwrap_err();
+            let e = pairs(p).unwrap_err().to_string();
             assert!(e.contains(want), "{p:?}: {e}");
         };
         refused(&["margin"], "expected KEY=VALUE");
@@ -267,8 +306,7 @@ mod tests {
             "policy = \"parties\"\nml = {{ margin = 0.95 }}\n{MIN}"
         ));
         assert!(
-            e.contains("ml: these are the tunables of policy = \"ml\"")
-                && e.contains("\"parties\""),
+            e.contains("ml holds the tunables of policy = \"ml\"") && e.contains("\"parties\""),
             "{e}"
         );
     }

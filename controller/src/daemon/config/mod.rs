@@ -1,5 +1,11 @@
 //! `cohabit run` configuration: TOML, every table `deny_unknown_fields`, validated into a
-//! [`DaemonConfig`] with errors that name the field.
+//! [`DaemonConfig`] with errors that name the field and the problem ([`ConfigError`]: the
+//! field's TOML path, such as `service[2].latency.push`, and a [`Problem`] of a kind).
+//!
+//! One module per section, each with its file struct, its defaults and a `TryFrom` into its
+//! typed config: `host` (`[host]`, `[paths]`), `service` (`[[service]]`, `[[best_effort]]`,
+//! `match`, and the checks across services), `latency`, `gpu` (a service's `gpu`, `[mps]`),
+//! `kubernetes`, `pod` (a pod's `cohabit.io/latency`) and `ml` (`policy`, `ml`, `explore`).
 //!
 //! ```toml
 //! interval_ms = 1000
@@ -83,6 +89,7 @@
 //! # insecure_http = false            # true: token_file may go to an http:// api_url
 //! ```
 
+mod error;
 mod gpu;
 mod host;
 mod kubernetes;
@@ -100,6 +107,7 @@ use cohabit_core::window::MAX_LATENCY_WINDOW;
 use cohabit_policy::{ExploreConfig, MlConfig, PolicyKind};
 use serde::Deserialize;
 
+pub use self::error::{ConfigError, Problem};
 pub use self::gpu::{GpuConfig, MpsConfig};
 pub use self::host::{BestEffortCpus, UnmanagedCache};
 pub use self::kubernetes::{
@@ -119,16 +127,6 @@ use self::host::{HostConfig, HostFile, PathsConfig, PathsFile};
 use self::kubernetes::KubernetesFile;
 use self::ml::ExploreFile;
 use self::service::{BestEffortFile, ServiceFile};
-
-/// A configuration that failed to load; the message names the file and field.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct ConfigError {
-    /// The file.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
 
 /// The file as written: the top-level keys and every section.
 #[derive(Debug, Deserialize)]
@@ -167,10 +165,12 @@ struct File {
     paths: PathsFile,
     #[serde(default)]
     mps: MpsFile,
+    /// `[[service]]`s, each read on its own so that errors name its index.
     #[serde(default)]
-    service: Vec<ServiceFile>,
+    service: Vec<toml::Value>,
+    /// `[[best_effort]]`s, likewise.
     #[serde(default)]
-    best_effort: Vec<BestEffortFile>,
+    best_effort: Vec<toml::Value>,
     kubernetes: Option<KubernetesFile>,
 }
 
@@ -264,11 +264,11 @@ pub struct DaemonConfig {
 impl DaemonConfig {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            path: path.display().to_string(),
-            message: format!("cannot read: {e}"),
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new("", Problem::Unreadable(format!("cannot read: {e}"))).in_file(&origin)
         })?;
-        Self::parse(&text, &path.display().to_string())
+        Self::parse(&text, &origin)
     }
 
     /// Parses and validates configuration text; `origin` names it in errors.
@@ -282,44 +282,39 @@ impl DaemonConfig {
         origin: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let err = |message: String| ConfigError {
-            path: origin.to_string(),
-            message,
-        };
-        let f: File = toml::from_str(text).map_err(|e| err(e.to_string()))?;
-        Self::from_file(f, env).map_err(err)
+        let table: toml::Table = toml::from_str(text).map_err(|e| {
+            ConfigError::new("", Problem::Unreadable(e.to_string())).in_file(origin)
+        })?;
+        let f = File::deserialize(toml::Value::Table(table))
+            .map_err(|e| ConfigError::from_toml("", &e).in_file(origin))?;
+        Self::from_file(f, env).map_err(|e| e.in_file(origin))
     }
 
     /// Validates each section in turn, then what spans sections.
-    fn from_file(f: File, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+    fn from_file(f: File, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let runtime = Runtime::try_from(&f)?;
-        let paths = PathsConfig::try_from(f.paths)?;
+        let paths = PathsConfig::try_from(f.paths).map_err(|e| e.within("paths"))?;
         let (policy, ml) = ml::policy(&f.policy, f.model.is_some(), f.ml.as_ref())?;
-        let host = HostConfig::try_from(f.host)?;
-        let mps = MpsConfig::try_from(f.mps)?;
-        let mut services = f
-            .service
-            .into_iter()
-            .map(ServiceConfig::try_from)
-            .collect::<Result<Vec<_>, _>>()?;
+        let host = HostConfig::try_from(f.host).map_err(|e| e.within("host"))?;
+        let mps = MpsConfig::try_from(f.mps).map_err(|e| e.within("mps"))?;
         let kubernetes = f
             .kubernetes
             .as_ref()
             .map(|k| kubernetes::kubernetes(k, env, runtime.collect_timeout_ms))
-            .transpose()?;
-        if services.is_empty() && kubernetes.is_none() {
-            return Err("needs at least one [[service]] (latency-critical), or a [kubernetes] section to take services from pods".into());
-        }
-        for b in f.best_effort {
-            services.push(ServiceConfig::try_from(b)?);
-        }
-        service::check_names(&services)?;
-        service::check_shared(&services, runtime.interval_ms)?;
+            .transpose()
+            .map_err(|e| e.within("kubernetes"))?;
+        let services = services(
+            f.service,
+            f.best_effort,
+            kubernetes.is_some(),
+            runtime.interval_ms,
+        )?;
         let explore = f
             .explore
             .as_ref()
             .map(ExploreConfig::try_from)
-            .transpose()?;
+            .transpose()
+            .map_err(|e| e.within("explore"))?;
         // A node agent's logs are told apart by node when fleets retrain from them.
         let host_name = host.name.unwrap_or_else(|| {
             kubernetes
@@ -356,6 +351,63 @@ impl DaemonConfig {
     }
 }
 
+/// The `[[service]]`s then the `[[best_effort]]`s, each validated, then checked together:
+/// at least one service unless pods bring them, distinct names, nothing two would fight
+/// over.
+fn services(
+    latency_critical: Vec<toml::Value>,
+    best_effort: Vec<toml::Value>,
+    from_pods: bool,
+    interval_ms: u64,
+) -> Result<Vec<ServiceConfig>, ConfigError> {
+    let n = latency_critical.len();
+    if n == 0 && !from_pods {
+        return Err(ConfigError::missing(
+            "service",
+            "needs at least one [[service]] (latency-critical), or a [kubernetes] section to take services from pods",
+        ));
+    }
+    let mut services = Vec::with_capacity(n + best_effort.len());
+    for (i, s) in items::<ServiceFile>("service", latency_critical)? {
+        services.push(ServiceConfig::try_from(s).map_err(|e| e.within(&i))?);
+    }
+    for (i, b) in items::<BestEffortFile>("best_effort", best_effort)? {
+        services.push(ServiceConfig::try_from(b).map_err(|e| e.within(&i))?);
+    }
+    service::check_names(&services, n)?;
+    service::check_shared(&services, n, interval_ms)?;
+    Ok(services)
+}
+
+/// The items of `[[list]]`, each read into `T` with its TOML path (`list[i]`); serde's
+/// errors are named by the item's `name`, when it has one.
+fn items<T: serde::de::DeserializeOwned>(
+    list: &str,
+    values: Vec<toml::Value>,
+) -> Result<Vec<(String, T)>, ConfigError> {
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let field = format!("{list}[{i}]");
+            let name = v
+                .get("name")
+                .and_then(toml::Value::as_str)
+                .map(str::to_string);
+            match T::deserialize(v) {
+                Ok(item) => Ok((field, item)),
+                Err(e) => {
+                    let e = ConfigError::from_toml(&field, &e);
+                    Err(match name {
+                        Some(n) => e.in_item(&n),
+                        None => e,
+                    })
+                }
+            }
+        })
+        .collect()
+}
+
 /// The top-level keys of the loop, its log and its metrics, validated.
 struct Runtime {
     interval_ms: u64,
@@ -369,49 +421,52 @@ struct Runtime {
 }
 
 impl TryFrom<&File> for Runtime {
-    type Error = String;
+    type Error = ConfigError;
 
-    fn try_from(f: &File) -> Result<Self, String> {
-        if !(10..=3_600_000).contains(&f.interval_ms) {
-            return Err(format!(
-                "interval_ms must be between 10 and 3600000, got {}",
-                f.interval_ms
-            ));
-        }
-        if !(1..=i64::from(MAX_LATENCY_WINDOW)).contains(&f.latency_window) {
-            return Err(format!(
-                "latency_window must be between 1 and {MAX_LATENCY_WINDOW} control intervals, got {}",
-                f.latency_window
-            ));
-        }
-        if !(1..=600_000).contains(&f.collect_timeout_ms) {
-            return Err(format!(
-                "collect_timeout_ms must be between 1 and 600000, got {}",
-                f.collect_timeout_ms
-            ));
-        }
+    fn try_from(f: &File) -> Result<Self, ConfigError> {
+        let within = |field: &'static str, v: i64, lo: i64, hi: i64| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::range(
+                    field,
+                    Some(lo as f64),
+                    Some(hi as f64),
+                    v as f64,
+                ))
+            }
+        };
+        within("interval_ms", f.interval_ms, 10, 3_600_000)?;
+        within(
+            "latency_window",
+            f.latency_window,
+            1,
+            i64::from(MAX_LATENCY_WINDOW),
+        )
+        .map_err(|e| e.noted(" control intervals"))?;
+        within("collect_timeout_ms", f.collect_timeout_ms, 1, 600_000)?;
         if f.log_max_bytes < 65_536 {
-            return Err(format!(
-                "log_max_bytes must be at least 65536 (a record is a few KB), got {}",
-                f.log_max_bytes
-            ));
+            return Err(ConfigError::range(
+                "log_max_bytes",
+                Some(65_536.0),
+                None,
+                f.log_max_bytes as f64,
+            )
+            .noted(" (a record is a few KB)"));
         }
-        if !(0..=1000).contains(&f.log_keep) {
-            return Err(format!(
-                "log_keep must be between 0 and 1000, got {}",
-                f.log_keep
-            ));
-        }
-        if !(1..=1_000_000).contains(&f.fail_safe_after_ticks) {
-            return Err(format!(
-                "fail_safe_after_ticks must be between 1 and 1000000, got {}",
-                f.fail_safe_after_ticks
-            ));
-        }
+        within("log_keep", f.log_keep, 0, 1000)?;
+        within(
+            "fail_safe_after_ticks",
+            f.fail_safe_after_ticks,
+            1,
+            1_000_000,
+        )?;
         let model_check_every_ticks = u32::try_from(f.model_check_every_ticks).map_err(|_| {
-            format!(
-                "model_check_every_ticks must be a whole number >= 0, got {}",
-                f.model_check_every_ticks
+            ConfigError::range(
+                "model_check_every_ticks",
+                Some(0.0),
+                Some(f64::from(u32::MAX)),
+                f.model_check_every_ticks as f64,
             )
         })?;
         Ok(Self {
@@ -428,16 +483,22 @@ impl TryFrom<&File> for Runtime {
 }
 
 /// `metrics_addr` (`""`: not served), on loopback unless `metrics_public`.
-fn metrics_addr(text: &str, public: bool) -> Result<Option<std::net::SocketAddr>, String> {
+fn metrics_addr(text: &str, public: bool) -> Result<Option<std::net::SocketAddr>, ConfigError> {
     if text.trim().is_empty() {
         return Ok(None);
     }
     let addr = text.parse::<std::net::SocketAddr>().map_err(|e| {
-        format!("metrics_addr {text:?} is not an address like 127.0.0.1:9464 ({e}); use \"\" to disable")
+        ConfigError::new(
+            "metrics_addr",
+            Problem::WrongType(format!(
+                "{text:?} is not an address like 127.0.0.1:9464 ({e}); use \"\" to disable"
+            )),
+        )
     })?;
     if !addr.ip().is_loopback() && !public {
-        return Err(format!(
-            "metrics_addr {addr} is not a loopback address; the endpoint has no authentication and shows service names, targets and allocations, so set metrics_public = true to serve it there"
+        return Err(ConfigError::conflict(
+            "metrics_addr",
+            format!("{addr} is not a loopback address; the endpoint has no authentication and shows service names, targets and allocations, so set metrics_public = true to serve it there"),
         ));
     }
     Ok(Some(addr))

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use cohabit_collectors::latency::PushAddr;
 use serde::Deserialize;
 
+use super::error::{ConfigError, Problem};
 use super::kubernetes::KubernetesConfig;
 use super::latency::{LatencyFile, LatencySource, DEFAULT_PROBE_TIMEOUT_MS};
 
@@ -30,33 +31,38 @@ pub const MAX_POD_URL_BYTES: usize = 2048;
 ///   `collect_timeout_ms`, and a request path or Prometheus URL longer than
 ///   [`MAX_POD_URL_BYTES`];
 /// - any address but the pod's own (`ips`).
+///
+/// Errors name the field within the annotation (`latency.unix …`); the caller names the
+/// annotation (their `path` is empty).
 pub fn pod_latency(
     text: &str,
     pod: &cohabit_kube::PodKey,
     ips: &[std::net::IpAddr],
     k: &KubernetesConfig,
-) -> Result<LatencySource, String> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Wrapper {
-        latency: LatencyFile,
-    }
+) -> Result<LatencySource, ConfigError> {
     let t = text.trim();
     let mut file = if t.starts_with('{') {
-        toml::from_str::<Wrapper>(&format!("latency = {t}"))
-            .map_err(|e| format!("not a latency table: {}", e.message()))?
-            .latency
+        latency_table(t)?
     } else {
         LatencyFile::probe(t)
     };
     if file.push.is_some() {
-        return Err(format!(
-            "latency.push: a pod cannot push over UDP (any local user could send to the port); use unix = \"{}\"",
-            pod_socket(pod, k).display()
+        return Err(ConfigError::invalid(
+            "latency.push",
+            format!(
+                "is refused: a pod cannot push over UDP (any local user could send to the port); use unix = \"{}\"",
+                pod_socket(pod, k).display()
+            ),
         ));
     }
-    pod_probe_limits(&mut file, k.max_pod_probe_timeout_ms)?;
-    let source = LatencySource::try_from(&file)?;
+    pod_probe_limits(&mut file, k.max_pod_probe_timeout_ms).map_err(|e| e.within("latency"))?;
+    let source = LatencySource::try_from(&file).map_err(|e| e.within("latency"))?;
+    let too_long = |field: &str, what: &str, len: usize| {
+        ConfigError::invalid(
+            field,
+            format!("is refused: the {what} is {len} bytes, more than the {MAX_POD_URL_BYTES} a pod may ask for"),
+        )
+    };
     match &source {
         LatencySource::Push {
             addr: PushAddr::Unix(p),
@@ -64,24 +70,21 @@ pub fn pod_latency(
         } => {
             let only = pod_socket(pod, k);
             if *p != only {
-                return Err(format!(
-                    "latency.unix {} must be {} (kubernetes.socket_dir, then the pod's namespace and name)",
-                    p.display(),
-                    only.display()
+                return Err(ConfigError::invalid(
+                    "latency.unix",
+                    format!(
+                        "{} must be {} (kubernetes.socket_dir, then the pod's namespace and name)",
+                        p.display(),
+                        only.display()
+                    ),
                 ));
             }
         }
         LatencySource::Probe { url, .. } if url.path.len() > MAX_POD_URL_BYTES => {
-            return Err(format!(
-                "latency.probe: the request path is {} bytes, more than the {MAX_POD_URL_BYTES} a pod may ask for",
-                url.path.len()
-            ));
+            return Err(too_long("latency.probe", "request path", url.path.len()));
         }
         LatencySource::Prometheus { url, .. } if url.len() > MAX_POD_URL_BYTES => {
-            return Err(format!(
-                "latency.prometheus: the URL is {} bytes, more than the {MAX_POD_URL_BYTES} a pod may ask for",
-                url.len()
-            ));
+            return Err(too_long("latency.prometheus", "URL", url.len()));
         }
         _ => {}
     }
@@ -89,33 +92,55 @@ pub fn pod_latency(
     Ok(source)
 }
 
+/// `{ … }`: the keys of a `[[service]]`'s `latency`.
+fn latency_table(t: &str) -> Result<LatencyFile, ConfigError> {
+    let unreadable = |why: String| {
+        ConfigError::new(
+            "latency",
+            Problem::Unreadable(format!("not a latency table: {why}")),
+        )
+    };
+    let mut table: toml::Table =
+        toml::from_str(&format!("latency = {t}")).map_err(|e| unreadable(e.message().into()))?;
+    let value = table.remove("latency").filter(|_| table.is_empty());
+    let value = value.ok_or_else(|| unreadable("more than one table".into()))?;
+    LatencyFile::deserialize(value).map_err(|e| ConfigError::from_toml("latency", &e))
+}
+
 /// The root daemon contacts only the pod's own addresses (`ips`), never one an annotation
 /// picks elsewhere on the network.
-fn only_the_pods_addresses(source: &LatencySource, ips: &[std::net::IpAddr]) -> Result<(), String> {
-    let contacted = match source {
-        LatencySource::Probe { url, .. } => Some((url.addr.ip(), url.to_string())),
-        LatencySource::Prometheus { url, .. } => Some((
-            url_ip(url).ok_or_else(|| {
-                format!("latency.prometheus {url:?}: the host must be the pod's IP address")
-            })?,
-            url.clone(),
-        )),
-        LatencySource::Push { .. } => None,
-    };
-    if let Some((ip, url)) = contacted {
-        if !ips.contains(&ip) {
-            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
-            return Err(format!(
-                "{url:?}: {ip} is not one of the pod's addresses ({})",
-                if ips.is_empty() {
-                    "none reported yet".to_string()
-                } else {
-                    ips.join(", ")
-                }
-            ));
+fn only_the_pods_addresses(
+    source: &LatencySource,
+    ips: &[std::net::IpAddr],
+) -> Result<(), ConfigError> {
+    let (field, ip, url) = match source {
+        LatencySource::Probe { url, .. } => ("latency.probe", url.addr.ip(), url.to_string()),
+        LatencySource::Prometheus { url, .. } => {
+            let ip = url_ip(url).ok_or_else(|| {
+                ConfigError::invalid(
+                    "latency.prometheus",
+                    format!("{url:?}: the host must be the pod's IP address"),
+                )
+            })?;
+            ("latency.prometheus", ip, url.clone())
         }
+        LatencySource::Push { .. } => return Ok(()),
+    };
+    if ips.contains(&ip) {
+        return Ok(());
     }
-    Ok(())
+    let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+    Err(ConfigError::invalid(
+        field,
+        format!(
+            "{url:?}: {ip} is not one of the pod's addresses ({})",
+            if ips.is_empty() {
+                "none reported yet".to_string()
+            } else {
+                ips.join(", ")
+            }
+        ),
+    ))
 }
 
 /// The only Unix socket a pod may name: `<socket_dir>/<namespace>.<name>.sock`.
@@ -128,7 +153,7 @@ pub fn pod_socket(pod: &cohabit_kube::PodKey, k: &KubernetesConfig) -> PathBuf {
 /// `max_timeout_ms` (refused beyond, so that the pod's owner sees an Event rather than a
 /// probe that silently differs from the annotation); without a time-out it gets the
 /// default, cut to `max_timeout_ms`.
-fn pod_probe_limits(file: &mut LatencyFile, max_timeout_ms: u64) -> Result<(), String> {
+fn pod_probe_limits(file: &mut LatencyFile, max_timeout_ms: u64) -> Result<(), ConfigError> {
     if file.probe.is_none() {
         return Ok(());
     }
@@ -136,13 +161,15 @@ fn pod_probe_limits(file: &mut LatencyFile, max_timeout_ms: u64) -> Result<(), S
         .rate_hz
         .filter(|r| *r > i64::from(MAX_POD_PROBE_RATE_HZ))
     {
-        return Err(format!(
-            "latency.rate_hz {r} is above {MAX_POD_PROBE_RATE_HZ}, the most a pod's probe may ask for"
+        return Err(ConfigError::invalid(
+            "rate_hz",
+            format!("{r} is above {MAX_POD_PROBE_RATE_HZ}, the most a pod's probe may ask for"),
         ));
     }
     match file.timeout_ms {
-        Some(t) if t.unsigned_abs() > max_timeout_ms => Err(format!(
-            "latency.timeout_ms {t} is above {max_timeout_ms}, the daemon's collect_timeout_ms (the most a pod's probe may wait)"
+        Some(t) if t.unsigned_abs() > max_timeout_ms => Err(ConfigError::invalid(
+            "timeout_ms",
+            format!("{t} is above {max_timeout_ms}, the daemon's collect_timeout_ms (the most a pod's probe may wait)"),
         )),
         Some(_) => Ok(()),
         None => {
@@ -243,7 +270,7 @@ mod tests {
                 "the host must be the pod's IP address",
             ),
         ] {
-            let e = pod_latency(bad).unwrap_err();
+            let e = pod_latency(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
@@ -270,7 +297,9 @@ mod tests {
         let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
         for addr in ["127.0.0.1:9", "127.0.0.1:0", "[::1]:9400", "10.1.2.3:9400"] {
             let text = format!("{{ push = \"{addr}\", unauthenticated = true }}");
-            let e = pod_latency(&text, &pod_key("shop", "kv"), &ips, &k).unwrap_err();
+            let e = pod_latency(&text, &pod_key("shop", "kv"), &ips, &k)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("cannot push over UDP") && e.contains("/run/cohabit/pods/shop.kv.sock"),
                 "{addr}: {e}"
@@ -305,7 +334,7 @@ mod tests {
             ("/run/cohabit/pods/sub/shop.kv.sock", "shop", "kv"),
             ("/run/cohabit/pods/../pods/shop.kv.sock", "shop", "kv"),
         ] {
-            let e = unix(path, ns, name).unwrap_err();
+            let e = unix(path, ns, name).unwrap_err().to_string();
             assert!(
                 e.contains(&format!("must be /run/cohabit/pods/{ns}.{name}.sock")),
                 "{path} for {ns}/{name}: {e}"
@@ -356,7 +385,7 @@ mod tests {
             (long_path, "more than the 2048"),
             (long_scrape, "more than the 2048"),
         ] {
-            let e = probe(&bad).unwrap_err();
+            let e = probe(&bad).unwrap_err().to_string();
             assert!(e.contains(why), "{}: {e}", &bad[..bad.len().min(80)]);
         }
     }

@@ -9,6 +9,7 @@ use cohabit_collectors::latency::PushAddr;
 use cohabit_collectors::users::{GroupRef, UserRef};
 use serde::Deserialize;
 
+use super::error::ConfigError;
 use super::gpu::{GpuConfig, GpuFile};
 use super::latency::{LatencyFile, LatencySource};
 
@@ -190,93 +191,120 @@ impl ServiceConfig {
 }
 
 impl TryFrom<ServiceFile> for ServiceConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    /// A latency-critical service; errors name it (`service NAME: …`).
-    fn try_from(s: ServiceFile) -> Result<Self, String> {
-        let who = |m: String| format!("service {}: {m}", s.name);
+    /// A latency-critical service; errors name fields within it, and it by name.
+    fn try_from(s: ServiceFile) -> Result<Self, ConfigError> {
+        let named = |e: ConfigError| e.in_item(&s.name);
         if !(s.p99_target_ms.is_finite() && s.p99_target_ms > 0.0) {
-            return Err(who(format!(
-                "p99_target_ms must be a positive number, got {}",
-                s.p99_target_ms
+            return Err(named(ConfigError::invalid(
+                "p99_target_ms",
+                format!("must be a positive number, got {}", s.p99_target_ms),
             )));
         }
-        Ok(ServiceConfig {
-            gpu: s
-                .gpu
-                .as_ref()
-                .map(GpuConfig::try_from)
-                .transpose()
-                .map_err(who)?,
-            matcher: matcher(&s.matcher).map_err(who)?,
-            constraint: constraint(&s.matcher).map_err(who)?,
-            placement: s.placement,
-            allow_unmanaged: s.allow_unmanaged,
-            latency: Some(LatencySource::try_from(&s.latency).map_err(who)?),
-            p99_target_ms: Some(s.p99_target_ms),
-            priority: i32::try_from(s.priority)
-                .ok()
-                .filter(|p| (-1000..=1000).contains(p))
-                .ok_or_else(|| {
-                    who(format!(
-                        "priority must be a whole number from -1000 to 1000, got {}",
-                        s.priority
-                    ))
-                })?,
-            name: s.name,
-        })
+        let priority = i32::try_from(s.priority)
+            .ok()
+            .filter(|p| (-1000..=1000).contains(p))
+            .ok_or_else(|| {
+                named(ConfigError::range(
+                    "priority",
+                    Some(-1000.0),
+                    Some(1000.0),
+                    s.priority as f64,
+                ))
+            })?;
+        let latency =
+            LatencySource::try_from(&s.latency).map_err(|e| named(e.within("latency")))?;
+        let mut service = common(&s.name, &s.matcher, s.gpu.as_ref()).map_err(named)?;
+        service.placement = s.placement;
+        service.allow_unmanaged = s.allow_unmanaged;
+        service.latency = Some(latency);
+        service.p99_target_ms = Some(s.p99_target_ms);
+        service.priority = priority;
+        Ok(service)
     }
 }
 
 impl TryFrom<BestEffortFile> for ServiceConfig {
-    type Error = String;
+    type Error = ConfigError;
 
-    /// A best-effort job; errors name it (`best_effort NAME: …`).
-    fn try_from(b: BestEffortFile) -> Result<Self, String> {
-        let who = |m: String| format!("best_effort {}: {m}", b.name);
-        Ok(ServiceConfig {
-            gpu: b
-                .gpu
-                .as_ref()
-                .map(GpuConfig::try_from)
-                .transpose()
-                .map_err(who)?,
-            matcher: matcher(&b.matcher).map_err(who)?,
-            constraint: constraint(&b.matcher).map_err(who)?,
-            placement: b.placement,
-            allow_unmanaged: b.allow_unmanaged,
-            latency: None,
-            p99_target_ms: None,
-            priority: 0,
-            name: b.name,
-        })
+    /// A best-effort job; errors name fields within it, and it by name.
+    fn try_from(b: BestEffortFile) -> Result<Self, ConfigError> {
+        let mut job =
+            common(&b.name, &b.matcher, b.gpu.as_ref()).map_err(|e| e.in_item(&b.name))?;
+        job.placement = b.placement;
+        job.allow_unmanaged = b.allow_unmanaged;
+        Ok(job)
     }
 }
 
-/// Every name is a valid service name, none is the pool's, and none is used twice.
-pub(super) fn check_names(services: &[ServiceConfig]) -> Result<(), String> {
+/// What a service and a job share: the name, `match` and `gpu` (without latency, target or
+/// priority, in place, not allowed unmanaged).
+fn common(name: &str, m: &MatchFile, gpu: Option<&GpuFile>) -> Result<ServiceConfig, ConfigError> {
+    let matcher = matcher(m).map_err(|e| e.within("match"))?;
+    check_matcher(&matcher).map_err(|e| e.within("match"))?;
+    Ok(ServiceConfig {
+        name: name.to_string(),
+        p99_target_ms: None,
+        matcher,
+        constraint: constraint(m).map_err(|e| e.within("match"))?,
+        placement: Placement::InPlace,
+        allow_unmanaged: false,
+        latency: None,
+        gpu: gpu
+            .map(GpuConfig::try_from)
+            .transpose()
+            .map_err(|e| e.within("gpu"))?,
+        priority: 0,
+    })
+}
+
+/// The TOML path of the `i`th of `services`, the `[[service]]`s (`latency_critical` of
+/// them) then the `[[best_effort]]`s.
+pub(super) fn item_field(i: usize, latency_critical: usize) -> String {
+    match i.checked_sub(latency_critical) {
+        None => format!("service[{i}]"),
+        Some(j) => format!("best_effort[{j}]"),
+    }
+}
+
+/// Every name is a valid service name, none is the pool's, and none is used twice
+/// (`services`: the `[[service]]`s, `latency_critical` of them, then the `[[best_effort]]`s).
+pub(super) fn check_names(
+    services: &[ServiceConfig],
+    latency_critical: usize,
+) -> Result<(), ConfigError> {
     let mut seen = BTreeSet::new();
-    for s in services {
-        cohabit_core::name::check_service_name(&s.name).map_err(|e| {
-            format!(
-                "service name: {e} (a name is 1-{} characters of [A-Za-z0-9._-])",
-                cohabit_core::name::SERVICE_NAME_MAX
-            )
+    for (i, s) in services.iter().enumerate() {
+        let at = |e: ConfigError| e.within(&item_field(i, latency_critical));
+        let name = &s.name;
+        cohabit_core::name::check_service_name(name).map_err(|e| {
+            at(ConfigError::invalid(
+                "name",
+                format!(
+                    "is not a service name: {e} (a name is 1-{} characters of [A-Za-z0-9._-])",
+                    cohabit_core::name::SERVICE_NAME_MAX
+                ),
+            ))
         })?;
-        if s.name == cohabit_core::BEST_EFFORT_GROUP {
-            return Err(format!(
-                "service name {:?} is reserved for the best-effort pool",
-                s.name
-            ));
+        if name == cohabit_core::BEST_EFFORT_GROUP {
+            return Err(at(ConfigError::invalid(
+                "name",
+                format!("{name:?} is reserved for the best-effort pool"),
+            )));
         }
-        if !seen.insert(s.name.clone()) {
-            return Err(format!("service name {:?} is used twice", s.name));
+        if !seen.insert(name.clone()) {
+            return Err(at(ConfigError::conflict(
+                "name",
+                format!("{name:?} is used twice"),
+            )));
         }
     }
     Ok(())
 }
 
-fn matcher(m: &MatchFile) -> Result<Matcher, String> {
+/// The matcher of `match`: exactly one of its keys. Errors name fields within `match`.
+fn matcher(m: &MatchFile) -> Result<Matcher, ConfigError> {
     let mut found = Vec::new();
     if let Some(n) = &m.process_name {
         found.push(Matcher::ProcessName(n.clone()));
@@ -286,8 +314,9 @@ fn matcher(m: &MatchFile) -> Result<Matcher, String> {
     }
     if let Some(u) = &m.systemd_unit {
         if u.contains('/') {
-            return Err(format!(
-                "match.systemd_unit {u:?} must be a unit name, not a path"
+            return Err(ConfigError::invalid(
+                "systemd_unit",
+                format!("{u:?} must be a unit name, not a path"),
             ));
         }
         found.push(Matcher::SystemdUnit(u.clone()));
@@ -297,47 +326,55 @@ fn matcher(m: &MatchFile) -> Result<Matcher, String> {
     }
     match found.len() {
         1 => Ok(found.remove(0)),
-        0 => Err("match needs one of process_name, cgroup, systemd_unit, pid_file".into()),
-        _ => Err(
-            "match must have exactly one of process_name, cgroup, systemd_unit, pid_file".into(),
-        ),
+        0 => Err(ConfigError::missing(
+            "",
+            "needs one of process_name, cgroup, systemd_unit, pid_file",
+        )),
+        _ => Err(ConfigError::conflict(
+            "",
+            "must have exactly one of process_name, cgroup, systemd_unit, pid_file",
+        )),
     }
 }
 
-pub(super) fn user_ref(key: &str, v: &IdFile) -> Result<UserRef, String> {
+/// A user as written, at `field`: a name, or a uid.
+pub(super) fn user_ref(field: &str, v: &IdFile) -> Result<UserRef, ConfigError> {
     match v {
-        IdFile::Id(id) => u32::try_from(*id)
-            .map(UserRef::Id)
-            .map_err(|_| format!("{key} must be a user name or a uid >= 0, got {id}")),
+        IdFile::Id(id) => u32::try_from(*id).map(UserRef::Id).map_err(|_| {
+            ConfigError::invalid(
+                field,
+                format!("must be a user name or a uid >= 0, got {id}"),
+            )
+        }),
         IdFile::Name(n) if !n.is_empty() => Ok(UserRef::Name(n.clone())),
-        IdFile::Name(_) => Err(format!("{key} must not be empty")),
+        IdFile::Name(_) => Err(ConfigError::invalid(field, "must not be empty")),
     }
 }
 
-pub(super) fn group_ref(key: &str, v: &IdFile) -> Result<GroupRef, String> {
+/// A group as written, at `field`: a name, or a gid.
+pub(super) fn group_ref(field: &str, v: &IdFile) -> Result<GroupRef, ConfigError> {
     match v {
-        IdFile::Id(id) => u32::try_from(*id)
-            .map(GroupRef::Id)
-            .map_err(|_| format!("{key} must be a group name or a gid >= 0, got {id}")),
+        IdFile::Id(id) => u32::try_from(*id).map(GroupRef::Id).map_err(|_| {
+            ConfigError::invalid(
+                field,
+                format!("must be a group name or a gid >= 0, got {id}"),
+            )
+        }),
         IdFile::Name(n) if !n.is_empty() => Ok(GroupRef::Name(n.clone())),
-        IdFile::Name(_) => Err(format!("{key} must not be empty")),
+        IdFile::Name(_) => Err(ConfigError::invalid(field, "must not be empty")),
     }
 }
 
-/// `match.user` and `match.exe`.
-fn constraint(m: &MatchFile) -> Result<ProcessConstraint, String> {
+/// `match.user` and `match.exe`. Errors name fields within `match`.
+fn constraint(m: &MatchFile) -> Result<ProcessConstraint, ConfigError> {
     if let Some(exe) = m.exe.as_ref().filter(|e| !e.is_absolute()) {
-        return Err(format!(
-            "match.exe {} must be an absolute path",
-            exe.display()
+        return Err(ConfigError::invalid(
+            "exe",
+            format!("{} must be an absolute path", exe.display()),
         ));
     }
     Ok(ProcessConstraint {
-        user: m
-            .user
-            .as_ref()
-            .map(|u| user_ref("match.user", u))
-            .transpose()?,
+        user: m.user.as_ref().map(|u| user_ref("user", u)).transpose()?,
         exe: m.exe.clone(),
     })
 }
@@ -345,24 +382,26 @@ fn constraint(m: &MatchFile) -> Result<ProcessConstraint, String> {
 /// The longest `comm`: the kernel keeps 15 bytes of a process's name (`TASK_COMM_LEN`).
 const COMM_MAX: usize = 15;
 
-/// Checks a matcher's value alone (what `matcher` could not).
-fn check_matcher(m: &Matcher) -> Result<(), String> {
+/// Checks a matcher's value alone (what `matcher` could not). Errors name fields within
+/// `match`.
+fn check_matcher(m: &Matcher) -> Result<(), ConfigError> {
     match m {
-        Matcher::ProcessName(n) if n.is_empty() || n.len() > COMM_MAX => Err(format!(
-            "match.process_name {n:?} is {} bytes; the kernel keeps at most {COMM_MAX} bytes of a process name, so it would never match (use the first {COMM_MAX})",
-            n.len()
+        Matcher::ProcessName(n) if n.is_empty() || n.len() > COMM_MAX => Err(ConfigError::invalid(
+            "process_name",
+            format!("{n:?} is {} bytes; the kernel keeps at most {COMM_MAX} bytes of a process name, so it would never match (use the first {COMM_MAX})", n.len()),
         )),
-        Matcher::Pod { cgroups, .. } => cgroups
-            .iter()
-            .try_for_each(|c| check_matcher(&Matcher::Cgroup(c.clone()))),
         Matcher::Cgroup(c) => {
             let parts: Vec<&str> = c.split('/').filter(|p| !p.is_empty()).collect();
             if !c.starts_with('/') || parts.is_empty() {
-                Err(format!(
-                    "match.cgroup {c:?} must be a cgroup path below the root, such as /system.slice/x.service (the root holds every process)"
+                Err(ConfigError::invalid(
+                    "cgroup",
+                    format!("{c:?} must be a cgroup path below the root, such as /system.slice/x.service (the root holds every process)"),
                 ))
             } else if parts.iter().any(|p| *p == ".." || *p == ".") {
-                Err(format!("match.cgroup {c:?} must not contain . or .."))
+                Err(ConfigError::invalid(
+                    "cgroup",
+                    format!("{c:?} must not contain . or .."),
+                ))
             } else {
                 Ok(())
             }
@@ -371,49 +410,69 @@ fn check_matcher(m: &Matcher) -> Result<(), String> {
     }
 }
 
-/// Checks across services: each matcher on its own, then nothing that two services would
-/// fight over (a matcher, a push address or socket path, an environment file), and hooks
-/// spaced at least a tick apart.
-pub(super) fn check_shared(services: &[ServiceConfig], interval_ms: u64) -> Result<(), String> {
+/// What a service holds that no other may: its matcher, its push address or socket path,
+/// its environment file; as (field, value).
+fn own_keys(s: &ServiceConfig) -> Vec<(&'static str, String)> {
+    let mut keys = vec![match &s.matcher {
+        Matcher::ProcessName(n) => ("match.process_name", format!("{n:?}")),
+        Matcher::Cgroup(c) => ("match.cgroup", format!("{c:?}")),
+        Matcher::SystemdUnit(u) => ("match.systemd_unit", format!("{u:?}")),
+        Matcher::PidFile(p) => ("match.pid_file", format!("{:?}", p.display().to_string())),
+        Matcher::Pod { uid, .. } => ("match", format!("pod {uid}")),
+    }];
+    match &s.latency {
+        Some(LatencySource::Push {
+            addr: PushAddr::Udp(a),
+            ..
+        }) if a.port() != 0 => keys.push(("latency.push", format!("\"{a}\""))),
+        Some(LatencySource::Push {
+            addr: PushAddr::Unix(p),
+            ..
+        }) => keys.push(("latency.unix", format!("{:?}", p.display().to_string()))),
+        _ => {}
+    }
+    if let Some(g) = &s.gpu {
+        keys.push((
+            "gpu.env_file",
+            format!("{:?}", g.env_file.display().to_string()),
+        ));
+    }
+    keys
+}
+
+/// Checks across services: nothing that two services would fight over (a matcher, a push
+/// address or socket path, an environment file), and hooks spaced at least a tick apart
+/// (`services` as for [`check_names`]).
+pub(super) fn check_shared(
+    services: &[ServiceConfig],
+    latency_critical: usize,
+    interval_ms: u64,
+) -> Result<(), ConfigError> {
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
-    for s in services {
-        check_matcher(&s.matcher).map_err(|m| format!("{}: {m}", s.name))?;
-        let mut keys = vec![match &s.matcher {
-            Matcher::ProcessName(n) => format!("match.process_name {n:?}"),
-            Matcher::Cgroup(c) => format!("match.cgroup {c:?}"),
-            Matcher::SystemdUnit(u) => format!("match.systemd_unit {u:?}"),
-            Matcher::PidFile(p) => format!("match.pid_file {:?}", p.display().to_string()),
-            Matcher::Pod { uid, .. } => format!("pod {uid}"),
-        }];
-        match &s.latency {
-            Some(LatencySource::Push {
-                addr: PushAddr::Udp(a),
-                ..
-            }) if a.port() != 0 => keys.push(format!("latency.push \"{a}\"")),
-            Some(LatencySource::Push {
-                addr: PushAddr::Unix(p),
-                ..
-            }) => keys.push(format!("latency.unix {:?}", p.display().to_string())),
-            _ => {}
+    for (i, s) in services.iter().enumerate() {
+        let at = |e: ConfigError| e.within(&item_field(i, latency_critical)).in_item(&s.name);
+        if let Some(g) = s
+            .gpu
+            .as_ref()
+            .filter(|g| g.min_restart_interval_ms < interval_ms)
+        {
+            return Err(at(ConfigError::conflict(
+                "gpu.min_restart_interval_ms",
+                format!(
+                    "({}) must be at least interval_ms ({interval_ms}), or a failing hook reruns every tick",
+                    g.min_restart_interval_ms
+                ),
+            )));
         }
-        if let Some(g) = &s.gpu {
-            keys.push(format!(
-                "gpu.env_file {:?}",
-                g.env_file.display().to_string()
-            ));
-            if g.min_restart_interval_ms < interval_ms {
-                return Err(format!(
-                    "{}: gpu.min_restart_interval_ms ({}) must be at least interval_ms ({interval_ms}), or a failing hook reruns every tick",
-                    s.name, g.min_restart_interval_ms
-                ));
-            }
-        }
-        for key in keys {
-            if let Some(first) = seen.insert(key.clone(), s.name.clone()) {
-                return Err(format!(
-                    "{key} is used by both {first} and {}; each service needs its own",
-                    s.name
-                ));
+        for (field, value) in own_keys(s) {
+            if let Some(first) = seen.insert(format!("{field} {value}"), s.name.clone()) {
+                return Err(at(ConfigError::conflict(
+                    field,
+                    format!(
+                        "{value} is used by both {first} and {}; each service needs its own",
+                        s.name
+                    ),
+                )));
             }
         }
     }
@@ -544,7 +603,7 @@ mod tests {
                 format!("[host]\ncpus = \"0-2047,4096-6143,8000\"\n{MIN}"),
                 "more than 4096",
             ),
-            (format!("[host]\ngpus = 65\n{MIN}"), "host.gpus must be at most 64, got 65"),
+            (format!("[host]\ngpus = 65\n{MIN}"), "host.gpus must be between 0 and 64, got 65"),
             (
                 format!("[mps]\npinned_mem_limit = \"0=8G\\nLD_PRELOAD=/tmp/x.so\"\n{MIN}"),
                 "mps.pinned_mem_limit",

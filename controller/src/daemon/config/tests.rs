@@ -151,3 +151,137 @@ fn the_state_directory_and_the_fail_safe_have_defaults_and_are_checked() {
     let e = err(&format!("fail_safe_after_ticks = 0\n{MIN}"));
     assert!(e.contains("fail_safe_after_ticks"), "{e}");
 }
+
+/// The error of parsing `text` (with `NODE_NAME=node-7`), as a value.
+fn typed(text: &str) -> ConfigError {
+    let node = |k: &str| (k == "NODE_NAME").then(|| "node-7".to_string());
+    DaemonConfig::parse_with_env(text, "t.toml", &node).unwrap_err()
+}
+
+/// `MIN` and a second service, web, whose `extra` keys follow its latency.
+fn two_services(extra: &str) -> String {
+    format!("{MIN}[[service]]\nname = \"web\"\np99_target_ms = 5\nmatch = {{ process_name = \"web\" }}\nlatency = {{ push = \"127.0.0.1:9401\", unauthenticated = true{extra} }}\n")
+}
+
+#[test]
+fn a_value_out_of_range_in_a_service_is_named_by_its_path_and_bounds() {
+    let e =
+        typed(&two_services("").replace("p99_target_ms = 5", "p99_target_ms = 5\npriority = 5000"));
+    assert_eq!(e.path, "t.toml");
+    assert_eq!(e.field, "service[1].priority");
+    assert_eq!(e.item.as_deref(), Some("web"));
+    assert_eq!(
+        e.problem,
+        Problem::OutOfRange {
+            min: -1000.0,
+            max: 1000.0,
+            got: 5000.0,
+            note: "",
+        }
+    );
+    // People read the service by name.
+    assert_eq!(
+        e.to_string(),
+        "t.toml: service web: priority must be between -1000 and 1000, got 5000"
+    );
+}
+
+#[test]
+fn an_unknown_key_is_named_by_its_whole_path() {
+    let e = typed(&two_services(", rate = 5"));
+    assert_eq!(e.field, "service[1].latency.rate");
+    assert_eq!(
+        e.item.as_deref(),
+        Some("web"),
+        "named though serde refused it"
+    );
+    assert!(
+        matches!(&e.problem, Problem::UnknownKey { expected } if expected.contains("`rate_hz`")),
+        "{e:?}"
+    );
+    let e = typed(&format!("speed = 3\n{MIN}"));
+    assert_eq!((e.field.as_str(), e.item.as_ref()), ("speed", None));
+    assert!(matches!(e.problem, Problem::UnknownKey { .. }), "{e:?}");
+    let e = typed(&format!(
+        "{MIN}[[best_effort]]\nname = \"b\"\nmatch = {{ process_name = \"b\", pid = 3 }}\n"
+    ));
+    assert_eq!(e.field, "best_effort[0].match.pid");
+    assert_eq!(
+        e.to_string()
+            .lines()
+            .next()
+            .unwrap()
+            .split(", expected")
+            .next()
+            .unwrap(),
+        "t.toml: best_effort b: match.pid: unknown field"
+    );
+}
+
+#[test]
+fn a_bad_latency_url_is_named_by_its_path() {
+    let latency =
+        |l: &str| two_services("").replace("push = \"127.0.0.1:9401\", unauthenticated = true", l);
+    let e = typed(&latency(
+        "prometheus = \"ftp://10.0.0.1/metrics\", metric = \"m\"",
+    ));
+    assert_eq!(e.field, "service[1].latency.prometheus");
+    assert_eq!(
+        e.problem,
+        Problem::Invalid("\"ftp://10.0.0.1/metrics\" must be an http:// URL".into())
+    );
+    let e = typed(&latency("probe = \"gopher://10.0.0.1\""));
+    assert_eq!(e.field, "service[1].latency.probe");
+    assert!(matches!(e.problem, Problem::WrongType(_)), "{e:?}");
+    let e = typed(&latency(
+        "push = \"localhost:9400\", unauthenticated = true",
+    ));
+    assert_eq!(e.field, "service[1].latency.push");
+    assert!(matches!(e.problem, Problem::WrongType(_)), "{e:?}");
+}
+
+#[test]
+fn conflicting_kubernetes_settings_are_named_as_a_conflict() {
+    let e = typed(
+        "[kubernetes]\napi_url = \"http://10.0.0.1:8080\"\ntoken_file = \"/etc/cohabit/token\"\n",
+    );
+    assert_eq!(e.field, "kubernetes.api_url");
+    assert!(
+        matches!(&e.problem, Problem::Conflict(why) if why.contains("in clear")),
+        "{e:?}"
+    );
+    let e = typed("[kubernetes]\ninsecure_http = true\n");
+    assert_eq!(e.field, "kubernetes.insecure_http");
+    assert!(matches!(e.problem, Problem::Conflict(_)), "{e:?}");
+    let e = typed("[kubernetes]\nca_file = \"/etc/cohabit/ca.pem\"\n");
+    assert_eq!(e.field, "kubernetes.ca_file");
+    assert!(matches!(e.problem, Problem::Conflict(_)), "{e:?}");
+}
+
+#[test]
+fn wrong_types_missing_keys_and_bad_toml_are_told_apart() {
+    let e = typed(&format!("interval_ms = \"fast\"\n{MIN}"));
+    assert_eq!(e.field, "interval_ms");
+    assert!(
+        matches!(&e.problem, Problem::WrongType(why) if why.contains("invalid type")),
+        "{e:?}"
+    );
+    let e = typed(&MIN.replace("p99_target_ms = 1\n", ""));
+    assert_eq!(
+        (e.field.as_str(), e.item.as_deref()),
+        ("service[0].p99_target_ms", Some("kv"))
+    );
+    assert_eq!(e.problem, Problem::Missing(String::new()));
+    assert_eq!(
+        e.to_string(),
+        "t.toml: service kv: p99_target_ms is missing"
+    );
+    let e = typed("interval_ms = \n");
+    assert_eq!((e.field.as_str(), e.path.as_str()), ("", "t.toml"));
+    assert!(matches!(e.problem, Problem::Unreadable(_)), "{e:?}");
+    let e = typed(&format!(
+        "{MIN}[[best_effort]]\nname = \"kv\"\nmatch = {{ cgroup = \"/b\" }}\n"
+    ));
+    assert_eq!(e.field, "best_effort[0].name");
+    assert_eq!(e.problem, Problem::Conflict("\"kv\" is used twice".into()));
+}

@@ -292,6 +292,32 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_annotation_names_the_field_within_it_and_leaves_the_annotation_to_the_caller() {
+        let k = kube_section("");
+        let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];
+        let pod = pod_key("shop", "kv");
+        let e = pod_latency("{ unix = \"/run/kv.sock\" }", &pod, &ips, &k).unwrap_err();
+        assert_eq!((e.path.as_str(), e.field.as_str()), ("", "latency.unix"));
+        assert!(matches!(e.problem, Problem::Invalid(_)), "{e:?}");
+        let e =
+            pod_latency("{ probe = \"http://10.1.2.3/\", rate = 5 }", &pod, &ips, &k).unwrap_err();
+        assert_eq!(e.field, "latency.rate");
+        assert!(matches!(e.problem, Problem::UnknownKey { .. }), "{e:?}");
+        let e = pod_latency(
+            "{ probe = \"http://10.1.2.3/\", rate_hz = 0 }",
+            &pod,
+            &ips,
+            &k,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "latency.rate_hz");
+        assert!(
+            matches!(e.problem, Problem::OutOfRange { got, .. } if got == 0.0),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn a_pod_cannot_push_over_udp_even_on_loopback() {
         let k = kube_section("");
         let ips: Vec<std::net::IpAddr> = vec!["10.1.2.3".parse().unwrap()];

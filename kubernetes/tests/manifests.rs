@@ -699,6 +699,22 @@ fn the_admission_policy_checks_the_keys_and_limits_the_agent_uses() {
     assert_eq!(binding.validation_actions.unwrap(), ["Deny"]);
 }
 
+/// The daemon's config parser: every module of controller/src/daemon/config/, one after
+/// another.
+fn config_sources() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../controller/src/daemon/config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect()
+}
+
 fn daemon_config(cm: &ConfigMap) -> toml::Table {
     let text = &cm.data.as_ref().unwrap()["cohabit.toml"];
     toml::from_str(text).unwrap_or_else(|e| panic!("configmap.yaml cohabit.toml: {e}"))
@@ -708,7 +724,7 @@ fn daemon_config(cm: &ConfigMap) -> toml::Table {
 fn parser_fields(src: &str, name: &str) -> BTreeSet<String> {
     let start = src
         .find(&format!("struct {name} {{"))
-        .unwrap_or_else(|| panic!("no struct {name} in config.rs"));
+        .unwrap_or_else(|| panic!("no struct {name} in the config parser"));
     let body = &src[start..];
     let body = &body[body.find('{').unwrap() + 1..body.find("\n}").unwrap()];
     body.lines()
@@ -730,9 +746,9 @@ fn parser_fields(src: &str, name: &str) -> BTreeSet<String> {
 fn the_daemon_config_uses_keys_the_daemon_knows_and_paths_the_pod_mounts() {
     // The daemon's own parser (cohabit-controller) would be a dependency cycle once the
     // daemon depends on this crate, and pulls in libtorch; so the TOML's keys are checked
-    // against the field names of the parser's structs in config.rs, which all deny
-    // unknown fields.
-    let src = repo_file("controller/src/daemon/config.rs");
+    // against the field names of the parser's structs (one module per section under
+    // controller/src/daemon/config/), which all deny unknown fields.
+    let src = config_sources();
     let m = manifests();
     let cfg = daemon_config(&m.config);
     let sections: BTreeMap<&str, &str> = [
@@ -746,14 +762,14 @@ fn the_daemon_config_uses_keys_the_daemon_knows_and_paths_the_pod_mounts() {
     for (key, value) in &cfg {
         assert!(
             top.contains(key),
-            "unknown top-level key {key} (config.rs File has {top:?})"
+            "unknown top-level key {key} (the parser's File has {top:?})"
         );
         if let Some(table) = value.as_table() {
             let known = parser_fields(&src, sections[key.as_str()]);
             for k in table.keys() {
                 assert!(
                     known.contains(k),
-                    "unknown key {key}.{k} (config.rs has {known:?})"
+                    "unknown key {key}.{k} (the parser has {known:?})"
                 );
             }
         }

@@ -1,7 +1,7 @@
 //! The `cohabit` command line. `main.rs` only parses and calls [`run`].
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
@@ -261,12 +261,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
         } => {
             let mut options = sim.options()?;
             if explore {
-                let cfg = cohabit_policy::ExploreConfig {
-                    margin: explore_margin,
-                    ..cohabit_policy::ExploreConfig::default()
-                };
-                cfg.validate().map_err(anyhow::Error::msg)?;
-                options.explore = Some(cfg);
+                options.explore = Some(explore_config(explore_margin)?);
             }
             commands::simulate_cmd(&scenario, policy, &dir, seed, &options, out)
         }
@@ -312,35 +307,12 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             Ok(out.write_all(&script)?)
         }
         Command::Man => Ok(clap_mangen::Man::new(Cli::command()).render(out)?),
-        Command::Probe { format } => {
-            let report = crate::daemon::probe::probe(&cohabit_collectors::HostPaths::standard());
-            match format {
-                Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
-                Format::Table => write!(out, "{}", report.render())?,
-            }
-            Ok(())
-        }
+        Command::Probe { format } => probe_cmd(format, out),
         Command::Check {
             config,
             wait_ms,
             format,
-        } => {
-            let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
-            let report = crate::daemon::check::check(
-                cfg,
-                config,
-                std::time::Duration::from_millis(wait_ms),
-            )?;
-            match format {
-                Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
-                Format::Table => write!(out, "{}", report.render())?,
-            }
-            anyhow::ensure!(
-                report.would_start(),
-                "cohabit run would refuse to start with this configuration (see above)"
-            );
-            Ok(())
-        }
+        } => check_cmd(config, wait_ms, format, out),
         Command::Run {
             config,
             dry_run,
@@ -348,16 +320,58 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
             discard_state,
             explore,
         } => {
-            let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
             let opts = crate::daemon::RunOptions {
                 dry_run,
                 max_ticks: ticks,
                 discard_state,
                 explore,
             };
-            let n = crate::daemon::run_blocking(cfg, opts)?;
-            writeln!(out, "cohabit stopped after {n} ticks; host restored")?;
-            Ok(())
+            run_cmd(&config, opts, out)
         }
     }
+}
+
+/// `cohabit simulate --explore`'s settings, with the boundary margin `margin`.
+fn explore_config(margin: f64) -> Result<cohabit_policy::ExploreConfig> {
+    let cfg = cohabit_policy::ExploreConfig {
+        margin,
+        ..cohabit_policy::ExploreConfig::default()
+    };
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    Ok(cfg)
+}
+
+/// `cohabit probe`: what this host offers, in `format`.
+fn probe_cmd(format: Format, out: &mut dyn Write) -> Result<()> {
+    let report = crate::daemon::probe::probe(&cohabit_collectors::HostPaths::standard());
+    match format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        Format::Table => write!(out, "{}", report.render())?,
+    }
+    Ok(())
+}
+
+/// `cohabit check`: the configuration at `config` against this host, in `format`; an error
+/// when `cohabit run` would refuse to start with it.
+fn check_cmd(config: PathBuf, wait_ms: u64, format: Format, out: &mut dyn Write) -> Result<()> {
+    let cfg = crate::daemon::config::DaemonConfig::load(&config)?;
+    let report =
+        crate::daemon::check::check(cfg, config, std::time::Duration::from_millis(wait_ms))?;
+    match format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        Format::Table => write!(out, "{}", report.render())?,
+    }
+    anyhow::ensure!(
+        report.would_start(),
+        "cohabit run would refuse to start with this configuration (see above)"
+    );
+    Ok(())
+}
+
+/// `cohabit run`: the daemon with the configuration at `config`, until it stops.
+fn run_cmd(config: &Path, opts: crate::daemon::RunOptions, out: &mut dyn Write) -> Result<()> {
+    let cfg = crate::daemon::config::DaemonConfig::load(config)?;
+    let n = crate::daemon::run_blocking(cfg, opts)?;
+    writeln!(out, "cohabit stopped after {n} ticks; host restored")?;
+    Ok(())
 }

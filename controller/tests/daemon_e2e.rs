@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cohabit_collectors::cgroup::testing::{self, OwnerCgroup};
-use cohabit_collectors::cgroup::{Controller, CpuList, CpuWeight, PARENT};
+use cohabit_collectors::cgroup::{Cgroups, Controller, CpuList, CpuWeight, PARENT};
 
 /// The daemon tests share the host's cgroup tree: one at a time.
 static HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -106,56 +106,31 @@ fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn the_daemon_manages_real_processes_and_restores_everything_on_sigterm() {
-    let _host = HOST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(cg) = testing::real_cgroups() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let port = free_udp_port();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+/// A TCP port free on loopback now.
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    // The service's owner makes its cgroup and starts it there.
-    let owner = OwnerCgroup::create(&cg, &format!("e2e-owner-{}", std::process::id())).unwrap();
-    let (owner_cpuset, owner_cpu) = (
-        owner.dir(Controller::Cpuset).to_path_buf(),
-        owner.dir(Controller::Cpu).to_path_buf(),
-    );
-    let (weight_file, highest) = cg.weight_file(CpuWeight::Highest);
-    let originals = (
-        std::fs::read_to_string(owner_cpuset.join("cpuset.cpus")).unwrap(),
-        std::fs::read_to_string(owner_cpu.join(weight_file)).unwrap(),
-    );
-    let lc = spawn(&format!(
-        "echo $$ > {}/cgroup.procs; echo $$ > {}/cgroup.procs; exec bash -c 'while :; do echo 800 > /dev/udp/127.0.0.1/{port}; echo 1500 > /dev/udp/127.0.0.1/{port}; sleep 0.01; done'",
-        owner_cpuset.display(),
-        owner_cpu.display()
-    ));
-    // A CPU-bound job that forks a short-lived child now and then, and a bare process.
-    let be = spawn(
-        "while :; do sleep 0.3 & i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; wait; done",
-    );
-    let victim = spawn("exec sleep 600");
-    let (be_pid, lc_pid, victim_pid) = (be.0.id(), lc.0.id(), victim.0.id());
-    wait_for(
-        "the service in its owner's cgroup",
-        Duration::from_secs(5),
-        || cgroups_of(lc_pid).contains(&owner.path()),
-    );
-    std::fs::write(d.join("be.pid"), be_pid.to_string()).unwrap();
-    std::fs::write(d.join("victim.pid"), victim_pid.to_string()).unwrap();
-    let before: Vec<String> = [be_pid, lc_pid, victim_pid]
-        .iter()
-        .map(|p| cgroups_of(*p))
-        .collect();
-    let victim_others = other_hierarchies(victim_pid);
+        .port()
+}
+
+/// Runs `look` every 50 ms for two seconds (more than ten times).
+fn for_two_seconds(mut look: impl FnMut()) {
+    let t = Instant::now();
+    let mut looks = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        look();
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(looks > 10);
+}
+
+/// The end-to-end configuration, written in `d` (its path returned): kv in the owner's
+/// cgroup `owner` pushing to `port`, web and the best-effort job spin by pid file and
+/// moved, metrics on `metrics_port`, the decision log in `d`.
+fn write_config(d: &Path, owner: &str, port: u16, metrics_port: u16) -> PathBuf {
     let log = d.join("decisions.jsonl");
     let cfg = d.join("cohabit.toml");
     std::fs::write(
@@ -186,57 +161,16 @@ placement = "move"
 "#,
             log = log.display(),
             d = d.display(),
-            owner = owner.path(),
             uid = nix::unistd::geteuid().as_raw(),
         ),
     )
     .unwrap();
-    let daemon = Command::new(env!("CARGO_BIN_EXE_cohabit"))
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut daemon = Kill(daemon);
+    cfg
+}
 
-    // The service is controlled where it is; the bare processes move (cpuset and cpu only).
-    let own = |c: Controller, g: &str| cg.own_dir(c, g).unwrap().unwrap();
-    let web_cpuset = own(Controller::Cpuset, "lc-web");
-    wait_for("the values and the moves", Duration::from_secs(10), || {
-        cpus(&owner_cpuset).0.len() < cpus(cg.mount(Controller::Cpuset).unwrap()).0.len()
-            && cgroups_of(be_pid).contains(&format!("/{PARENT}/best-effort"))
-            && cgroups_of(victim_pid).contains(&format!("/{PARENT}/lc-web"))
-    });
-    assert_eq!(
-        std::fs::read_to_string(owner_cpu.join(weight_file))
-            .unwrap()
-            .trim(),
-        highest,
-        "the service's weight protects it from unmanaged processes"
-    );
-    assert_eq!(
-        other_hierarchies(victim_pid),
-        victim_others,
-        "a moved process keeps its memory, pids and other cgroups"
-    );
-    // Every tick for two seconds: the service stays put, the LC sets are disjoint.
-    let t = Instant::now();
-    let mut looks = 0;
-    while t.elapsed() < Duration::from_secs(2) {
-        assert_eq!(
-            cgroups_of(lc_pid),
-            before[1],
-            "the service stays where its owner put it"
-        );
-        let (kv, web) = (cpus(&owner_cpuset), cpus(&web_cpuset));
-        assert!(!kv.overlaps(&web), "kv {kv} and web {web} share a CPU");
-        looks += 1;
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(looks > 10);
-
-    // The metrics endpoint answers on loopback.
+/// The metrics endpoint on `metrics_port` serves the allocations, ticks, targets and
+/// errors once kv's latency is in.
+fn assert_metrics_served(metrics_port: u16) {
     wait_for("metrics", Duration::from_secs(10), || {
         http_get(metrics_port, "/metrics")
             .is_some_and(|b| b.contains("cohabit_service_p99_ms{service=\"kv\"}"))
@@ -250,17 +184,60 @@ placement = "move"
     ] {
         assert!(body.contains(m), "{m} missing from:\n{body}");
     }
+}
 
-    // A process vanishes; the daemon keeps going.
-    drop(victim);
+/// The processes of the test: the service, put in its owner's cgroup (`cpuset` and `cpu`)
+/// and pushing latencies of 0.8 and 1.5 ms to `port`; a CPU-bound job that forks a
+/// short-lived child now and then; and a bare process.
+fn start_processes(cpuset: &Path, cpu: &Path, port: u16) -> (Kill, Kill, Kill) {
+    let lc = spawn(&format!(
+        "echo $$ > {}/cgroup.procs; echo $$ > {}/cgroup.procs; exec bash -c 'while :; do echo 800 > /dev/udp/127.0.0.1/{port}; echo 1500 > /dev/udp/127.0.0.1/{port}; sleep 0.01; done'",
+        cpuset.display(),
+        cpu.display()
+    ));
+    let be = spawn(
+        "while :; do sleep 0.3 & i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; wait; done",
+    );
+    let victim = spawn("exec sleep 600");
+    (lc, be, victim)
+}
+
+/// Waits (at most 10 s) for `n` lines in the decision log at `log`.
+fn wait_for_decisions(log: &Path, n: usize) {
     wait_for("several decisions", Duration::from_secs(10), || {
-        std::fs::read_to_string(&log)
-            .map(|t| t.lines().count() >= 6)
+        std::fs::read_to_string(log)
+            .map(|t| t.lines().count() >= n)
             .unwrap_or(false)
     });
-    assert!(daemon.0.try_wait().unwrap().is_none(), "still running");
+}
 
-    // SIGTERM: everything is undone.
+/// `cohabit run` with the configuration at `cfg`, its output piped.
+fn start_daemon(cfg: &Path) -> Kill {
+    let daemon = Command::new(env!("CARGO_BIN_EXE_cohabit"))
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Kill(daemon)
+}
+
+/// Every group cohabit made under `cg` is gone.
+fn assert_cohabits_groups_gone(cg: &Cgroups) {
+    for c in Controller::ALL {
+        let parent: PathBuf = cg.own_parent(c).unwrap();
+        assert!(
+            !parent.exists(),
+            "{} is still there after the daemon's exit",
+            parent.display()
+        );
+    }
+}
+
+/// Sends SIGTERM to `daemon` and waits (at most 10 s) for it to exit successfully: what
+/// it wrote to stderr.
+fn stop(daemon: &mut Kill) -> String {
     let status = Command::new("kill")
         .args(["-TERM", &daemon.0.id().to_string()])
         .status()
@@ -277,47 +254,13 @@ placement = "move"
     let mut stderr = String::new();
     std::io::Read::read_to_string(daemon.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(exit.success(), "exit {exit:?}\n{stderr}");
-    assert!(
-        stderr.contains("resctrl"),
-        "one line about the missing resctrl:\n{stderr}"
-    );
-    assert!(stderr.contains("vanished"), "{stderr}");
-    assert!(
-        stderr.contains("127.0.0.1:1"),
-        "the unreachable endpoint is named:\n{stderr}"
-    );
-    for c in Controller::ALL {
-        let parent: PathBuf = cg.own_parent(c).unwrap();
-        assert!(
-            !parent.exists(),
-            "{} is still there after the daemon's exit",
-            parent.display()
-        );
-    }
-    assert_eq!(
-        (
-            std::fs::read_to_string(owner_cpuset.join("cpuset.cpus")).unwrap(),
-            std::fs::read_to_string(owner_cpu.join(weight_file)).unwrap(),
-        ),
-        originals,
-        "the owner's values are back"
-    );
-    assert_eq!(cgroups_of(lc_pid), before[1], "the service never left");
-    assert_eq!(
-        cgroups_of(be_pid),
-        before[0],
-        "best-effort job back where it was"
-    );
-    for child in children_of(be_pid) {
-        let now = cgroups_of(child);
-        assert!(
-            now.is_empty() || !now.contains(&format!("/{PARENT}/")),
-            "child {child} of the job is out of cohabit's groups: {now}"
-        );
-    }
+    stderr
+}
 
-    // The decision log holds the same records as the simulator's, from the real host.
-    let text = std::fs::read_to_string(&log).unwrap();
+/// The decision log at `log` has a header and records of the real host (not simulated,
+/// no truth) with kv's pushed p99, spin's CPU use and no counters.
+fn assert_log_of_the_real_host(log: &Path) {
+    let text = std::fs::read_to_string(log).unwrap();
     let mut reader = cohabit_core::DecisionLogReader::new(text.as_bytes());
     let records: Vec<cohabit_core::DecisionRecord> =
         reader.by_ref().collect::<Result<_, _>>().unwrap();
@@ -359,6 +302,116 @@ placement = "move"
             .all(|s| s.sample.ipc.is_none())),
         "no counters here: absent, not zero"
     );
+}
+
+#[test]
+fn the_daemon_manages_real_processes_and_restores_everything_on_sigterm() {
+    let _host = HOST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(cg) = testing::real_cgroups() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = free_udp_port();
+    let metrics_port = free_tcp_port();
+    // The service's owner makes its cgroup and starts it there.
+    let owner = OwnerCgroup::create(&cg, &format!("e2e-owner-{}", std::process::id())).unwrap();
+    let owner_cpuset = owner.dir(Controller::Cpuset).to_path_buf();
+    let owner_cpu = owner.dir(Controller::Cpu).to_path_buf();
+    let (weight_file, highest) = cg.weight_file(CpuWeight::Highest);
+    let owner_values = || {
+        (
+            std::fs::read_to_string(owner_cpuset.join("cpuset.cpus")).unwrap(),
+            std::fs::read_to_string(owner_cpu.join(weight_file)).unwrap(),
+        )
+    };
+    let originals = owner_values();
+    let (lc, be, victim) = start_processes(&owner_cpuset, &owner_cpu, port);
+    let (be_pid, lc_pid, victim_pid) = (be.0.id(), lc.0.id(), victim.0.id());
+    wait_for(
+        "the service in its owner's cgroup",
+        Duration::from_secs(5),
+        || cgroups_of(lc_pid).contains(&owner.path()),
+    );
+    std::fs::write(d.join("be.pid"), be_pid.to_string()).unwrap();
+    std::fs::write(d.join("victim.pid"), victim_pid.to_string()).unwrap();
+    let before: Vec<String> = [be_pid, lc_pid, victim_pid]
+        .iter()
+        .map(|p| cgroups_of(*p))
+        .collect();
+    let victim_others = other_hierarchies(victim_pid);
+    let log = d.join("decisions.jsonl");
+    let cfg = write_config(d, &owner.path(), port, metrics_port);
+    let mut daemon = start_daemon(&cfg);
+
+    // The service is controlled where it is; the bare processes move (cpuset and cpu only).
+    let web_cpuset = cg.own_dir(Controller::Cpuset, "lc-web").unwrap().unwrap();
+    wait_for("the values and the moves", Duration::from_secs(10), || {
+        cpus(&owner_cpuset).0.len() < cpus(cg.mount(Controller::Cpuset).unwrap()).0.len()
+            && cgroups_of(be_pid).contains(&format!("/{PARENT}/best-effort"))
+            && cgroups_of(victim_pid).contains(&format!("/{PARENT}/lc-web"))
+    });
+    assert_eq!(
+        std::fs::read_to_string(owner_cpu.join(weight_file))
+            .unwrap()
+            .trim(),
+        highest,
+        "the service's weight protects it from unmanaged processes"
+    );
+    assert_eq!(
+        other_hierarchies(victim_pid),
+        victim_others,
+        "a moved process keeps its memory, pids and other cgroups"
+    );
+    // Every tick for two seconds: the service stays put, the LC sets are disjoint.
+    for_two_seconds(|| {
+        assert_eq!(
+            cgroups_of(lc_pid),
+            before[1],
+            "the service stays where its owner put it"
+        );
+        let (kv, web) = (cpus(&owner_cpuset), cpus(&web_cpuset));
+        assert!(!kv.overlaps(&web), "kv {kv} and web {web} share a CPU");
+    });
+
+    // The metrics endpoint answers on loopback.
+    assert_metrics_served(metrics_port);
+
+    // A process vanishes; the daemon keeps going.
+    drop(victim);
+    wait_for_decisions(&log, 6);
+    assert!(daemon.0.try_wait().unwrap().is_none(), "still running");
+
+    // SIGTERM: everything is undone.
+    let stderr = stop(&mut daemon);
+    assert!(
+        stderr.contains("resctrl"),
+        "one line about the missing resctrl:\n{stderr}"
+    );
+    assert!(stderr.contains("vanished"), "{stderr}");
+    assert!(
+        stderr.contains("127.0.0.1:1"),
+        "the unreachable endpoint is named:\n{stderr}"
+    );
+    assert_cohabits_groups_gone(&cg);
+    assert_eq!(owner_values(), originals, "the owner's values are back");
+    assert_eq!(cgroups_of(lc_pid), before[1], "the service never left");
+    assert_eq!(
+        cgroups_of(be_pid),
+        before[0],
+        "best-effort job back where it was"
+    );
+    for child in children_of(be_pid) {
+        let now = cgroups_of(child);
+        assert!(
+            now.is_empty() || !now.contains(&format!("/{PARENT}/")),
+            "child {child} of the job is out of cohabit's groups: {now}"
+        );
+    }
+    // The decision log holds the same records as the simulator's, from the real host.
+    assert_log_of_the_real_host(&log);
     drop(be);
     drop(lc);
 }

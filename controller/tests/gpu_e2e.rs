@@ -2,7 +2,7 @@
 //! that reads commands on stdin like the real one. No GPU, driver or root needed: NVML is
 //! reported absent, cgroups are pointed away, and the GPU count comes from the config.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 struct Kill(Child);
@@ -14,22 +14,13 @@ impl Drop for Kill {
     }
 }
 
-#[test]
-fn a_gpu_service_gets_its_share_published_and_applied_through_the_restart_hook() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let llm = Kill(Command::new("sleep").arg("60").spawn().unwrap());
-    let train = Kill(Command::new("sleep").arg("60").spawn().unwrap());
-    std::fs::write(d.join("llm.pid"), llm.0.id().to_string()).unwrap();
-    std::fs::write(d.join("train.pid"), train.0.id().to_string()).unwrap();
-    let mps = d.join("mps");
-    std::fs::create_dir_all(&mps).unwrap();
-    std::fs::write(mps.join("servers"), "4100\n").unwrap();
-    std::fs::write(mps.join("clients.4100"), format!("{}\n", llm.0.id())).unwrap();
-    std::fs::write(d.join("llm.env"), "MODEL=small\nOTHER=1\n").unwrap();
+/// The configuration (written in `d`, its path returned) of a GPU service, llm, and a
+/// best-effort GPU job, train, under `static`, behind the fake MPS control whose pipe
+/// directory is `mps`, logging decisions to `log`: llm's restart hook records what it saw
+/// in `d`, train's always fails.
+fn published_share_config(d: &Path, mps: &Path, log: &Path) -> PathBuf {
     let fake = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../collectors/tests/fixtures/fake-mps-control");
-    let log = d.join("decisions.jsonl");
     let cfg = d.join("gpu.toml");
     std::fs::write(
         &cfg,
@@ -68,6 +59,42 @@ gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exi
         ),
     )
     .unwrap();
+    cfg
+}
+
+/// The decision records in the log at `log`.
+fn records(log: &Path) -> Vec<cohabit_core::DecisionRecord> {
+    let text = std::fs::read_to_string(log).unwrap();
+    cohabit_core::DecisionLogReader::new(text.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// The GPU share in effect for service `name` in record `r`.
+fn effective(r: &cohabit_core::DecisionRecord, name: &str) -> Option<u8> {
+    r.observation
+        .services
+        .iter()
+        .find(|s| s.spec.name == name)
+        .unwrap()
+        .gpu_mps_effective_pct
+}
+
+#[test]
+fn a_gpu_service_gets_its_share_published_and_applied_through_the_restart_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let llm = Kill(Command::new("sleep").arg("60").spawn().unwrap());
+    let train = Kill(Command::new("sleep").arg("60").spawn().unwrap());
+    std::fs::write(d.join("llm.pid"), llm.0.id().to_string()).unwrap();
+    std::fs::write(d.join("train.pid"), train.0.id().to_string()).unwrap();
+    let mps = d.join("mps");
+    std::fs::create_dir_all(&mps).unwrap();
+    std::fs::write(mps.join("servers"), "4100\n").unwrap();
+    std::fs::write(mps.join("clients.4100"), format!("{}\n", llm.0.id())).unwrap();
+    std::fs::write(d.join("llm.env"), "MODEL=small\nOTHER=1\n").unwrap();
+    let log = d.join("decisions.jsonl");
+    let cfg = published_share_config(d, &mps, &log);
     let out = Command::new(env!("CARGO_BIN_EXE_cohabit"))
         .args(["run", "--config", cfg.to_str().unwrap(), "--ticks", "6"])
         .env("RUST_LOG", "info")
@@ -120,24 +147,10 @@ gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exi
     }
 
     // The log shows published against effective: llm's share took effect, train's is pending.
-    let text = std::fs::read_to_string(&log).unwrap();
-    let records: Vec<cohabit_core::DecisionRecord> =
-        cohabit_core::DecisionLogReader::new(text.as_bytes())
-            .collect::<Result<_, _>>()
-            .unwrap();
+    let records = records(&log);
     assert_eq!(records.len(), 6);
     // The hook runs off the tick: its share is pending until a later tick sees it done.
-    let llm_effective: Vec<Option<u8>> = records
-        .iter()
-        .map(|r| {
-            r.observation
-                .services
-                .iter()
-                .find(|s| s.spec.name == "llm")
-                .unwrap()
-                .gpu_mps_effective_pct
-        })
-        .collect();
+    let llm_effective: Vec<Option<u8>> = records.iter().map(|r| effective(r, "llm")).collect();
     let first = llm_effective.iter().position(Option::is_some).unwrap();
     assert!(
         llm_effective[..first].iter().all(Option::is_none)
@@ -145,14 +158,6 @@ gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exi
         "{llm_effective:?}"
     );
     for r in &records {
-        let eff = |n: &str| {
-            r.observation
-                .services
-                .iter()
-                .find(|s| s.spec.name == n)
-                .unwrap()
-                .gpu_mps_effective_pct
-        };
         assert_eq!(r.observation.current.services["llm"].gpu_mps_pct, Some(50));
         assert_eq!(
             r.observation.current.best_effort.gpu_mps_pct,
@@ -160,7 +165,7 @@ gpu = {{ index = 0, env_file = "{d}/train.env", restart = "echo refused >&2; exi
             "published for training"
         );
         assert_eq!(
-            eff("train"),
+            effective(r, "train"),
             None,
             "not effective: its restart hook keeps failing"
         );
@@ -261,11 +266,7 @@ gpu = {{ index = 0, env_file = "{d}/llm.env", restart = "echo $$ >> {d}/pgids; s
     );
     assert!(stderr.contains("restart hook timed out"), "{stderr}");
 
-    let text = std::fs::read_to_string(&log).unwrap();
-    let records: Vec<cohabit_core::DecisionRecord> =
-        cohabit_core::DecisionLogReader::new(text.as_bytes())
-            .collect::<Result<_, _>>()
-            .unwrap();
+    let records = records(&log);
     // A hook held inside the tick would stop every tick after the first; a loaded test
     // machine may still skip one or two.
     assert!(

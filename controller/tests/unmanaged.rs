@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use cohabit_collectors::cgroup::testing;
-use cohabit_collectors::cgroup::Controller;
+use cohabit_collectors::cgroup::{Cgroups, Controller};
 
 struct Kill(Child);
 
@@ -64,13 +64,9 @@ latency = {{ push = "127.0.0.1:{port}", unauthenticated = true }}
     path
 }
 
-#[test]
-fn a_bare_process_in_place_is_reported_unmanaged_refused_by_run_and_logged_as_such_when_allowed() {
-    let Some(cg) = testing::real_cgroups() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// `sleep` copied into `d` under a name of its own (returned), started and put where a
+/// shell's process is: the root of the cpuset and cpu hierarchies.
+fn bare_process(cg: &Cgroups, d: &Path) -> (String, Kill) {
     // `comm` is at most 15 characters.
     let name = format!("sl{}", std::process::id() % 1_000_000_000);
     let exe = d.join(&name);
@@ -81,11 +77,22 @@ fn a_bare_process_in_place_is_reported_unmanaged_refused_by_run_and_logged_as_su
     std::fs::copy(sleep, &exe).unwrap();
     let bare = Kill(Command::new(&exe).arg("600").spawn().unwrap());
     let pid = bare.0.id();
-    // Where a shell's process is: the root of the cpuset and cpu hierarchies.
     for c in [Controller::Cpuset, Controller::Cpu] {
         let root = cg.mount(c).expect("mounted");
         std::fs::write(root.join("cgroup.procs"), pid.to_string()).unwrap();
     }
+    (name, bare)
+}
+
+#[test]
+fn a_bare_process_in_place_is_reported_unmanaged_refused_by_run_and_logged_as_such_when_allowed() {
+    let Some(cg) = testing::real_cgroups() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (name, bare) = bare_process(&cg, d);
+    let pid = bare.0.id();
     let root_cpus =
         std::fs::read_to_string(cg.mount(Controller::Cpuset).unwrap().join("cpuset.cpus"))
             .unwrap_or_default();

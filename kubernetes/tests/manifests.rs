@@ -463,10 +463,96 @@ fn the_daemonset_has_the_privileges_mounts_and_env_the_daemon_needs() {
     }
 }
 
+/// The PodMonitor's endpoint `ep` authenticates with the reader account's token, which
+/// RBAC lets GET /metrics, nothing else.
+fn the_scraper_may_get_metrics_and_nothing_else(m: &Manifests, ep: &PodMetricsEndpoint) {
+    assert_eq!(ep.authorization.kind, "Bearer");
+    assert_eq!(
+        Some(&ep.authorization.credentials.name),
+        m.reader_token.metadata.name.as_ref()
+    );
+    assert_eq!(ep.authorization.credentials.key, "token");
+    assert_eq!(
+        m.reader_token.type_.as_deref(),
+        Some("kubernetes.io/service-account-token")
+    );
+    assert_eq!(
+        m.reader_token
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/service-account.name")),
+        m.reader.metadata.name.as_ref()
+    );
+    let rules = m.reader_role.rules.clone().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].non_resource_urls.as_deref(),
+        Some(&["/metrics".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get"]);
+    assert!(rules[0].resources.is_none() && rules[0].api_groups.is_none());
+    assert_eq!(
+        Some(&m.reader_binding.role_ref.name),
+        m.reader_role.metadata.name.as_ref()
+    );
+    let subjects = m.reader_binding.subjects.clone().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (Some(&subjects[0].name), subjects[0].namespace.as_ref()),
+        (
+            m.reader.metadata.name.as_ref(),
+            m.reader.metadata.namespace.as_ref()
+        )
+    );
+}
+
+/// The port on which `proxy`, the authenticating proxy in front of the exporter at
+/// `addr`, listens on the node, unprivileged, for /metrics alone.
+fn the_proxy_port(
+    proxy: &k8s_openapi::api::core::v1::Container,
+    addr: std::net::SocketAddr,
+) -> i32 {
+    assert!(proxy.image.as_deref().unwrap().contains("kube-rbac-proxy"));
+    let args = proxy.args.clone().unwrap();
+    assert!(
+        args.contains(&format!("--upstream=http://{addr}/")),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--allow-paths=/metrics".to_string()),
+        "{args:?}"
+    );
+    let port = proxy
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("https-metrics"))
+        .unwrap();
+    assert!(
+        args.contains(&format!(
+            "--secure-listen-address=0.0.0.0:{}",
+            port.container_port
+        )),
+        "{args:?}"
+    );
+    assert_eq!(port.host_port, Some(port.container_port));
+    let sc = proxy.security_context.clone().unwrap();
+    assert_eq!(
+        (
+            sc.privileged,
+            sc.run_as_non_root,
+            sc.allow_privilege_escalation
+        ),
+        (None, Some(true), Some(false))
+    );
+    port.container_port
+}
+
 #[test]
 fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
     let m = manifests();
-    let pod = m.daemonset.spec.unwrap().template.spec.unwrap();
+    let pod = m.daemonset.spec.clone().unwrap().template.spec.unwrap();
     let c = &pod.containers[0];
     let cfg = daemon_config(&m.config);
     // The exporter has no authentication: loopback only, never metrics_public.
@@ -510,43 +596,10 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
         Some("/metrics")
     );
     // From off the node, only through the authenticating proxy, to the loopback exporter.
-    let proxy = &pod.containers[1];
-    assert!(proxy.image.as_deref().unwrap().contains("kube-rbac-proxy"));
-    let args = proxy.args.clone().unwrap();
-    assert!(
-        args.contains(&format!("--upstream=http://{addr}/")),
-        "{args:?}"
-    );
-    assert!(
-        args.contains(&"--allow-paths=/metrics".to_string()),
-        "{args:?}"
-    );
-    let port = proxy
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("https-metrics"))
-        .unwrap();
-    assert!(
-        args.contains(&format!(
-            "--secure-listen-address=0.0.0.0:{}",
-            port.container_port
-        )),
-        "{args:?}"
-    );
-    assert_eq!(port.host_port, Some(port.container_port));
-    let sc = proxy.security_context.clone().unwrap();
-    assert_eq!(
-        (
-            sc.privileged,
-            sc.run_as_non_root,
-            sc.allow_privilege_escalation
-        ),
-        (None, Some(true), Some(false))
-    );
-    let svc = m.service.spec.unwrap();
+    let proxy_port = the_proxy_port(&pod.containers[1], addr);
+    let svc = m.service.spec.clone().unwrap();
     let sp = &svc.ports.unwrap()[0];
-    assert_eq!(sp.port, port.container_port);
+    assert_eq!(sp.port, proxy_port);
     assert_eq!(
         serde_json::to_value(&sp.target_port).unwrap(),
         "https-metrics"
@@ -572,46 +625,7 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
         && r.source_labels == ["__meta_kubernetes_pod_node_name"]
         && r.action == "replace"));
     assert_eq!(pod.host_network, Some(true));
-    // The scraper's token: the reader account's, which RBAC lets GET /metrics, nothing else.
-    assert_eq!(ep.authorization.kind, "Bearer");
-    assert_eq!(
-        Some(&ep.authorization.credentials.name),
-        m.reader_token.metadata.name.as_ref()
-    );
-    assert_eq!(ep.authorization.credentials.key, "token");
-    assert_eq!(
-        m.reader_token.type_.as_deref(),
-        Some("kubernetes.io/service-account-token")
-    );
-    assert_eq!(
-        m.reader_token
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("kubernetes.io/service-account.name")),
-        m.reader.metadata.name.as_ref()
-    );
-    let rules = m.reader_role.rules.clone().unwrap();
-    assert_eq!(rules.len(), 1);
-    assert_eq!(
-        rules[0].non_resource_urls.as_deref(),
-        Some(&["/metrics".to_string()][..])
-    );
-    assert_eq!(rules[0].verbs, ["get"]);
-    assert!(rules[0].resources.is_none() && rules[0].api_groups.is_none());
-    assert_eq!(
-        Some(&m.reader_binding.role_ref.name),
-        m.reader_role.metadata.name.as_ref()
-    );
-    let subjects = m.reader_binding.subjects.clone().unwrap();
-    assert_eq!(subjects.len(), 1);
-    assert_eq!(
-        (Some(&subjects[0].name), subjects[0].namespace.as_ref()),
-        (
-            m.reader.metadata.name.as_ref(),
-            m.reader.metadata.namespace.as_ref()
-        )
-    );
+    the_scraper_may_get_metrics_and_nothing_else(&m, ep);
 }
 
 /// The admission policy enforces what the agent does: the same annotation keys, and the

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use cohabit_core::WayRange;
+use cohabit_core::{Allocation, WayRange};
 use cohabit_lab::simulate::{self, LabPolicy};
 use cohabit_models::{features, log_qos_ratio, Neighbours};
 use cohabit_policy::{layout, shares_of, HostContext};
@@ -41,20 +41,7 @@ fn main() -> Result<()> {
     let host = &ctx.host;
     let n = sc.services.len();
     println!("SIMULATION: every figure below comes from cohabit's simulated host.");
-    let len = run.records.len();
-    let at: Vec<usize> = match args.get(2) {
-        Some(list) => list
-            .split(',')
-            .map(|t| {
-                t.trim()
-                    .parse::<usize>()
-                    .map(|t| t.min(len.saturating_sub(1)))
-            })
-            .collect::<Result<_, _>>()
-            .context("intervals: a comma-separated list of interval numbers")?,
-        None => vec![len / 5, len / 2, len * 4 / 5],
-    };
-    for idx in at {
+    for idx in intervals(args.get(2), run.records.len())? {
         let obs = &run.records[idx].observation;
         let o = obs
             .services
@@ -92,18 +79,7 @@ fn main() -> Result<()> {
             "{:>6} {:>5} {:>9} {:>7} {:>8} {:>10}",
             "cores", "ways", "model_d", "spread", "true_d", "admissible"
         );
-        let w0 = cur.llc_ways.count;
-        let mut cands = Vec::new();
-        let mut ways: Vec<u32> = [w0.saturating_sub(4).max(1), w0, w0 + 2, w0 + 4, w0 + 6]
-            .iter()
-            .map(|w| (*w).min(host.llc_ways))
-            .collect();
-        ways.dedup();
-        for w in ways {
-            for c in cur.cores.saturating_sub(4).max(1)..=cur.cores {
-                cands.push((c, w));
-            }
-        }
+        let cands = candidates(&cur, host.llc_ways);
         let reference = features(host, target, &o.sample, &cur, &cur, &nb);
         let mut rows = Array2::<f32>::zeros((cands.len(), reference.len()));
         for (i, &(c, w)) in cands.iter().enumerate() {
@@ -126,4 +102,39 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The intervals to look at in a run of `len`: those listed in `list` (comma-separated,
+/// past the end taken as the last), or a fifth, half and four fifths of the run.
+fn intervals(list: Option<&String>, len: usize) -> Result<Vec<usize>> {
+    Ok(match list {
+        Some(list) => list
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse::<usize>()
+                    .map(|t| t.min(len.saturating_sub(1)))
+            })
+            .collect::<Result<_, _>>()
+            .context("intervals: a comma-separated list of interval numbers")?,
+        None => vec![len / 5, len / 2, len * 4 / 5],
+    })
+}
+
+/// (cores, ways) to compare with `cur`: every core count down to four under it, at five
+/// way counts around it (at most `llc_ways`).
+fn candidates(cur: &Allocation, llc_ways: u32) -> Vec<(u32, u32)> {
+    let w0 = cur.llc_ways.count;
+    let mut cands = Vec::new();
+    let mut ways: Vec<u32> = [w0.saturating_sub(4).max(1), w0, w0 + 2, w0 + 4, w0 + 6]
+        .iter()
+        .map(|w| (*w).min(llc_ways))
+        .collect();
+    ways.dedup();
+    for w in ways {
+        for c in cur.cores.saturating_sub(4).max(1)..=cur.cores {
+            cands.push((c, w));
+        }
+    }
+    cands
 }

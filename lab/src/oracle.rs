@@ -907,7 +907,6 @@ impl OraclePolicy {
             w_total
         };
         let overlaps = |p: &Packing| self.ctx.has_cpu_best_effort() && p.ways >= w_total;
-        let budget = self.ctx.isolated_services();
         // Alone, can a service meet its target at all (any option that is its alone)?
         let alone: u32 = (0..n)
             .filter(|&k| options.iter().any(|o| o.members == 1 << k))
@@ -924,54 +923,7 @@ impl OraclePolicy {
             };
             f64::from(left) * be_per_core[pool_ways] + tie
         };
-        // Sets of services to satisfy, in overload order.
-        let mut sets: Vec<(Score, u32)> = if n <= MAX_SETS_LC {
-            (0..(1u32 << n))
-                .filter(|m| m & !alone == 0)
-                .map(|m| (self.score_of_set(m), m))
-                .collect()
-        } else {
-            vec![(self.score_of_set(alone), alone)]
-        };
-        sets.sort_by(|a, b| b.0.cmp(&a.0));
-        // The chosen set's packings, the best by value first.
-        let mut chosen: Option<(Score, u32, Vec<Packing>)> = None;
-        for (score, met) in sets {
-            if let Some((s, _, _)) = &chosen {
-                if score < *s {
-                    break;
-                }
-            }
-            let left_out = u32::try_from(n)
-                .unwrap_or(u32::MAX)
-                .saturating_sub(met.count_ones());
-            let c_cap = cap.cores.saturating_sub(left_out);
-            let mut packings = pack(&options, met, w_cap, budget, c_cap);
-            if packings.is_empty() && w_cap < w_total {
-                packings = pack(&options, met, w_total, budget, c_cap);
-            }
-            packings.sort_by(|a, b| value(b).total_cmp(&value(a)));
-            let Some(p) = packings.first() else {
-                continue;
-            };
-            let better = chosen
-                .as_ref()
-                .is_none_or(|(_, _, q)| value(p) > value(&q[0]));
-            if better {
-                chosen = Some((score, met, packings));
-            }
-        }
-        let (score, met, packings) = chosen.unwrap_or_else(|| {
-            (
-                self.score_of_set(0),
-                0,
-                vec![Packing {
-                    options: vec![],
-                    ways: 0,
-                    cores: 0,
-                }],
-            )
-        });
+        let (score, met, packings) = self.best_packings(&options, n, alone, w_cap, value);
         // The frozen value ranks packings that leave the pool the same cores by the pool's
         // ways alone, at the frozen memory latency; how the ways they split moves the LC
         // services' misses, and so the latency the pool's jobs see, it cannot tell. Those
@@ -999,6 +951,71 @@ impl OraclePolicy {
             })
             .collect();
         (plans, score, met)
+    }
+
+    /// The set of services to satisfy first in overload order that some packing of
+    /// `options` fits (`alone`: those that can meet their targets at all; `w_cap` the ways
+    /// the ranges may take, every way where no packing leaves the pool one), with its
+    /// packings, the best by `value` first.
+    fn best_packings(
+        &self,
+        options: &[Option_],
+        n: usize,
+        alone: u32,
+        w_cap: u32,
+        value: impl Fn(&Packing) -> f64,
+    ) -> (Score, u32, Vec<Packing>) {
+        let cap = &self.ctx.host;
+        let w_total = cap.llc_ways;
+        let budget = self.ctx.isolated_services();
+        // Sets of services to satisfy, in overload order.
+        let mut sets: Vec<(Score, u32)> = if n <= MAX_SETS_LC {
+            (0..(1u32 << n))
+                .filter(|m| m & !alone == 0)
+                .map(|m| (self.score_of_set(m), m))
+                .collect()
+        } else {
+            vec![(self.score_of_set(alone), alone)]
+        };
+        sets.sort_by(|a, b| b.0.cmp(&a.0));
+        // The chosen set's packings, the best by value first.
+        let mut chosen: Option<(Score, u32, Vec<Packing>)> = None;
+        for (score, met) in sets {
+            if let Some((s, _, _)) = &chosen {
+                if score < *s {
+                    break;
+                }
+            }
+            let left_out = u32::try_from(n)
+                .unwrap_or(u32::MAX)
+                .saturating_sub(met.count_ones());
+            let c_cap = cap.cores.saturating_sub(left_out);
+            let mut packings = pack(options, met, w_cap, budget, c_cap);
+            if packings.is_empty() && w_cap < w_total {
+                packings = pack(options, met, w_total, budget, c_cap);
+            }
+            packings.sort_by(|a, b| value(b).total_cmp(&value(a)));
+            let Some(p) = packings.first() else {
+                continue;
+            };
+            let better = chosen
+                .as_ref()
+                .is_none_or(|(_, _, q)| value(p) > value(&q[0]));
+            if better {
+                chosen = Some((score, met, packings));
+            }
+        }
+        chosen.unwrap_or_else(|| {
+            (
+                self.score_of_set(0),
+                0,
+                vec![Packing {
+                    options: vec![],
+                    ways: 0,
+                    cores: 0,
+                }],
+            )
+        })
     }
 
     /// The plan of `packing`, with the latency-critical services not in `met` served from

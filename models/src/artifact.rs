@@ -475,11 +475,23 @@ impl Model {
         };
         let meta: ModelMetadata =
             serde_json::from_str(text).map_err(|e| meta_err(e.to_string()))?;
+        Self::check_format_and_schema(&meta, schema)
+            .and_then(|()| Self::check_shape(&meta))
+            .map_err(meta_err)?;
+        Ok(meta)
+    }
+
+    /// Whether `meta` is of this build's format and of `schema`, feature by feature; the
+    /// error says what differs.
+    fn check_format_and_schema(
+        meta: &ModelMetadata,
+        schema: &'static Schema,
+    ) -> Result<(), String> {
         if meta.format != FORMAT || meta.format_version != FORMAT_VERSION {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "format {:?} version {} is not {FORMAT:?} version {FORMAT_VERSION}",
                 meta.format, meta.format_version
-            )));
+            ));
         }
         let found = meta.schema.as_deref().unwrap_or(CPU_SCHEMA.name);
         if found != schema.name {
@@ -492,15 +504,15 @@ impl Model {
                     )
                 },
             );
-            return Err(meta_err(format!(
+            return Err(format!(
                 "trained on {what}, expected a model of feature schema {schema}"
-            )));
+            ));
         }
         if meta.schema_version != schema.version {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "trained on feature schema {} of {:?}, this build speaks {schema}",
                 meta.schema_version, schema.name
-            )));
+            ));
         }
         let n = schema.width();
         if meta.features.len() != n
@@ -516,60 +528,63 @@ impl Model {
                 .zip(schema.features)
                 .position(|(a, b)| a != b)
                 .unwrap_or(meta.features.len().min(n));
-            return Err(meta_err(format!(
+            return Err(format!(
                 "features differ from the schema {schema} at position {first} ({} features, schema has {n})",
                 meta.features.len()
-            )));
+            ));
         }
+        Ok(())
+    }
+
+    /// Whether `meta`'s normalisation, spreads, ensemble shape and weights file are usable;
+    /// the error says which is not.
+    fn check_shape(meta: &ModelMetadata) -> Result<(), String> {
+        let n = meta.features.len();
         if meta.norm_mean.len() != n || meta.norm_std.len() != n {
-            return Err(meta_err(format!(
-                "normalisation needs {n} means and scales"
-            )));
+            return Err(format!("normalisation needs {n} means and scales"));
         }
         if meta.norm_mean.iter().any(|v| !v.is_finite())
             || meta.norm_std.iter().any(|v| !(v.is_finite() && *v > 0.0))
         {
-            return Err(meta_err(
-                "normalisation has a non-finite mean or a non-positive scale".into(),
-            ));
+            return Err("normalisation has a non-finite mean or a non-positive scale".into());
         }
         if !(meta.sigma_scale.is_finite() && meta.sigma_scale > 0.0) {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "sigma_scale must be positive, got {}",
                 meta.sigma_scale
-            )));
+            ));
         }
         if meta
             .change_sigma_scale
             .is_some_and(|v| !(v.is_finite() && v > 0.0))
         {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "change_sigma_scale must be positive, got {:?}",
                 meta.change_sigma_scale
-            )));
+            ));
         }
         if meta.members == 0 || meta.members > MAX_MEMBERS {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "members must be between 1 and {MAX_MEMBERS}, got {}",
                 meta.members
-            )));
+            ));
         }
         if meta.hidden.len() > MAX_LAYERS || meta.hidden.iter().any(|w| *w == 0 || *w > MAX_WIDTH) {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "hidden must be at most {MAX_LAYERS} layers of 1 to {MAX_WIDTH} units, got {:?}",
                 meta.hidden
-            )));
+            ));
         }
         let bare = Path::new(&meta.weights)
             .file_name()
             .is_some_and(|n| n == std::ffi::OsStr::new(&meta.weights));
         if !bare || meta.weights.starts_with('.') {
-            return Err(meta_err(format!(
+            return Err(format!(
                 "weights must be a file name beside the metadata, got {:?}",
                 meta.weights
-            )));
+            ));
         }
-        Ok(meta)
+        Ok(())
     }
 
     fn from_parts(

@@ -430,7 +430,42 @@ impl PartiesPolicy {
             .latency_critical()
             .filter_map(|s| slack(obs, &s.name).map(|v| (s.name.clone(), v)))
             .collect();
-        // Judge the previous action.
+        if self.judge_last(&slacks, now_ms, reasons) {
+            return;
+        }
+        // Overload order: of the services short of slack, the highest priority first.
+        let Some((worst, &worst_slack)) = slacks
+            .iter()
+            .filter(|(_, s)| **s < self.cfg.upsize_below)
+            .max_by(|a, b| {
+                self.priority(a.0)
+                    .cmp(&self.priority(b.0))
+                    .then(b.1.total_cmp(a.1))
+            })
+            .or_else(|| slacks.iter().min_by(|a, b| a.1.total_cmp(b.1)))
+        else {
+            return;
+        };
+        let (worst, worst_slack) = self.gpu_receiver(worst, worst_slack, &slacks);
+        if worst_slack < self.cfg.upsize_below {
+            self.grow_the_worst(worst, worst_slack, &slacks, now_ms, reasons);
+            return;
+        }
+        if self.give_back_mba(&slacks, now_ms, reasons) {
+            return;
+        }
+        self.downsize(&slacks, now_ms, reasons);
+    }
+
+    /// Judges the previous action by the slack it left: an upsize that did not help
+    /// rotates the service's resource; a harmful cut is reverted and the service barred
+    /// from cuts for `bar_ms` (true: this interval's action is taken).
+    fn judge_last(
+        &mut self,
+        slacks: &BTreeMap<String, f64>,
+        now_ms: u64,
+        reasons: &mut BTreeMap<String, Reason>,
+    ) -> bool {
         if let Some(last) = self.last.take() {
             if let Some(&now) = slacks.get(&last.service) {
                 match last.direction {
@@ -454,74 +489,79 @@ impl PartiesPolicy {
                             )),
                         );
                         self.last_act_ms = Some(now_ms);
-                        return;
+                        return true;
                     }
                     _ => {}
                 }
             }
         }
-        // Overload order: of the services short of slack, the highest priority first.
-        let Some((worst, &worst_slack)) = slacks
-            .iter()
-            .filter(|(_, s)| **s < self.cfg.upsize_below)
-            .max_by(|a, b| {
-                self.priority(a.0)
-                    .cmp(&self.priority(b.0))
-                    .then(b.1.total_cmp(a.1))
-            })
-            .or_else(|| slacks.iter().min_by(|a, b| a.1.total_cmp(b.1)))
-        else {
-            return;
-        };
-        let (worst, worst_slack) = self.gpu_receiver(worst, worst_slack, &slacks);
-        if worst_slack < self.cfg.upsize_below {
-            if let Some((r, from)) = self.upsize(&worst, &slacks, now_ms) {
-                reasons.insert(
-                    worst.clone(),
-                    feedback(format!(
-                        "+{} {r} from {from} (slack {worst_slack:.2} < {})",
-                        Self::unit(r),
-                        self.cfg.upsize_below
-                    )),
-                );
-                self.last = Some(Action {
-                    service: worst,
-                    resource: r,
-                    direction: Direction::Up,
-                    slack_before: worst_slack,
-                });
-                self.last_act_ms = Some(now_ms);
-            } else if self.cfg.throttle_best_effort_mba
-                && self.be_mba > self.ctx.host.mba_min_pct
-                && self.ctx.has_cpu_best_effort()
-                && self.gpu_of(&worst).is_none()
-            {
-                // LC before BE on memory bandwidth too: throttle the pool one step.
-                let step = self.mba_step();
-                self.be_mba = self
-                    .be_mba
-                    .saturating_sub(step)
-                    .max(self.ctx.host.mba_min_pct);
-                reasons.insert(
-                    worst,
-                    feedback(format!(
-                        "no core or way to be had (slack {worst_slack:.2}): best-effort MBA \
-                         down to {}%",
-                        self.be_mba
-                    )),
-                );
-                self.last_act_ms = Some(now_ms);
-            } else {
-                reasons.insert(
-                    worst,
-                    feedback(format!(
-                        "wants more (slack {worst_slack:.2}) but nothing can be had"
-                    )),
-                );
-            }
-            return;
+        false
+    }
+
+    /// `worst`, short of slack, gets a unit of its current resource (from the pool or a
+    /// service of lower priority), or else the pool's memory bandwidth is throttled a step.
+    fn grow_the_worst(
+        &mut self,
+        worst: String,
+        worst_slack: f64,
+        slacks: &BTreeMap<String, f64>,
+        now_ms: u64,
+        reasons: &mut BTreeMap<String, Reason>,
+    ) {
+        if let Some((r, from)) = self.upsize(&worst, slacks, now_ms) {
+            reasons.insert(
+                worst.clone(),
+                feedback(format!(
+                    "+{} {r} from {from} (slack {worst_slack:.2} < {})",
+                    Self::unit(r),
+                    self.cfg.upsize_below
+                )),
+            );
+            self.last = Some(Action {
+                service: worst,
+                resource: r,
+                direction: Direction::Up,
+                slack_before: worst_slack,
+            });
+            self.last_act_ms = Some(now_ms);
+        } else if self.cfg.throttle_best_effort_mba
+            && self.be_mba > self.ctx.host.mba_min_pct
+            && self.ctx.has_cpu_best_effort()
+            && self.gpu_of(&worst).is_none()
+        {
+            // LC before BE on memory bandwidth too: throttle the pool one step.
+            let step = self.mba_step();
+            self.be_mba = self
+                .be_mba
+                .saturating_sub(step)
+                .max(self.ctx.host.mba_min_pct);
+            reasons.insert(
+                worst,
+                feedback(format!(
+                    "no core or way to be had (slack {worst_slack:.2}): best-effort MBA \
+                     down to {}%",
+                    self.be_mba
+                )),
+            );
+            self.last_act_ms = Some(now_ms);
+        } else {
+            reasons.insert(
+                worst,
+                feedback(format!(
+                    "wants more (slack {worst_slack:.2}) but nothing can be had"
+                )),
+            );
         }
-        // Give memory bandwidth back to the pool before cutting anyone.
+    }
+
+    /// With every service's slack above `downsize_above`, memory bandwidth goes back to the
+    /// pool a step before anyone is cut (true: this interval's action is taken).
+    fn give_back_mba(
+        &mut self,
+        slacks: &BTreeMap<String, f64>,
+        now_ms: u64,
+        reasons: &mut BTreeMap<String, Reason>,
+    ) -> bool {
         if self.be_mba < MBA_MAX_PCT && slacks.values().all(|s| *s > self.cfg.downsize_above) {
             self.be_mba = self.be_mba.saturating_add(self.mba_step()).min(MBA_MAX_PCT);
             reasons.insert(
@@ -532,8 +572,20 @@ impl PartiesPolicy {
                 )),
             );
             self.last_act_ms = Some(now_ms);
-            return;
+            return true;
         }
+        false
+    }
+
+    /// The service with the most slack, above `downsize_above` for two intervals and not
+    /// barred, gives a unit of its current resource (rotating past those at their minimum)
+    /// to the best-effort pool.
+    fn downsize(
+        &mut self,
+        slacks: &BTreeMap<String, f64>,
+        now_ms: u64,
+        reasons: &mut BTreeMap<String, Reason>,
+    ) {
         let candidate = slacks
             .iter()
             .filter(|(n, s)| {

@@ -346,15 +346,58 @@ mod tests {
         assert_eq!("cap".parse::<Policy>().unwrap().cohabit(), None);
     }
 
+    /// The services of realbench's configuration as cohabit's parser read them for
+    /// `policy`: names, targets, matchers, users and probes.
+    fn services_read_as_meant(c: &cohabit_controller::daemon::config::DaemonConfig, policy: &str) {
+        use cohabit_collectors::users::UserRef;
+        use cohabit_controller::daemon::config::{LatencySource, Matcher};
+        let seen: Vec<_> = c
+            .services
+            .iter()
+            .map(|s| {
+                let url = match &s.latency {
+                    Some(LatencySource::Probe {
+                        url,
+                        rate_hz: 200,
+                        timeout_ms: 100,
+                    }) => Some(url.to_string()),
+                    None => None,
+                    other => panic!("{}: {other:?}", s.name),
+                };
+                (
+                    s.name.as_str(),
+                    s.p99_target_ms,
+                    &s.matcher,
+                    &s.constraint.user,
+                    url,
+                )
+            })
+            .collect();
+        let comm = |n: &str| Matcher::ProcessName(n.into());
+        let name = UserRef::Name("nobody".into());
+        let (root, batch) = (UserRef::Id(0), UserRef::Id(1000));
+        let (mc, ng) = (comm("rb-memcached"), comm("rb-nginx"));
+        let (cpu, vm) = (comm("stress-ng-cpu"), comm("stress-ng-vm"));
+        let mc_url = Some("memcached://127.0.0.1:11311".to_string());
+        let ng_url = Some("http://127.0.0.1:8081/index.html".to_string());
+        assert_eq!(
+            seen,
+            [
+                ("memcached", Some(1.5), &mc, &Some(name), mc_url),
+                ("nginx", Some(4.0), &ng, &Some(root), ng_url),
+                ("batch-0", None, &cpu, &Some(batch.clone()), None),
+                ("batch-1", None, &vm, &Some(batch), None),
+            ],
+            "{policy}"
+        );
+    }
+
     /// The configuration as cohabit's own parser reads it (the daemon refuses at start what
     /// this refuses): every cohabit policy, with and without a model, tunables and
     /// best-effort CPUs.
     #[test]
     fn cohabits_parser_reads_the_generated_config_as_meant() {
-        use cohabit_collectors::users::UserRef;
-        use cohabit_controller::daemon::config::{
-            BestEffortCpus as Cpus, DaemonConfig, LatencySource, Matcher,
-        };
+        use cohabit_controller::daemon::config::{BestEffortCpus as Cpus, DaemonConfig};
         use cohabit_policy::PolicyKind;
         let services = [
             LcEntry {
@@ -417,45 +460,7 @@ mod tests {
             );
             let pool = if is_ml { Cpus::All } else { Cpus::default() };
             assert_eq!(c.best_effort_cpus, pool, "{policy}");
-            let seen: Vec<_> = c
-                .services
-                .iter()
-                .map(|s| {
-                    let url = match &s.latency {
-                        Some(LatencySource::Probe {
-                            url,
-                            rate_hz: 200,
-                            timeout_ms: 100,
-                        }) => Some(url.to_string()),
-                        None => None,
-                        other => panic!("{}: {other:?}", s.name),
-                    };
-                    (
-                        s.name.as_str(),
-                        s.p99_target_ms,
-                        &s.matcher,
-                        &s.constraint.user,
-                        url,
-                    )
-                })
-                .collect();
-            let comm = |n: &str| Matcher::ProcessName(n.into());
-            let name = UserRef::Name("nobody".into());
-            let (root, batch) = (UserRef::Id(0), UserRef::Id(1000));
-            let (mc, ng) = (comm("rb-memcached"), comm("rb-nginx"));
-            let (cpu, vm) = (comm("stress-ng-cpu"), comm("stress-ng-vm"));
-            let mc_url = Some("memcached://127.0.0.1:11311".to_string());
-            let ng_url = Some("http://127.0.0.1:8081/index.html".to_string());
-            assert_eq!(
-                seen,
-                [
-                    ("memcached", Some(1.5), &mc, &Some(name), mc_url),
-                    ("nginx", Some(4.0), &ng, &Some(root), ng_url),
-                    ("batch-0", None, &cpu, &Some(batch.clone()), None),
-                    ("batch-1", None, &vm, &Some(batch), None),
-                ],
-                "{policy}"
-            );
+            services_read_as_meant(&c, policy);
         }
     }
 

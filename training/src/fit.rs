@@ -171,40 +171,7 @@ pub fn fit(
     init: Option<&Model>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Model> {
-    if train.is_empty() || val.is_empty() {
-        bail!(
-            "need training and validation rows (got {} and {})",
-            train.len(),
-            val.len()
-        );
-    }
-    if let Some(r) = train
-        .iter()
-        .chain(val)
-        .find(|r| r.features.len() != cfg.schema.width())
-    {
-        bail!(
-            "a row of service {} has {} features, the schema {} has {}",
-            r.service,
-            r.features.len(),
-            cfg.schema,
-            cfg.schema.width()
-        );
-    }
-    if let Some(m) = init {
-        anyhow::ensure!(
-            m.schema() == cfg.schema,
-            "warm start from a model of schema {} into {}",
-            m.schema(),
-            cfg.schema
-        );
-        anyhow::ensure!(
-            m.meta.hidden == cfg.hidden,
-            "warm start from hidden {:?} into {:?}",
-            m.meta.hidden,
-            cfg.hidden
-        );
-    }
+    check_inputs(train, val, cfg, init)?;
     tch::manual_seed(i64::try_from(cfg.seed % (1 << 62)).unwrap_or(0));
     let (x_all, y_all) = matrix(train);
     let (mean, std) = match init {
@@ -267,28 +234,80 @@ pub fn fit(
         members.push(best_weights);
     }
     let mut model = Model {
-        meta: ModelMetadata {
-            format: FORMAT.into(),
-            format_version: FORMAT_VERSION,
-            schema: (cfg.schema != &CPU_SCHEMA).then(|| cfg.schema.name.to_string()),
-            schema_version: cfg.schema.version,
-            features: cfg.schema.features.iter().map(|s| s.to_string()).collect(),
-            norm_mean: mean.to_vec(),
-            norm_std: std.to_vec(),
-            target: "ln(p99 / target) of the latency-critical service in the interval after the decision".into(),
-            weights: String::new(),
-            members: cfg.members,
-            hidden: cfg.hidden.clone(),
-            training_data_digest: String::new(),
-            weights_digest: None,
-            metrics: BTreeMap::new(),
-            sigma_scale: 1.0,
-            change_sigma_scale: None,
+        meta: metadata(cfg, &mean, &std),
+        ensemble: Ensemble {
+            members,
+            mean: mean.clone(),
+            std: std.clone(),
         },
-        ensemble: Ensemble { members, mean: mean.clone(), std: std.clone() },
     };
     model.meta.sigma_scale = calibrate(&model, val);
     Ok(model)
+}
+
+/// Whether `train` and `val` can train a model of `cfg` (rows of its schema's width,
+/// both non-empty), warm-started from `init` (of the same schema and hidden layers).
+fn check_inputs(train: &[&Row], val: &[&Row], cfg: &FitConfig, init: Option<&Model>) -> Result<()> {
+    if train.is_empty() || val.is_empty() {
+        bail!(
+            "need training and validation rows (got {} and {})",
+            train.len(),
+            val.len()
+        );
+    }
+    if let Some(r) = train
+        .iter()
+        .chain(val)
+        .find(|r| r.features.len() != cfg.schema.width())
+    {
+        bail!(
+            "a row of service {} has {} features, the schema {} has {}",
+            r.service,
+            r.features.len(),
+            cfg.schema,
+            cfg.schema.width()
+        );
+    }
+    if let Some(m) = init {
+        anyhow::ensure!(
+            m.schema() == cfg.schema,
+            "warm start from a model of schema {} into {}",
+            m.schema(),
+            cfg.schema
+        );
+        anyhow::ensure!(
+            m.meta.hidden == cfg.hidden,
+            "warm start from hidden {:?} into {:?}",
+            m.meta.hidden,
+            cfg.hidden
+        );
+    }
+    Ok(())
+}
+
+/// The metadata of a model trained with `cfg` on features normalised by `mean` and `std`
+/// (its sigma scale 1 until calibrated, its digests and metrics filled in later).
+fn metadata(cfg: &FitConfig, mean: &Array1<f32>, std: &Array1<f32>) -> ModelMetadata {
+    ModelMetadata {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        schema: (cfg.schema != &CPU_SCHEMA).then(|| cfg.schema.name.to_string()),
+        schema_version: cfg.schema.version,
+        features: cfg.schema.features.iter().map(|s| s.to_string()).collect(),
+        norm_mean: mean.to_vec(),
+        norm_std: std.to_vec(),
+        target:
+            "ln(p99 / target) of the latency-critical service in the interval after the decision"
+                .into(),
+        weights: String::new(),
+        members: cfg.members,
+        hidden: cfg.hidden.clone(),
+        training_data_digest: String::new(),
+        weights_digest: None,
+        metrics: BTreeMap::new(),
+        sigma_scale: 1.0,
+        change_sigma_scale: None,
+    }
 }
 
 /// The factor that puts 95 % of `rows`' errors inside ±2 spread.

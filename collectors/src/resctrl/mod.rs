@@ -686,22 +686,23 @@ pub fn parse_counter(text: &str) -> Result<Option<u64>, String> {
         .map_err(|_| format!("counter {t:?} is neither a number nor Unavailable"))
 }
 
-fn read_info(
-    fs: &dyn KernelFs,
-    root: &Path,
-    opts: &[String],
-    amd: bool,
-) -> Result<ResctrlInfo, ResctrlError> {
-    let info = root.join("info");
-    let read = |p: PathBuf| -> Result<Option<String>, ResctrlError> {
-        match fs.read_to_string(&p) {
+/// Reads the files under a resctrl root: a missing file is `None`, a number that does not
+/// parse is an error naming the file.
+struct InfoFiles<'a> {
+    fs: &'a dyn KernelFs,
+}
+
+impl InfoFiles<'_> {
+    fn read(&self, p: PathBuf) -> Result<Option<String>, ResctrlError> {
+        match self.fs.read_to_string(&p) {
             Ok(s) => Ok(Some(s.trim().to_string())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(IoError::new("reading", &p, e).into()),
         }
-    };
-    let num = |p: PathBuf| -> Result<Option<u64>, ResctrlError> {
-        read(p.clone())?
+    }
+
+    fn num(&self, p: PathBuf) -> Result<Option<u64>, ResctrlError> {
+        self.read(p.clone())?
             .map(|s| {
                 s.parse::<u64>().map_err(|_| ResctrlError::Parse {
                     path: p,
@@ -709,9 +710,10 @@ fn read_info(
                 })
             })
             .transpose()
-    };
-    let hex = |p: PathBuf| -> Result<Option<u64>, ResctrlError> {
-        read(p.clone())?
+    }
+
+    fn hex(&self, p: PathBuf) -> Result<Option<u64>, ResctrlError> {
+        self.read(p.clone())?
             .map(|s| {
                 u64::from_str_radix(&s, 16).map_err(|_| ResctrlError::Parse {
                     path: p,
@@ -719,84 +721,107 @@ fn read_info(
                 })
             })
             .transpose()
-    };
-    let to_u32 = |v: Option<u64>| v.and_then(|v| u32::try_from(v).ok());
-    let l3_dir = if fs
-        .subdirs(&info)
-        .unwrap_or_default()
-        .iter()
-        .any(|d| d == "L3CODE")
-    {
-        Some(("L3CODE", true))
-    } else if fs
-        .subdirs(&info)
-        .unwrap_or_default()
-        .iter()
-        .any(|d| d == "L3")
-    {
-        Some(("L3", false))
-    } else {
-        None
-    };
-    let l3 = match l3_dir {
-        Some((d, cdp)) => {
-            let dir = info.join(d);
-            hex(dir.join("cbm_mask"))?.map(|cbm_mask| -> Result<CacheInfo, ResctrlError> {
+    }
+
+    /// A number of `p` that fits a `u32`.
+    fn num_u32(&self, p: PathBuf) -> Result<Option<u32>, ResctrlError> {
+        Ok(self.num(p)?.and_then(|v| u32::try_from(v).ok()))
+    }
+
+    /// The L3 cache's allocation (`info/L3CODE` under CDP, else `info/L3`), when there is one.
+    fn l3(&self, info: &Path) -> Result<Option<CacheInfo>, ResctrlError> {
+        let subdirs = self.fs.subdirs(info).unwrap_or_default();
+        let (d, cdp) = if subdirs.iter().any(|d| d == "L3CODE") {
+            ("L3CODE", true)
+        } else if subdirs.iter().any(|d| d == "L3") {
+            ("L3", false)
+        } else {
+            return Ok(None);
+        };
+        let dir = info.join(d);
+        self.hex(dir.join("cbm_mask"))?
+            .map(|cbm_mask| -> Result<CacheInfo, ResctrlError> {
                 Ok(CacheInfo {
                     cbm_mask,
-                    min_cbm_bits: to_u32(num(dir.join("min_cbm_bits"))?).unwrap_or(1),
-                    shareable_bits: hex(dir.join("shareable_bits"))?.unwrap_or(0),
-                    num_closids: to_u32(num(dir.join("num_closids"))?).unwrap_or(0),
+                    min_cbm_bits: self.num_u32(dir.join("min_cbm_bits"))?.unwrap_or(1),
+                    shareable_bits: self.hex(dir.join("shareable_bits"))?.unwrap_or(0),
+                    num_closids: self.num_u32(dir.join("num_closids"))?.unwrap_or(0),
                     cdp,
                 })
             })
-        }
-        None => None,
+            .transpose()
     }
-    .transpose()?;
-    let mb_dir = info.join("MB");
-    let mba = match num(mb_dir.join("num_closids"))? {
-        Some(n) => {
-            let min = to_u32(num(mb_dir.join("min_bandwidth"))?).unwrap_or(10);
-            let gran = to_u32(num(mb_dir.join("bandwidth_gran"))?).unwrap_or(10);
-            let units = if opts.iter().any(|o| o == "mba_MBps") {
-                // The root group starts unthrottled: its value is the host's ceiling.
-                let root_mb = read(root.join("schemata"))?
-                    .and_then(|t| Schemata::parse(&t).ok())
-                    .and_then(|s| s.domains("MB").first().and_then(|d| s.get("MB", *d)));
-                MbaUnits::Mbps {
-                    max_mbps: root_mb
-                        .and_then(|v| u32::try_from(v).ok())
-                        .unwrap_or(u32::MAX),
-                }
-            } else if amd {
-                MbaUnits::AmdEighthsGbps
-            } else {
-                MbaUnits::Percent { min, gran }
-            };
-            Some(MbaInfo {
-                units,
-                num_closids: u32::try_from(n).unwrap_or(0),
-                delay_linear: read(mb_dir.join("delay_linear"))?.as_deref() == Some("1"),
-                min_bandwidth: min,
-                bandwidth_gran: gran,
-            })
-        }
-        None => None,
-    };
-    let mon_dir = info.join("L3_MON");
-    let mon = num(mon_dir.join("num_rmids"))?.map(|n| MonInfo {
-        num_rmids: u32::try_from(n).unwrap_or(0),
-        features: read(mon_dir.join("mon_features"))
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect(),
-    });
+
+    /// Memory bandwidth allocation (`info/MB`), when there is one, in the units the mount
+    /// options (`opts`) and the vendor (`amd`) give it.
+    fn mba(
+        &self,
+        root: &Path,
+        info: &Path,
+        opts: &[String],
+        amd: bool,
+    ) -> Result<Option<MbaInfo>, ResctrlError> {
+        let mb_dir = info.join("MB");
+        let Some(n) = self.num(mb_dir.join("num_closids"))? else {
+            return Ok(None);
+        };
+        let min = self.num_u32(mb_dir.join("min_bandwidth"))?.unwrap_or(10);
+        let gran = self.num_u32(mb_dir.join("bandwidth_gran"))?.unwrap_or(10);
+        let units = if opts.iter().any(|o| o == "mba_MBps") {
+            // The root group starts unthrottled: its value is the host's ceiling.
+            let root_mb = self
+                .read(root.join("schemata"))?
+                .and_then(|t| Schemata::parse(&t).ok())
+                .and_then(|s| s.domains("MB").first().and_then(|d| s.get("MB", *d)));
+            MbaUnits::Mbps {
+                max_mbps: root_mb
+                    .and_then(|v| u32::try_from(v).ok())
+                    .unwrap_or(u32::MAX),
+            }
+        } else if amd {
+            MbaUnits::AmdEighthsGbps
+        } else {
+            MbaUnits::Percent { min, gran }
+        };
+        Ok(Some(MbaInfo {
+            units,
+            num_closids: u32::try_from(n).unwrap_or(0),
+            delay_linear: self.read(mb_dir.join("delay_linear"))?.as_deref() == Some("1"),
+            min_bandwidth: min,
+            bandwidth_gran: gran,
+        }))
+    }
+
+    /// Cache and bandwidth monitoring (`info/L3_MON`), when there is one.
+    fn mon(&self, info: &Path) -> Result<Option<MonInfo>, ResctrlError> {
+        let mon_dir = info.join("L3_MON");
+        Ok(self.num(mon_dir.join("num_rmids"))?.map(|n| MonInfo {
+            num_rmids: u32::try_from(n).unwrap_or(0),
+            features: self
+                .read(mon_dir.join("mon_features"))
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect(),
+        }))
+    }
+}
+
+fn read_info(
+    fs: &dyn KernelFs,
+    root: &Path,
+    opts: &[String],
+    amd: bool,
+) -> Result<ResctrlInfo, ResctrlError> {
+    let files = InfoFiles { fs };
+    let info = root.join("info");
+    let l3 = files.l3(&info)?;
+    let mba = files.mba(root, &info, opts, amd)?;
+    let mon = files.mon(&info)?;
     let root_schemata_path = root.join("schemata");
-    let root_schemata = match read(root_schemata_path.clone())? {
+    let root_schemata = match files.read(root_schemata_path.clone())? {
         Some(t) => Schemata::parse(&t).map_err(|e| ResctrlError::Parse {
             path: root_schemata_path,
             detail: e.to_string(),

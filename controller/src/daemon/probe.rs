@@ -181,6 +181,14 @@ impl ProbeReport {
         let mut out = String::new();
         let mut line = |k: &str, v: String| out.push_str(&format!("{k:<22} {v}\n"));
         line("cpus", self.cpus.to_string());
+        self.render_rdt(&mut line);
+        self.render_cgroup_and_cpu(&mut line);
+        self.render_gpu(&mut line);
+        out
+    }
+
+    /// The report's resctrl lines: cache and bandwidth allocation, monitoring.
+    fn render_rdt(&self, line: &mut impl FnMut(&str, String)) {
         match &self.resctrl {
             Some(r) => {
                 let l3 = r.l3.as_ref().map_or_else(
@@ -213,6 +221,10 @@ impl ProbeReport {
             }
             None => line("rdt", self.resctrl_absent.clone().unwrap_or_default()),
         }
+    }
+
+    /// The report's cgroup, CPU scheduling, wake-up latency and perf counter lines.
+    fn render_cgroup_and_cpu(&self, line: &mut impl FnMut(&str, String)) {
         line(
             "cgroup",
             match self.cgroup_version {
@@ -260,6 +272,10 @@ impl ProbeReport {
                 PerfSupport::Unsupported(why) => format!("absent: {why}"),
             },
         );
+    }
+
+    /// The report's NVIDIA lines: driver, GPUs, MPS.
+    fn render_gpu(&self, line: &mut impl FnMut(&str, String)) {
         line(
             "nvidia",
             self.nvidia_driver.clone().map_or_else(
@@ -313,7 +329,6 @@ impl ProbeReport {
                 "not running".into()
             },
         );
-        out
     }
 }
 

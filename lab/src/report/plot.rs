@@ -120,6 +120,48 @@ fn t_s(r: &cohabit_core::DecisionRecord) -> f64 {
     r.observation.t_ms as f64 / 1000.0
 }
 
+/// One service's p99 / target over time, as (seconds, ratio) points.
+struct QosSeries {
+    measured: Vec<(f64, f64)>,
+    /// Where simulated.
+    truth: Vec<(f64, f64)>,
+    /// Where a model predicted.
+    predicted: Vec<(f64, f64)>,
+}
+
+/// The p99 / target series of service `name` (p99 target `target` ms) in `run`.
+fn qos_series(run: &Run, name: &str, target: f64) -> QosSeries {
+    let measured: Vec<(f64, f64)> = run
+        .records
+        .iter()
+        .filter_map(|r| {
+            let s = r
+                .observation
+                .services
+                .iter()
+                .find(|s| s.spec.name == name)?;
+            Some((t_s(r), s.sample.p99_ms? / target))
+        })
+        .collect();
+    // Truth and predictions describe the interval after a decision; the truth in a record
+    // is for the interval its observation covers.
+    let truth: Vec<(f64, f64)> = run
+        .records
+        .iter()
+        .filter_map(|r| Some((t_s(r), r.truth.as_ref()?.p99_ms.get(name)? / target)))
+        .collect();
+    let predicted: Vec<(f64, f64)> = run
+        .records
+        .iter()
+        .filter_map(|r| Some((t_s(r), r.predictions.get(name)?.log_qos_ratio.exp())))
+        .collect();
+    QosSeries {
+        measured,
+        truth,
+        predicted,
+    }
+}
+
 /// Per latency-critical service: p99 / target over time (measured, true where simulated,
 /// predicted where a model predicted), the target line, and violations shaded.
 fn qos<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> DrawResult {
@@ -127,30 +169,11 @@ fn qos<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> DrawResu
     let panels = root.split_evenly((targets.len().max(1), 1));
     let t_max = run.records.last().map_or(1.0, t_s).max(1.0);
     for ((name, target), area) in targets.iter().zip(panels.iter()) {
-        let measured: Vec<(f64, f64)> = run
-            .records
-            .iter()
-            .filter_map(|r| {
-                let s = r
-                    .observation
-                    .services
-                    .iter()
-                    .find(|s| &s.spec.name == name)?;
-                Some((t_s(r), s.sample.p99_ms? / target))
-            })
-            .collect();
-        // Truth and predictions describe the interval after a decision; the truth in a record
-        // is for the interval its observation covers.
-        let truth: Vec<(f64, f64)> = run
-            .records
-            .iter()
-            .filter_map(|r| Some((t_s(r), r.truth.as_ref()?.p99_ms.get(name)? / target)))
-            .collect();
-        let predicted: Vec<(f64, f64)> = run
-            .records
-            .iter()
-            .filter_map(|r| Some((t_s(r), r.predictions.get(name)?.log_qos_ratio.exp())))
-            .collect();
+        let QosSeries {
+            measured,
+            truth,
+            predicted,
+        } = qos_series(run, name, *target);
         let judged = if truth.is_empty() { &measured } else { &truth };
         let all = measured
             .iter()
@@ -274,6 +297,53 @@ fn axis_name(r: Resource) -> &'static str {
     }
 }
 
+/// (seconds, value) points of a series.
+type Points = Vec<(f64, f64)>;
+
+/// Each group's allocation of `res` over time in `run`, as (seconds, amount) points.
+fn group_series(run: &Run, groups: &[String], res: Resource) -> Vec<(String, Points)> {
+    groups
+        .iter()
+        .map(|g| {
+            let pts = run
+                .records
+                .iter()
+                .filter_map(|r| Some((t_s(r), f64::from(r.plan.get(g)?.amount(res)))))
+                .collect();
+            (g.clone(), pts)
+        })
+        .collect()
+}
+
+/// The actuations of `res` in `run` as (seconds, amount) points: by the path that decided
+/// them, and apart those that reached no process (unmanaged).
+fn actuation_marks(run: &Run, res: Resource) -> (BTreeMap<DecisionPath, Points>, Points) {
+    let mut marks: BTreeMap<DecisionPath, Points> = BTreeMap::new();
+    let mut not_applied: Points = Vec::new();
+    for r in &run.records {
+        for c in r.changes.iter().filter(|c| c.resource == res) {
+            let Some(a) = r.plan.get(&c.group) else {
+                continue;
+            };
+            if r.unmanaged(&c.group, res).is_some() {
+                not_applied.push((t_s(r), f64::from(a.amount(res))));
+                continue;
+            }
+            // The pool changes because a service moved: take that service's reason.
+            let path = r
+                .reasons
+                .get(&c.group)
+                .or_else(|| r.changes.iter().find_map(|o| r.reasons.get(&o.group)))
+                .map_or(DecisionPath::Static, |why| why.path);
+            marks
+                .entry(path)
+                .or_default()
+                .push((t_s(r), f64::from(a.amount(res))));
+        }
+    }
+    (marks, not_applied)
+}
+
 /// Allocations over time, one panel per resource, a line per group, and a marker at every
 /// actuation coloured by why it happened.
 fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> DrawResult {
@@ -286,17 +356,7 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
         .map(|r| r.plan.groups().map(|(g, _)| g.to_string()).collect())
         .unwrap_or_default();
     for (res, area) in resources.iter().zip(panels.iter()) {
-        let series: Vec<(String, Vec<(f64, f64)>)> = groups
-            .iter()
-            .map(|g| {
-                let pts = run
-                    .records
-                    .iter()
-                    .filter_map(|r| Some((t_s(r), f64::from(r.plan.get(g)?.amount(*res)))))
-                    .collect();
-                (g.clone(), pts)
-            })
-            .collect();
+        let series = group_series(run, &groups, *res);
         let y_max = series
             .iter()
             .flat_map(|(_, p)| p.iter().map(|v| v.1))
@@ -339,29 +399,7 @@ fn allocations<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &Run) -> 
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
                 });
         }
-        let mut marks: BTreeMap<DecisionPath, Vec<(f64, f64)>> = BTreeMap::new();
-        let mut not_applied: Vec<(f64, f64)> = Vec::new();
-        for r in &run.records {
-            for c in r.changes.iter().filter(|c| c.resource == *res) {
-                let Some(a) = r.plan.get(&c.group) else {
-                    continue;
-                };
-                if r.unmanaged(&c.group, *res).is_some() {
-                    not_applied.push((t_s(r), f64::from(a.amount(*res))));
-                    continue;
-                }
-                // The pool changes because a service moved: take that service's reason.
-                let path = r
-                    .reasons
-                    .get(&c.group)
-                    .or_else(|| r.changes.iter().find_map(|o| r.reasons.get(&o.group)))
-                    .map_or(DecisionPath::Static, |why| why.path);
-                marks
-                    .entry(path)
-                    .or_default()
-                    .push((t_s(r), f64::from(a.amount(*res))));
-            }
-        }
+        let (marks, not_applied) = actuation_marks(run, *res);
         let shapes = [
             (DecisionPath::Model, color(2)),
             (DecisionPath::Fallback, color(3)),

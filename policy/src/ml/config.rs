@@ -12,9 +12,10 @@ pub struct MlConfig {
     pub margin: f64,
     /// Spreads added to the mean for the pessimistic prediction.
     pub k_sigma: f64,
-    /// The same for a service that is within its margin and could only give back (0.75:
-    /// with give-backs kept short of saturation by `give_back_headroom`, 1.0 met QoS in
-    /// fewer runs; docs/RESULTS.md).
+    /// The same for a service that is within its margin and could only give back: a spread
+    /// that keeps give-backs off cliffs the model does not see, smaller than it would need
+    /// to be alone because `give_back_headroom` already keeps give-backs short of
+    /// saturation (docs/RESULTS.md, "A give-back stops short of saturation").
     pub k_sigma_give_back: f64,
     /// Spare cores a give-back must leave a service, in square roots of its measured busy
     /// cores (square-root staffing): a point with fewer cores or ways than those in force
@@ -49,11 +50,9 @@ pub struct MlConfig {
     /// intervals in a row is probed with a cut (safe exploration of its cliff).
     pub explore_below: f64,
     /// Fraction of the cores an exploring cut takes (at least one core); 0 turns the
-    /// exploration off, the default: with 0.15 (and cuts only where the model's mean stays
-    /// within the margin) it gained best-effort throughput on three E5 scenarios (which then
-    /// had MBA) but cost QoS on `few-closids`, `mba-stream` and the Gold `load-spike`, and
-    /// actuations everywhere (docs/LIMITS.md), so it stays opt-in until it is surer; since the
-    /// packer's fixes of a later round it gains only on the E5 `few-closids` and `demo`.
+    /// exploration off, the default: in simulation it trades runs meeting QoS and
+    /// actuations for a little best-effort throughput on a few scenarios (docs/LIMITS.md),
+    /// so it stays opt-in until it is surer.
     /// A cut is this share of the cores rounded down: a service with fewer than
     /// `1 / explore_step` cores is not probed.
     pub explore_step: f64,
@@ -64,7 +63,7 @@ pub struct MlConfig {
     /// Keep a per-host posterior per service on the model's output layer
     /// (`policy/src/ml/posterior.rs`): its mean corrects the anchored predictions and its spread
     /// replaces the ensemble's in the search and the fallback's "model unsure" test. Off:
-    /// the ensemble's spread, a bias and a spread factor per service, as before issue 45.
+    /// the ensemble's spread, a bias and a spread factor per service.
     pub posterior: bool,
 }
 

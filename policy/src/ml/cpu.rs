@@ -60,6 +60,30 @@ struct Found {
     current: Option<Pred>,
 }
 
+/// What one CPU service's readings this tick taught its state ([`MlPolicy::note_tick`]).
+#[derive(Debug, Clone, Copy)]
+struct Noted {
+    tick: Tick,
+    /// Busy cores for the give-back floor (step 4).
+    busy: Option<f64>,
+    /// The allocation in force, (cores, ways of its own).
+    in_force: (u32, u32),
+    /// The fallback's way back to an allocation measured safe ([`known_good`]).
+    known_good: Option<(u32, u32)>,
+}
+
+/// Where one CPU service stands this tick, for the points it may be given
+/// ([`MlPolicy::admissible_points`]).
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    in_force: (u32, u32),
+    busy: Option<f64>,
+    /// Measured within its margin.
+    held: bool,
+    /// Safe to keep ([`safe_to_keep`]).
+    safe: bool,
+}
+
 impl MlPolicy {
     fn view_cpu(&self, obs: &Observation, name: &str) -> CpuView {
         let spec_obs = obs.services.iter().find(|o| o.spec.name == name);
@@ -177,54 +201,22 @@ impl MlPolicy {
         let cfg = self.cfg;
         let v = self.view_cpu(obs, name);
         let costs = self.costs();
-        let st = self.state.entry(name.to_string()).or_default();
-        let Tick {
-            new_service,
-            basis,
-            prev,
-            reading,
-        } = st.begin_tick(v.measured, v.sample.requests_per_s);
-        // Busy cores for the give-back floor (step 4), read every tick so a bridged reading
-        // is never older than the ticks it bridges.
-        let busy = st.busy_cores(v.sample.cpu_busy_cores, v.sample.requests_per_s);
-        // Every reading of the allocation in force counts toward a safe measurement (on
-        // the pool's ways, or sharing them, the ways are not the service's own: none).
-        let in_force = (v.current.cores, v.current.llc_ways.count);
-        let measured = v.measured.filter(|_| !v.on_pool && !v.shares_pool);
-        st.note_safe(
+        let noted = self.note_tick(&v, name);
+        if let Some(plan) = self.hold_or_fall_back(obs, name, &v, &noted, now_ms) {
+            return plan;
+        }
+        let Noted {
+            tick:
+                Tick {
+                    new_service,
+                    basis,
+                    prev,
+                    ..
+                },
+            busy,
             in_force,
-            measured,
-            v.sample.requests_per_s,
-            v.neighbours.mem_bw_bytes_per_s,
-            cfg.margin.ln(),
-        );
-        // The last allocation measured safe, for the fallback: at this load and beside no
-        // busier neighbours it is surer than a feedback step from what is in force.
-        let known_good = known_good(
-            &st.certified(v.sample.requests_per_s, v.neighbours.mem_bw_bytes_per_s),
-            in_force,
-            |c, w| costs.of(c, w, v.shares_pool),
-        );
-        if let (Some(now), Some(prev)) = (reading, prev) {
-            if unconfirmed_saturation(now, prev, v.sample.cpu_busy_cores, v.current.cores) {
-                let why = format!(
-                    "hold (p99/target {:.1} with unchanged load after {:.2}: unconfirmed)",
-                    now.log_q.exp(),
-                    prev.log_q.exp()
-                );
-                return hold(name, self.counted(name, &v.current), why);
-            }
-        }
-        if v.measured.is_none() && !new_service {
-            return hold(
-                name,
-                self.counted(name, &v.current),
-                "hold (no latency reading)".into(),
-            );
-        }
-        if let Some(why) = st.on_fallback(now_ms, &cfg) {
-            return fallback(obs, name, &why, true, v.shares_pool, known_good);
-        }
+            known_good,
+        } = noted;
         let predictor = Predictor {
             model: &self.model,
             host: &self.ctx.host,
@@ -252,26 +244,13 @@ impl MlPolicy {
             ..predictor
         };
         let held = v.measured.is_some_and(|q| q <= cfg.margin.ln());
-        // A sharer's ways are the pool's: sizes up to the range it measured under.
-        let ways = if v.shares_pool {
-            search::way_grid(v.current.llc_ways.count)
-        } else {
-            search::way_grid(self.lc_ways())
-        };
+        let ways = self.way_grid_for(&v);
         let meeting = v.measured.is_some_and(|q| q <= 0.0);
         let found = match self.search(&predictor, held, meeting, &ways, v.cand_mba) {
             Ok(found) => found,
             Err(why) => return fallback(obs, name, &why, true, v.shares_pool, known_good),
         };
-        let (cur_mean, cur_sigma) = found
-            .current
-            .or_else(|| {
-                predictor
-                    .predict_many(slice::from_ref(&v.current))
-                    .first()
-                    .copied()
-            })
-            .map_or((0.0, 0.0), |p| (p.mean, p.sigma));
+        let (cur_mean, cur_sigma) = Self::in_force_prediction(&found, &predictor, &v);
         // Measured safe; and when the plan grows a streaming pool, predicted safe beside
         // the bandwidth it would then stream (a throttle as planned is not checked here:
         // checked, every pool level that raised the limit made the services resize, and
@@ -280,45 +259,23 @@ impl MlPolicy {
             && (self.pool_growth <= 1.0 || cur_mean + cfg.k_sigma * cur_sigma <= cfg.margin.ln());
         // The allocation in force as the packer counts it.
         let current = self.counted(name, &v.current);
+        let neighbour_over = Self::neighbour_over_target(obs, name);
         let st = self.state.entry(name.to_string()).or_default();
-        // A give-back stops short of saturation, whatever the model says, wherever one may
-        // happen (measured within the margin, or safe to keep). The pool point is read off
-        // the lifted frontier: at the floor's cores the model says the service needs no more
-        // than one way, and the pool's ways are at least one (read off it before the lift
-        // and lifted with the rest, fewer runs met QoS; docs/RESULTS.md).
-        let mut points = if held || safe {
-            search::short_of_saturation(found.points, in_force, busy, cfg.give_back_headroom)
-        } else {
-            found.points
+        let standing = Standing {
+            in_force,
+            busy,
+            held,
+            safe,
         };
-        if v.pool_option
-            && st.pool_ways_allowed(v.on_pool, safe, v.sample.requests_per_s)
-            && !found.relaxed
-        {
-            points.extend(search::pool_point(&points));
-        }
-        // What this service was measured safe at, at this load or more and beside no busier
-        // neighbours, is admissible whatever the model's spread says.
-        if !v.on_pool && !v.shares_pool {
-            for p in st.certified(
-                v.sample.requests_per_s,
-                v.cand_neighbours.mem_bw_bytes_per_s,
-            ) {
-                if !points.contains(&p) {
-                    points.push(p);
-                }
-            }
-        }
-        // A neighbour over its target outranks a weak cliff (one this service met its target
-        // at): its frontier goes under it while the neighbour needs the room.
-        let neighbour_over = obs.latency_critical().any(|o| {
-            o.spec.name != name
-                && o.spec
-                    .p99_target_ms()
-                    .and_then(|t| log_qos_ratio(&o.sample, t))
-                    .is_some_and(|q| q > 0.0)
-        });
-        points = st.measured_floor(points, v.sample.requests_per_s, neighbour_over);
+        let mut points = Self::admissible_points(
+            st,
+            &v,
+            found.points,
+            found.relaxed,
+            standing,
+            cfg.give_back_headroom,
+            neighbour_over,
+        );
         let cost = |c: u32, w: u32| costs.of(c, w, v.shares_pool);
         let cur_cost = cost(current.0, current.1);
         let cheaper = points.iter().any(|&(c, w)| cost(c, w) < cur_cost);
@@ -339,6 +296,169 @@ impl MlPolicy {
             gpu_pct: None,
             predictable: true,
         }
+    }
+
+    /// Step 1's bookkeeping for CPU service `name` seen as `v`: starts its tick, reads its
+    /// busy cores, counts a reading of the allocation in force toward a safe measurement,
+    /// and finds the fallback's way back to an allocation measured safe.
+    fn note_tick(&mut self, v: &CpuView, name: &str) -> Noted {
+        let costs = self.costs();
+        let margin = self.cfg.margin;
+        let st = self.state.entry(name.to_string()).or_default();
+        let tick = st.begin_tick(v.measured, v.sample.requests_per_s);
+        // Busy cores for the give-back floor (step 4), read every tick so a bridged reading
+        // is never older than the ticks it bridges.
+        let busy = st.busy_cores(v.sample.cpu_busy_cores, v.sample.requests_per_s);
+        // Every reading of the allocation in force counts toward a safe measurement (on
+        // the pool's ways, or sharing them, the ways are not the service's own: none).
+        let in_force = (v.current.cores, v.current.llc_ways.count);
+        let measured = v.measured.filter(|_| !v.on_pool && !v.shares_pool);
+        st.note_safe(
+            in_force,
+            measured,
+            v.sample.requests_per_s,
+            v.neighbours.mem_bw_bytes_per_s,
+            margin.ln(),
+        );
+        // The last allocation measured safe, for the fallback: at this load and beside no
+        // busier neighbours it is surer than a feedback step from what is in force.
+        let known_good = known_good(
+            &st.certified(v.sample.requests_per_s, v.neighbours.mem_bw_bytes_per_s),
+            in_force,
+            |c, w| costs.of(c, w, v.shares_pool),
+        );
+        Noted {
+            tick,
+            busy,
+            in_force,
+            known_good,
+        }
+    }
+
+    /// Before the model is asked about CPU service `name` (step 3): a hold for an unconfirmed
+    /// saturated reading or a missing one, or the fallback while a run of misses holds it
+    /// there.
+    fn hold_or_fall_back(
+        &mut self,
+        obs: &Observation,
+        name: &str,
+        v: &CpuView,
+        noted: &Noted,
+        now_ms: u64,
+    ) -> Option<ServicePlan> {
+        let Tick {
+            new_service,
+            prev,
+            reading,
+            ..
+        } = noted.tick;
+        if let (Some(now), Some(prev)) = (reading, prev) {
+            if unconfirmed_saturation(now, prev, v.sample.cpu_busy_cores, v.current.cores) {
+                let why = format!(
+                    "hold (p99/target {:.1} with unchanged load after {:.2}: unconfirmed)",
+                    now.log_q.exp(),
+                    prev.log_q.exp()
+                );
+                return Some(hold(name, self.counted(name, &v.current), why));
+            }
+        }
+        if v.measured.is_none() && !new_service {
+            return Some(hold(
+                name,
+                self.counted(name, &v.current),
+                "hold (no latency reading)".into(),
+            ));
+        }
+        let cfg = self.cfg;
+        let st = self.state.entry(name.to_string()).or_default();
+        st.on_fallback(now_ms, &cfg)
+            .map(|why| fallback(obs, name, &why, true, v.shares_pool, noted.known_good))
+    }
+
+    /// The way counts step 4 searches for CPU service `v`. A sharer's ways are the pool's:
+    /// sizes up to the range it measured under.
+    fn way_grid_for(&self, v: &CpuView) -> Vec<u32> {
+        if v.shares_pool {
+            search::way_grid(v.current.llc_ways.count)
+        } else {
+            search::way_grid(self.lc_ways())
+        }
+    }
+
+    /// The prediction (mean, spread) for the allocation in force of CPU service `v`: the
+    /// search's when it scored it, else asked now; (0, 0) when there is none.
+    fn in_force_prediction(found: &Found, predictor: &Predictor<'_>, v: &CpuView) -> (f64, f64) {
+        found
+            .current
+            .or_else(|| {
+                predictor
+                    .predict_many(slice::from_ref(&v.current))
+                    .first()
+                    .copied()
+            })
+            .map_or((0.0, 0.0), |p| (p.mean, p.sigma))
+    }
+
+    /// Whether a latency-critical service other than `name` is measured over its target.
+    fn neighbour_over_target(obs: &Observation, name: &str) -> bool {
+        obs.latency_critical().any(|o| {
+            o.spec.name != name
+                && o.spec
+                    .p99_target_ms()
+                    .and_then(|t| log_qos_ratio(&o.sample, t))
+                    .is_some_and(|q| q > 0.0)
+        })
+    }
+
+    /// Step 4's frontier `points` for CPU service `v` (its state `st`) as measurements
+    /// bound it: give-backs short of saturation, the pool's ways where it may run there,
+    /// the allocations measured safe, and its measured cliffs.
+    fn admissible_points(
+        st: &mut super::state::ServiceState,
+        v: &CpuView,
+        points: Vec<(u32, u32)>,
+        relaxed: bool,
+        standing: Standing,
+        give_back_headroom: f64,
+        neighbour_over: bool,
+    ) -> Vec<(u32, u32)> {
+        let Standing {
+            in_force,
+            busy,
+            held,
+            safe,
+        } = standing;
+        // A give-back stops short of saturation, whatever the model says, wherever one may
+        // happen (measured within the margin, or safe to keep). The pool point is read off
+        // the lifted frontier: at the floor's cores the model says the service needs no more
+        // than one way, and the pool's ways are at least one (read off it before the lift
+        // and lifted with the rest, fewer runs met QoS; docs/RESULTS.md).
+        let mut points = if held || safe {
+            search::short_of_saturation(points, in_force, busy, give_back_headroom)
+        } else {
+            points
+        };
+        if v.pool_option
+            && st.pool_ways_allowed(v.on_pool, safe, v.sample.requests_per_s)
+            && !relaxed
+        {
+            points.extend(search::pool_point(&points));
+        }
+        // What this service was measured safe at, at this load or more and beside no busier
+        // neighbours, is admissible whatever the model's spread says.
+        if !v.on_pool && !v.shares_pool {
+            for p in st.certified(
+                v.sample.requests_per_s,
+                v.cand_neighbours.mem_bw_bytes_per_s,
+            ) {
+                if !points.contains(&p) {
+                    points.push(p);
+                }
+            }
+        }
+        // A neighbour over its target outranks a weak cliff (one this service met its target
+        // at): its frontier goes under it while the neighbour needs the room.
+        st.measured_floor(points, v.sample.requests_per_s, neighbour_over)
     }
 
     /// Step 4 for one service over the way counts `ways` (ascending): its frontier within

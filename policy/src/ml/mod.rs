@@ -145,13 +145,11 @@
 //! in two batches; the DP is `services × ways²`. The model's outputs for each service's
 //! reference (the allocation in force, neighbours as measured) are computed once per tick
 //! and shared by the pool levels, and at a level other than the one in force the allocation
-//! in force rides with the first batch, so a level costs two model passes per service. Eight
-//! services take about 0.38–0.41 ms on the Gold and the E5 on a 2-vCPU VM
-//! (`cargo bench -p cohabit-lab --bench ml_decide`); a tick planning three pool levels
-//! about three times that (1.49 ms for eight services all over their targets on the Gold,
-//! 0.82 ms now that it plans two), which is why a third level is planned only where it is
-//! likely to be chosen ([`mba`]). Model inference is compute-bound: about 0.5 µs per
-//! candidate row for five members, plus about 10 µs per call.
+//! in force rides with the first batch, so a level costs two model passes per service. A
+//! tick's time grows with the pool levels it plans, which is why a third level is planned
+//! only where it is likely to be chosen ([`mba`]). Model inference is compute-bound, a fixed
+//! cost per call plus a cost per candidate row, hence the batches. The timings
+//! (`cargo bench -p cohabit-lab --bench ml_decide`) are in docs/RESULTS.md, "Decision time".
 //!
 //! Modules: [`config`] (the tunables), [`state`] (step 1, step 8 and what is
 //! remembered between ticks), [`predict`] (step 2 and the training-range check), [`cpu`]
@@ -479,10 +477,10 @@ impl MlPolicy {
 
     /// Steps 2–6 with the pool at MBA `level`, planned again beside the bandwidth the pool
     /// would stream when the plan gives it more cores ([`mba::growth`]): a service's
-    /// give-back grows a streaming pool, and its neighbours' latency with it (on the E5
-    /// `demo`, xapian giving 7 cores to the stream job took memcached from 0.4 of its
-    /// target to 20 times it). The services' state is as it was before the first plan. The
-    /// second plan is taken unless it leaves more services short of their needs.
+    /// give-back grows a streaming pool, and its neighbours' latency with it (docs/RESULTS.md,
+    /// "A give-back beside a streaming pool"). The services' state is as it was before the
+    /// first plan. The second plan is taken unless it leaves more services short of their
+    /// needs.
     fn plan_level(&mut self, obs: &Observation, now_ms: u64, level: u8) -> LevelPlan {
         self.pool_growth = 1.0;
         let start = self.state.clone();
@@ -683,12 +681,11 @@ impl MlPolicy {
     /// service's give-back waits for a cheaper allocation to last. The charge keeps
     /// near-ties on what is in force; but a throttle that costs the pool less than a
     /// change per tick and buys the services nothing is paid for every tick it stays, and
-    /// it would stay for good (the E5 `parties-mix` pool sat at 50 % for its whole run,
-    /// losing 7 % of its bandwidth per core for nothing). A tie counts: a throttle the
-    /// pool's readings say costs it nothing (its bandwidth per core as at the step up)
-    /// buys the services nothing either when the step up packs them for as little, and
-    /// the readings may be wrong where the pool has not run lately (on the E5 `few-closids`
-    /// the pool sat at 50–60 % for the whole run that way, on the E5 `mba-stream` at 90 %).
+    /// it would stay for good. A tie counts: a throttle the pool's readings say costs it
+    /// nothing (its bandwidth per core as at the step up) buys the services nothing either
+    /// when the step up packs them for as little, and the readings may be wrong where the
+    /// pool has not run lately (docs/RESULTS.md, "A throttle that buys nothing is lifted on
+    /// a tie").
     fn lift_after_a_while(
         &mut self,
         tried: &[LevelPlan],

@@ -348,6 +348,24 @@ fn a_batch_owners_cgroup_joins_the_real_idle_class_and_gets_its_weight_back() {
     drop(child);
 }
 
+/// An owner cgroup per name in `names`, a sleeping process in each.
+fn owners_with_sleepers(plain: &Cgroups, names: &[&str]) -> (Vec<OwnerCgroup>, Vec<Kill>) {
+    let tag = std::process::id();
+    let owners: Vec<OwnerCgroup> = names
+        .iter()
+        .map(|s| OwnerCgroup::create(plain, &format!("test-owner-{s}-{tag}")).unwrap())
+        .collect();
+    let children: Vec<Kill> = owners
+        .iter()
+        .map(|o| {
+            let k = sleeper();
+            o.add(k.0.id()).unwrap();
+            k
+        })
+        .collect();
+    (owners, children)
+}
+
 #[test]
 fn growing_a_service_between_two_others_never_makes_two_share_a_cpu_on_the_real_tree() {
     let _tree = TREE
@@ -371,19 +389,7 @@ fn growing_a_service_between_two_others_never_makes_two_share_a_cpu_on_the_real_
         println!("note: {n} CPUs; the growth between two others needs 4, so two services only");
         vec!["a", "b"]
     };
-    let tag = std::process::id();
-    let owners: Vec<OwnerCgroup> = names
-        .iter()
-        .map(|s| OwnerCgroup::create(&plain, &format!("test-owner-{s}-{tag}")).unwrap())
-        .collect();
-    let children: Vec<Kill> = owners
-        .iter()
-        .map(|o| {
-            let k = sleeper();
-            o.add(k.0.id()).unwrap();
-            k
-        })
-        .collect();
+    let (owners, children) = owners_with_sleepers(&plain, &names);
     *watch.watched.lock().unwrap() = owners
         .iter()
         .map(|o| o.dir(Controller::Cpuset).to_path_buf())

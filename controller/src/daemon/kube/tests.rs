@@ -729,32 +729,74 @@ fn node_pods(with_kv: bool) -> Vec<ManagedPod> {
     pods
 }
 
+/// The fake node of [`fake_node`] with the pinned container's CPUs exclusive, and a
+/// daemon configuration for it ticking every `interval_ms`: the fixtures (kept alive with
+/// it), the containers' cgroup paths by pod, and the configuration.
+struct Node {
+    cgroups: FakeCgroup2,
+    resctrl: FakeResctrl,
+    kubelet: tempfile::TempDir,
+    dirs: BTreeMap<&'static str, String>,
+    cfg: DaemonConfig,
+}
+
+impl Node {
+    fn new(interval_ms: u64) -> Self {
+        let f = FakeCgroup2::builder().cpus(8).build().unwrap();
+        let resctrl = FakeResctrl::builder().ways(12).build().unwrap();
+        let dirs = fake_node(&f);
+        for pid in [40, 50, 60, 70] {
+            resctrl.add_task(pid).unwrap();
+        }
+        let kubelet = tempfile::tempdir().unwrap();
+        std::fs::write(
+            kubelet.path().join("cpu_manager_state"),
+            format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
+        )
+        .unwrap();
+        let text = node_config(
+            &f,
+            &resctrl,
+            kubelet.path(),
+            &format!("interval_ms = {interval_ms}\n"),
+            "0-7",
+            "latency_critical_namespaces = [\"default\"]\n",
+        );
+        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+        Self {
+            cgroups: f,
+            resctrl,
+            kubelet,
+            dirs,
+            cfg,
+        }
+    }
+}
+
+/// The single Warning Event posted, as (pod, reason, message).
+fn the_one_warning(script: &Script) -> (String, String, String) {
+    let warned = script.warned();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    warned[0].clone()
+}
+
+/// The tasks of cohabit's resctrl groups on `resctrl`, one a line.
+fn cohabit_resctrl_tasks(resctrl: &FakeResctrl) -> String {
+    std::fs::read_dir(resctrl.root())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("cohabit-"))
+        .map(|e| std::fs::read_to_string(e.path().join("tasks")).unwrap_or_default())
+        .collect()
+}
+
 #[test]
 fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave() {
-    let f = FakeCgroup2::builder().cpus(8).build().unwrap();
-    let resctrl = FakeResctrl::builder().ways(12).build().unwrap();
-    let dirs = fake_node(&f);
-    for pid in [40, 50, 60, 70] {
-        resctrl.add_task(pid).unwrap();
-    }
-    let dir = |name: &str| f.dir(&dirs[name]);
-    let kubelet = tempfile::tempdir().unwrap();
-    std::fs::write(
-        kubelet.path().join("cpu_manager_state"),
-        format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
-    )
-    .unwrap();
-    let text = node_config(
-        &f,
-        &resctrl,
-        kubelet.path(),
-        "interval_ms = 100\n",
-        "0-7",
-        "latency_critical_namespaces = [\"default\"]\n",
-    );
-    let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+    let node = Node::new(100);
+    let f = &node.cgroups;
+    let dir = |name: &str| f.dir(&node.dirs[name]);
     let script = Script::default();
-    let mut d = Daemon::open(&cfg, Some(&resctrl), &script);
+    let mut d = Daemon::open(&node.cfg, Some(&node.resctrl), &script);
     let placed = procs(f.root());
 
     // Before the first list completes, no pod is taken and nothing is written.
@@ -774,13 +816,12 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
             ("default.kv".to_string(), true)
         ])
     );
-    let warned = script.warned();
-    assert_eq!(warned.len(), 1, "{warned:?}");
+    let (pod, reason, message) = the_one_warning(&script);
     assert_eq!(
-        (warned[0].0.as_str(), warned[0].1.as_str()),
+        (pod.as_str(), reason.as_str()),
         ("default/bad", "BadLatencyAnnotation")
     );
-    assert!(warned[0].2.contains("unknown field"), "{:?}", warned[0]);
+    assert!(message.contains("unknown field"), "{message}");
     assert_eq!(
         d.pods.status(),
         &PodStatus {
@@ -809,12 +850,7 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
     assert_eq!(read(&dir("pinned"), "cpu.weight"), "100");
     assert_eq!(read(&dir("bad"), "cpu.weight"), "100");
     assert_eq!(procs(f.root()), placed, "no process moved");
-    let kv_tasks: String = std::fs::read_dir(resctrl.root())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("cohabit-"))
-        .map(|e| std::fs::read_to_string(e.path().join("tasks")).unwrap_or_default())
-        .collect();
+    let kv_tasks = cohabit_resctrl_tasks(&node.resctrl);
     assert!(
         kv_tasks.lines().any(|l| l.trim() == "40"),
         "kv's task joined a resctrl group: {kv_tasks:?}"
@@ -843,7 +879,7 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
 
     // The kubelet frees the pinned CPUs: cohabit manages all 8 again.
     std::fs::write(
-        kubelet.path().join("cpu_manager_state"),
+        node.kubelet.path().join("cpu_manager_state"),
         r#"{"policyName":"static","defaultCpuSet":"0-7","checksum":1}"#,
     )
     .unwrap();
@@ -867,48 +903,6 @@ fn the_daemon_follows_the_pods_writing_in_place_and_restoring_those_that_leave()
         "{:?}",
         d.host.host().changes()
     );
-}
-
-/// The fake node of [`fake_node`] with the pinned container's CPUs exclusive, and a
-/// daemon configuration for it ticking every `interval_ms`: what the fixtures are kept
-/// alive by, and the configuration.
-struct Node {
-    _cgroups: FakeCgroup2,
-    resctrl: FakeResctrl,
-    _kubelet: tempfile::TempDir,
-    cfg: DaemonConfig,
-}
-
-impl Node {
-    fn new(interval_ms: u64) -> Self {
-        let f = FakeCgroup2::builder().cpus(8).build().unwrap();
-        let resctrl = FakeResctrl::builder().ways(12).build().unwrap();
-        fake_node(&f);
-        for pid in [40, 50, 60, 70] {
-            resctrl.add_task(pid).unwrap();
-        }
-        let kubelet = tempfile::tempdir().unwrap();
-        std::fs::write(
-            kubelet.path().join("cpu_manager_state"),
-            format!(r#"{{"policyName":"static","defaultCpuSet":"0-5","entries":{{"{PINNED}":{{"main":"6-7"}}}},"checksum":1}}"#),
-        )
-        .unwrap();
-        let text = node_config(
-            &f,
-            &resctrl,
-            kubelet.path(),
-            &format!("interval_ms = {interval_ms}\n"),
-            "0-7",
-            "latency_critical_namespaces = [\"default\"]\n",
-        );
-        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
-        Self {
-            _cgroups: f,
-            resctrl,
-            _kubelet: kubelet,
-            cfg,
-        }
-    }
 }
 
 /// kv (latency-critical, target 2 ms, no latency source: the test measures it) and the
@@ -1135,29 +1129,58 @@ impl Drop for Kill {
     }
 }
 
-/// This machine's real v1 tree (as root): a cgroupfs kubepods tree under a test cgroup
-/// root, real processes in a latency-critical and a best-effort pod's containers; the
-/// values land in the containers' cgroups, no process moves, and a pod that leaves gets
-/// its values back.
-#[test]
-fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
-    let Some(cg) = testing::real_cgroups() else {
-        return;
-    };
+/// This machine's cgroups when they are v1, writable and have 2 CPUs to share; otherwise
+/// `None`, after a skip that says why.
+fn real_v1_cgroups() -> Option<cohabit_collectors::cgroup::Cgroups> {
+    let cg = testing::real_cgroups()?;
     if cg.version != cohabit_collectors::cgroup::Version::V1 {
         cohabit_testkit::skip(
             cohabit_testkit::Need::Root,
             "this machine's cgroups are not v1",
         );
-        return;
+        return None;
     }
     let online = cohabit_collectors::sysfs::Sysfs::new(Path::new("/sys"))
         .online_cpus()
         .unwrap_or_default();
     if online.len() < 2 {
         cohabit_testkit::skip(cohabit_testkit::Need::Root, "needs 2 CPUs");
-        return;
+        return None;
     }
+    Some(cg)
+}
+
+/// A process that sleeps for a minute, killed when dropped.
+fn sleeper() -> Kill {
+    Kill(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The daemon's configuration for the kubepods tree under cgroup root `root`, its kubelet
+/// directory (and state, sockets, no resctrl) in `kubelet`.
+fn real_tree_config(kubelet: &Path, root: &str) -> String {
+    format!(
+        "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\ncgroup_root = \"/{root}\"\nlatency_critical_namespaces = [\"default\"]\nsocket_dir = \"{}\"\n",
+        kubelet.join("no-resctrl").display(),
+        kubelet.join("state").display(),
+        kubelet.display(),
+        kubelet.display(),
+    )
+}
+
+/// This machine's real v1 tree (as root): a cgroupfs kubepods tree under a test cgroup
+/// root, real processes in a latency-critical and a best-effort pod's containers; the
+/// values land in the containers' cgroups, no process moves, and a pod that leaves gets
+/// its values back.
+#[test]
+fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
+    let Some(cg) = real_v1_cgroups() else {
+        return;
+    };
     let root = format!("cohabit-test-kubepods-{}", std::process::id());
     let tree = KubepodsTree::create(&cg, &root).unwrap();
     let kv_c = tree
@@ -1166,30 +1189,13 @@ fn on_the_real_v1_tree_pods_are_controlled_in_place_and_restored() {
     let job_c = tree
         .container(&format!("kubepods/besteffort/pod{JOB}"), "bb22")
         .unwrap();
-    let kv_p = Kill(
-        std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap(),
-    );
-    let job_p = Kill(
-        std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap(),
-    );
+    let (kv_p, job_p) = (sleeper(), sleeper());
     kv_c.add(kv_p.0.id()).unwrap();
     job_c.add(job_p.0.id()).unwrap();
     let cgroup_of = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let before = (cgroup_of(kv_p.0.id()), cgroup_of(job_p.0.id()));
     let kubelet = tempfile::tempdir().unwrap();
-    let text = format!(
-        "interval_ms = 100\nmetrics_addr = \"\"\n[paths]\nresctrl = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\ncgroup_root = \"/{root}\"\nlatency_critical_namespaces = [\"default\"]\nsocket_dir = \"{}\"\n",
-        kubelet.path().join("no-resctrl").display(),
-        kubelet.path().join("state").display(),
-        kubelet.path().display(),
-        kubelet.path().display(),
-    );
+    let text = real_tree_config(kubelet.path(), &root);
     // The pod's push socket: its own path in socket_dir, bound by the daemon as root.
     let kv_socket = kubelet.path().join("default.kv.sock");
     let kv_latency = format!("{{ unix = \"{}\" }}", kv_socket.display());

@@ -78,6 +78,53 @@ fn healthz(addr: SocketAddr) -> String {
         .to_string()
 }
 
+/// `TICKS` ticks of `ticker` at `INTERVAL`, the pods scripted in `script` changed every
+/// tick, while a thread asks `/healthz` every 50 ms: each tick's end and time, and the
+/// health check's status lines. A tick stuck on a pod is not waited for.
+fn tick_while_polling_health(
+    ticker: &Ticker,
+    script: &Script,
+    probe_port: u16,
+    metrics_port: u16,
+) -> (Vec<(String, Duration)>, Vec<String>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (ends, answers) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(exporter::serve(listener, Arc::clone(&ticker.exporter)));
+        let stop = Arc::clone(&done);
+        let checker = std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                answers.push(healthz(addr));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            answers
+        });
+        let mut interval = tokio::time::interval(INTERVAL);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut ends = Vec::new();
+        for i in 0..TICKS {
+            interval.tick().await;
+            // The annotations change every tick: each tick drops and binds the sources.
+            script.set(hostile_pods(i, probe_port, metrics_port), true);
+            let t = Instant::now();
+            let end = ticker.tick().await;
+            ticker.report(&end);
+            ends.push((format!("{end:?}"), t.elapsed()));
+        }
+        done.store(true, Ordering::Relaxed);
+        (ends, checker.join().unwrap())
+    });
+    // A tick stuck on a pod (before the fix) is not waited for.
+    rt.shutdown_background();
+    (ends, answers)
+}
+
 #[test]
 fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
     let f = FakeCgroup2::builder().cpus(8).build().unwrap();
@@ -134,41 +181,7 @@ fn hostile_pods_neither_stall_a_tick_nor_fail_the_health_check() {
         stopping: Arc::new(AtomicBool::new(false)),
         timeout,
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let done = Arc::new(AtomicBool::new(false));
-    let (ends, answers) = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(exporter::serve(listener, Arc::clone(&ticker.exporter)));
-        let stop = Arc::clone(&done);
-        let checker = std::thread::spawn(move || {
-            let mut answers = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                answers.push(healthz(addr));
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            answers
-        });
-        let mut interval = tokio::time::interval(INTERVAL);
-        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut ends = Vec::new();
-        for i in 0..TICKS {
-            interval.tick().await;
-            // The annotations change every tick: each tick drops and binds the sources.
-            script.set(hostile_pods(i, probe_port, metrics_port), true);
-            let t = Instant::now();
-            let end = ticker.tick().await;
-            ticker.report(&end);
-            ends.push((format!("{end:?}"), t.elapsed()));
-        }
-        done.store(true, Ordering::Relaxed);
-        (ends, checker.join().unwrap())
-    });
-    // A tick stuck on a pod (before the fix) is not waited for.
-    rt.shutdown_background();
+    let (ends, answers) = tick_while_polling_health(&ticker, &script, probe_port, metrics_port);
     let slowest = ends.iter().map(|(_, d)| *d).max().unwrap_or_default();
     let late: Vec<_> = ends
         .iter()

@@ -408,7 +408,7 @@ impl MlPolicy {
                 // trust region's edge), else one more pass.
                 let last = ways.last().copied().unwrap_or(1);
                 let best = match scored.iter().find(|(k, _)| *k == (max_cores, last)) {
-                    Some((_, q)) => (q.mean, q.doubt()),
+                    Some((_, q)) => (q.mean, q.sigma),
                     None => {
                         let most = Allocation {
                             cores: max_cores,
@@ -418,7 +418,7 @@ impl MlPolicy {
                         };
                         p.predict_many(&[most])
                             .first()
-                            .map_or((0.0, 0.0), |q| (q.mean, q.doubt()))
+                            .map_or((0.0, 0.0), |q| (q.mean, q.sigma))
                     }
                 };
                 return Err(no_candidate(best, cfg.unsure_sigma));

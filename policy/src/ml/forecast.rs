@@ -75,12 +75,13 @@ impl MlPolicy {
             return None;
         }
         let preds = predictor.predict_many(cands);
+        let noise2 = st.basis.noise * st.basis.noise;
         Some(
             preds
                 .iter()
                 .map(|p| Forecast {
                     mean: p.mean,
-                    latent_sigma: p.doubt(),
+                    latent_sigma: (p.sigma * p.sigma - noise2).max(0.0).sqrt(),
                     noise_var: p.irreducible,
                     regressor: p.regressor.map(|z| z.to_vec()),
                 })

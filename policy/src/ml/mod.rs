@@ -958,7 +958,6 @@ impl MlPolicy {
             prior,
             regressor,
             irreducible,
-            ..
         } = known.or_else(|| predictor.predict_many(&[cand]).first().copied())?;
         let bias = basis.bias;
         if let Some(st) = self.state.get_mut(name) {

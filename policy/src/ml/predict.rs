@@ -33,9 +33,6 @@ pub(super) struct Pred {
     pub(super) sigma: f64,
     /// The model's own spread.
     pub(super) model_sigma: f64,
-    /// The part of `sigma` that is the measurement's noise (of the anchor and the next
-    /// reading), not the model's: 0 for a prediction from the model's level.
-    pub(super) noise: f64,
     /// The shipped model's prediction (mean, spread) before the posterior: `(mean, sigma)`
     /// where no posterior predicted.
     pub(super) prior: (f64, f64),
@@ -55,23 +52,10 @@ impl Pred {
             mean,
             sigma,
             model_sigma,
-            noise: 0.0,
             prior: (mean, sigma),
             regressor: None,
             irreducible: sigma * sigma,
         }
-    }
-
-    /// How unsure the model is of this prediction: its spread less the measurement's noise.
-    /// The trust tests (`unsure_sigma`) read this, not `sigma`: a noisy reading makes every
-    /// allocation's next reading uncertain, model or not, and the fallback's feedback step
-    /// acts on the same readings, so noise is no reason to prefer it (with the measurement
-    /// noise counted, a service whose p99 reading is noisy stays on the fallback for good,
-    /// however well the model knows it).
-    pub(super) fn doubt(&self) -> f64 {
-        (self.sigma * self.sigma - self.noise * self.noise)
-            .max(0.0)
-            .sqrt()
     }
 }
 
@@ -324,7 +308,6 @@ impl Predictor<'_> {
         let same_neighbours = self.neighbours == self.cand_neighbours;
         if let (Some(q), true) = (b.anchor, same_neighbours && cands.iter().all(same)) {
             let mut p = Pred::plain(q + b.bias, b.noise, 0.0);
-            p.noise = b.noise;
             if let Some((blr, z)) = self
                 .posterior
                 .and_then(|blr| Some((blr, Regressor::constant(blr.dim())?)))
@@ -351,7 +334,6 @@ impl Predictor<'_> {
                             (scaled * scaled + b.noise * b.noise).sqrt(),
                             model_sigma,
                         );
-                        p.noise = b.noise;
                         if let Some(Some(((m, v), z))) = post.as_ref().map(|p| p[i]) {
                             // What no reading removes, and what the posterior has left.
                             let unlearnable = s * s * fixed;
@@ -468,14 +450,9 @@ mod tests {
         };
         let p = predictor(&model, &host, &sample, &current, &nb, basis);
         let preds = p.predict_many(&[current, current]);
-        // -0.5 measured + 0.1 bias; the spread is the measurement's alone, and the model has
-        // no doubt of it.
-        let want = Pred {
-            noise: 0.04,
-            ..Pred::plain(-0.5 + 0.1, 0.04, 0.0)
-        };
+        // -0.5 measured + 0.1 bias; the spread is the measurement's alone.
+        let want = Pred::plain(-0.5 + 0.1, 0.04, 0.0);
         assert_eq!(preds, vec![want, want]);
-        assert!(want.doubt().abs() < 1e-12, "{want:?}");
     }
 
     #[test]
@@ -498,8 +475,6 @@ mod tests {
         assert!((got.mean - -0.425).abs() < 1e-5, "{got:?}");
         assert!((got.model_sigma - 0.225).abs() < 1e-5, "{got:?}");
         assert!((got.sigma - 0.2125f64.sqrt()).abs() < 1e-5, "{got:?}");
-        // The model's doubt is its scaled spread, 0.45, without the measurement's 0.1.
-        assert!((got.doubt() - 0.45).abs() < 1e-5, "{got:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! Problem: find, for each way count, the smallest core count whose pessimistic prediction
 //! `mean + k * sigma` is at most ln(`margin`) with a spread the model can vouch for
-//! (its own, [`Pred::doubt`], at most `unsure_sigma`), scoring as few candidates as possible.
+//! (`sigma <= unsure_sigma`), scoring as few candidates as possible.
 //!
 //! Approach: a grid of core counts around the cores in force ([`CORE_GRID`]) for every way
 //! count of a thinning way grid ([`way_grid`]), scored in one batch; then, for each way count
@@ -95,7 +95,7 @@ pub(super) fn frontier(
     mut score: impl FnMut(&[(u32, u32)]) -> Vec<Pred>,
 ) -> Vec<(u32, u32)> {
     let limit = s.margin.ln();
-    let ok = |p: &Pred| p.mean + s.k_sigma * p.sigma <= limit && p.doubt() <= s.unsure_sigma;
+    let ok = |p: &Pred| p.mean + s.k_sigma * p.sigma <= limit && p.sigma <= s.unsure_sigma;
     let ways = s.ways;
     let grid = core_grid(s.cores_now, s.max_cores);
     let points: Vec<(u32, u32)> = ways
@@ -152,7 +152,7 @@ pub(super) fn bare_target(
             scored
                 .iter()
                 .filter(|((_, sw), p)| {
-                    *sw == w && p.mean + k_sigma * p.sigma <= 0.0 && p.doubt() <= unsure_sigma
+                    *sw == w && p.mean + k_sigma * p.sigma <= 0.0 && p.sigma <= unsure_sigma
                 })
                 .min_by_key(|((c, _), _)| *c)
                 .map(|((c, _), _)| (*c, w))
@@ -334,29 +334,6 @@ mod tests {
         let ways = [4];
         let got = frontier(&search(&ways), |p| vec![pred(-2.0, 0.8); p.len()]);
         assert_eq!(got, vec![]);
-    }
-
-    #[test]
-    fn a_noisy_reading_does_not_make_the_model_unsure() {
-        // Spread 0.9, of which 0.85 is the measurement's noise: the model's own doubt is
-        // 0.3, within `unsure_sigma` 0.7, so the candidate is admissible on its bound
-        // (-1.0 + 0.5 * 0.9 = -0.55 <= ln 0.9). Before, its whole spread made it
-        // "unsure" and sent a service with noisy readings to the fallback for good.
-        let noisy = Pred {
-            noise: 0.9f64.mul_add(0.9, -0.09).sqrt(),
-            ..pred(-1.0, 0.9)
-        };
-        assert!((noisy.doubt() - 0.3).abs() < 1e-9, "{noisy:?}");
-        let ways = [2];
-        let s = search(&ways);
-        assert!(!frontier(&s, |b| vec![noisy; b.len()]).is_empty());
-        // The same spread all the model's own is unsure.
-        assert!(frontier(&s, |b| vec![pred(-1.0, 0.9); b.len()]).is_empty());
-        assert_eq!(
-            bare_target(&ways, &[((10, 2), noisy)], 0.7, 0.5),
-            vec![(10, 2)]
-        );
-        assert!(bare_target(&ways, &[((10, 2), pred(-1.0, 0.9))], 0.7, 0.5).is_empty());
     }
 
     #[test]

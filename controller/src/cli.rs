@@ -12,7 +12,10 @@ use cohabit_lab::LabPolicy;
 /// `cohabit --version`: the version, and whether this build has the Kubernetes node agent
 /// (the cargo feature `kubernetes`; the Debian package and the image have it).
 pub const VERSION: &str = if cfg!(feature = "kubernetes") {
-    concat!(env!("CARGO_PKG_VERSION"), " (with the Kubernetes node agent)")
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (with the Kubernetes node agent)"
+    )
 } else {
     concat!(
         env!("CARGO_PKG_VERSION"),

@@ -166,13 +166,7 @@ pub fn start(
         }
         Ok(policy)
     });
-    Ok(Pods::new(
-        agent,
-        cfg,
-        kube,
-        host.cpus().to_vec(),
-        factory,
-    ))
+    Ok(Pods::new(agent, cfg, kube, host.cpus().to_vec(), factory))
 }
 
 /// Builds the policy for a new set of services.

@@ -104,7 +104,7 @@ fn minimal_config(kubernetes: bool) -> DaemonConfig {
     let section = if kubernetes {
         "[kubernetes]\nnode_name = \"node-1\"\n"
     } else {
-        "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\n"
+        "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\", unauthenticated = true }\n"
     };
     DaemonConfig::parse(&format!("metrics_addr = \"\"\n{section}"), "t.toml").unwrap()
 }

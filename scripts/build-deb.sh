@@ -35,7 +35,11 @@ for tool in dpkg-deb strip gzip; do
 done
 LIBTORCH="${LIBTORCH:-$(./scripts/setup-libtorch.sh)}"
 export LIBTORCH
-cargo build "${cargo_profile[@]}" --locked -p cohabit-controller --bin cohabit -p cohabit-training --bin cohabit-train >&2
+# The package is the full daemon: with the Kubernetes node agent (the DaemonSet's image is
+# made from it), which a plain `cargo build` leaves out. scripts/test.sh builds with the same
+# features, so --profile dev reuses the test build's binaries.
+cargo build "${cargo_profile[@]}" --locked --features cohabit-controller/kubernetes \
+    -p cohabit-controller --bin cohabit -p cohabit-training --bin cohabit-train >&2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 arch=$(dpkg --print-architecture)
 stage=$(mktemp -d)

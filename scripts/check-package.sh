@@ -27,7 +27,10 @@ cleanup() {
 trap cleanup EXIT
 dpkg -i "${debs[@]}" >/dev/null
 echo "installed: $(dpkg-query -W cohabit cohabit-train | tr '\t\n' '  ')"
-/usr/bin/cohabit --version
+# The package is the full daemon, node agent included (scripts/build-deb.sh).
+version=$(/usr/bin/cohabit --version)
+echo "$version"
+grep -q 'with the Kubernetes node agent' <<<"$version"
 /usr/bin/cohabit probe >/dev/null
 /usr/bin/cohabit-train --version
 test -s /usr/share/man/man1/cohabit.1.gz

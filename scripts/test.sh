@@ -6,8 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="${LIBTORCH:-$(./scripts/setup-libtorch.sh)}"
 export LIBTORCH
+# The controller's `kubernetes` feature (the node agent, off in a plain `cargo build`) is on,
+# as in the Debian package and the image: the lints and tests cover the full daemon.
+features=(--features cohabit-controller/kubernetes)
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 # Each test that skips (root, a program, a machine fact it lacks) appends a line to this file
 # (cohabit-testkit); the summary below says how many skipped and why. A variable the caller
 # set is kept, so CI can keep the file.
@@ -18,7 +21,7 @@ fi
 export COHABIT_SKIP_LOG
 : >"$COHABIT_SKIP_LOG"
 status=0
-cargo test --workspace --locked || status=$?
+cargo test --workspace --locked "${features[@]}" || status=$?
 ./scripts/skip-summary.sh "$COHABIT_SKIP_LOG"
 # On CI (root, a disposable machine; .ci/run sets it): the packages and the image.
 if [ "$status" = 0 ] && [ "${COHABIT_CHECK_PACKAGES:-}" = 1 ]; then

@@ -9,11 +9,25 @@ use cohabit_lab::commands::{self, SimOptions};
 use cohabit_lab::report::plot::PlotFormat;
 use cohabit_lab::LabPolicy;
 
+/// `cohabit --version`: the version, and whether this build has the Kubernetes node agent
+/// (the cargo feature `kubernetes`; the Debian package and the image have it).
+pub const VERSION: &str = if cfg!(feature = "kubernetes") {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (with the Kubernetes node agent)"
+    )
+} else {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (without the Kubernetes node agent: cargo feature `kubernetes`)"
+    )
+};
+
 /// cohabit: keep latency-critical services on target while best-effort jobs use the rest.
 #[derive(Debug, Parser)]
 #[command(
     name = "cohabit",
-    version,
+    version = VERSION,
     about = "Keep latency-critical services on target while best-effort jobs use the rest of the host"
 )]
 pub struct Cli {

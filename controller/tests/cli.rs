@@ -436,3 +436,41 @@ fn every_command_with_format_json_prints_only_the_json_document_on_stdout() {
         }
     }
 }
+
+/// The node agent is the cargo feature `kubernetes`: `--version` says whether this build
+/// has it, and `check` of a `[kubernetes]` configuration names the feature as the reason
+/// `run` would refuse exactly when it is missing.
+#[test]
+fn version_and_check_say_whether_the_node_agent_is_built_in() {
+    let built_in = cfg!(feature = "kubernetes");
+    let o = cohabit(&["--version"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).contains("with the Kubernetes node agent"),
+        built_in,
+        "{}",
+        stdout(&o)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "metrics_addr = \"\"\n[paths]\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\nkubelet_dir = \"{}\"\n",
+            dir.path().join("state").display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let args = ["check", "--config", cfg.to_str().unwrap(), "--wait-ms", "0"];
+    let o = cohabit(&[&args[..], &["--format", "json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o))
+        .unwrap_or_else(|e| panic!("{e}: {} {}", stdout(&o), stderr(&o)));
+    let refused = v["refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r.as_str().unwrap().contains("cargo feature `kubernetes`"));
+    assert_eq!(refused, !built_in, "{v}");
+    assert!(!dir.path().join("state").exists());
+}

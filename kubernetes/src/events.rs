@@ -7,12 +7,17 @@
 //! posted again.
 
 use std::collections::HashSet;
+#[cfg(feature = "client")]
 use std::time::{SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "client")]
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+#[cfg(feature = "client")]
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+#[cfg(feature = "client")]
 use k8s_openapi::jiff::Timestamp;
 
+#[cfg(feature = "client")]
 use crate::PodKey;
 
 /// The component name on the agent's Events.
@@ -76,6 +81,7 @@ pub fn escape_control(text: &str) -> std::borrow::Cow<'_, str> {
 
 /// The Warning Event for `pod`, at `now`, reported by the agent on `node` (the message's
 /// control characters escaped, [`escape_control`]).
+#[cfg(feature = "client")]
 pub fn warning_event(
     pod: &PodKey,
     reason: &str,
@@ -129,7 +135,7 @@ pub fn warning_event(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "client"))]
 mod tests {
     use std::time::Duration;
 

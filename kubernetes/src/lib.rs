@@ -16,22 +16,32 @@
 //! is what of a pod's claim the daemon grants (pure); [`view`]
 //! is the store fed by watcher events; [`backoff`] and [`events`] are pure helpers; the
 //! I/O lives in `agent` (the watch loop) and `client` (credentials).
+//!
+//! The API client (kube, k8s-openapi, rustls: most of this crate's build time) is the
+//! `client` feature, on by default. Without it the crate keeps only what a daemon built
+//! without Kubernetes support still reads: the pod types, [`annotations`], [`trust`],
+//! [`backoff`] and [`events::escape_control`]; `NodeAgent`, `pod` and `view` are left out.
 
 #![warn(missing_docs)]
 
 pub mod annotations;
 pub mod backoff;
 pub mod events;
+#[cfg(feature = "client")]
 pub mod pod;
 pub mod trust;
+#[cfg(feature = "client")]
 pub mod view;
 
+#[cfg(feature = "client")]
 mod agent;
+#[cfg(feature = "client")]
 mod client;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+#[cfg(feature = "client")]
 pub use agent::NodeAgent;
 
 /// How the agent is set up: its node, the API server, the annotation prefix and timings.

@@ -139,6 +139,9 @@ pub fn check(cfg: DaemonConfig, config: PathBuf, wait: Duration) -> Result<Check
         .filter_map(|s| s.unbound_matcher())
         .map(|u| u.to_string())
         .collect();
+    if let Err(e) = super::kube::require_agent(&cfg, super::kube::BUILT_WITH_KUBERNETES) {
+        refusals.push(e.to_string());
+    }
     let (mut host, failed) = open(cfg)?;
     let surveys = host.survey();
     // The first collection is the baseline (a Prometheus histogram's counts so far); the

@@ -6,8 +6,8 @@
 //! the kubelet's static CPU manager pinned, and keep the host as it is while the API server
 //! cannot be reached.
 //!
-//! Approach: a [`PodSource`] (the [`cohabit_kube::NodeAgent`] in production, a script in
-//! tests) gives a view of the node's annotated pods with a generation. Each tick
+//! Approach: a [`PodSource`] (the node agent, `cohabit_kube::NodeAgent`, in production, a
+//! script in tests) gives a view of the node's annotated pods with a generation. Each tick
 //! [`Pods::tick`] compares the view's generation and the CPUs the kubelet gave away
 //! (`cpu_manager_state`) with what is in force; when either changed it:
 //! 1. turns each pod into a service ([`pod_service`], pure): what the pod claims is first
@@ -48,6 +48,10 @@
 //! first list has completed, no pod is taken (a partial list would drop pods that are
 //! there).
 //!
+//! The node agent is the cargo feature `kubernetes` (its API client is most of a fresh
+//! build's time): a build without it refuses a `[kubernetes]` section before touching the
+//! host ([`require_agent`]), and `cohabit check` says so.
+//!
 //! Properties: a pod's services are named `<namespace>.<name>` (shortened with a UID
 //! prefix when too long); the services are ordered configured latency-critical, pods'
 //! latency-critical (by namespace and name), configured best-effort, pods' best-effort; the
@@ -77,6 +81,7 @@ pub trait PodSource: Send {
     fn warn(&self, pod: &PodKey, reason: &str, message: &str);
 }
 
+#[cfg(feature = "kubernetes")]
 impl PodSource for cohabit_kube::NodeAgent {
     fn view(&self) -> PodView {
         cohabit_kube::NodeAgent::view(self)
@@ -87,10 +92,38 @@ impl PodSource for cohabit_kube::NodeAgent {
     }
 }
 
+/// This build has the node agent: the cargo feature `kubernetes` (kube, k8s-openapi and
+/// rustls), on in the Debian package and the container image, off in a plain `cargo build`.
+pub const BUILT_WITH_KUBERNETES: bool = cfg!(feature = "kubernetes");
+
+/// A configuration with `[kubernetes]` given to a build without the node agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the configuration has a [kubernetes] section, but this cohabit was built without the \
+     Kubernetes node agent (cargo feature `kubernetes`): install the Debian package or the \
+     container image, or build with `cargo build --release -p cohabit-controller --features \
+     kubernetes`"
+)]
+pub struct AgentNotBuilt;
+
+/// Refuses `cfg` when it has `[kubernetes]` and the build has no node agent (`built_with`:
+/// [`BUILT_WITH_KUBERNETES`]), before anything on the host is touched.
+pub fn require_agent(cfg: &DaemonConfig, built_with: bool) -> Result<(), AgentNotBuilt> {
+    if cfg.kubernetes.is_some() && !built_with {
+        return Err(AgentNotBuilt);
+    }
+    Ok(())
+}
+
 /// Starts the node agent `cfg` asks for.
-pub fn start_agent(
-    cfg: &KubernetesConfig,
-) -> Result<cohabit_kube::NodeAgent, cohabit_kube::KubeError> {
+#[cfg(not(feature = "kubernetes"))]
+pub fn start_agent(_cfg: &KubernetesConfig) -> anyhow::Result<Box<dyn PodSource>> {
+    Err(AgentNotBuilt.into())
+}
+
+/// Starts the node agent `cfg` asks for.
+#[cfg(feature = "kubernetes")]
+pub fn start_agent(cfg: &KubernetesConfig) -> anyhow::Result<Box<dyn PodSource>> {
     let api = match &cfg.api {
         config::KubeApi::InCluster => cohabit_kube::ApiAccess::InCluster,
         config::KubeApi::Url {
@@ -105,7 +138,9 @@ pub fn start_agent(
             insecure_http: *insecure_http,
         },
     };
-    cohabit_kube::NodeAgent::start(cohabit_kube::NodeAgentConfig::new(&cfg.node_name, api))
+    let agent =
+        cohabit_kube::NodeAgent::start(cohabit_kube::NodeAgentConfig::new(&cfg.node_name, api))?;
+    Ok(Box::new(agent))
 }
 
 /// Starts the node agent and the pods' side of the loop for the host `cfg` describes
@@ -131,13 +166,7 @@ pub fn start(
         }
         Ok(policy)
     });
-    Ok(Pods::new(
-        Box::new(agent),
-        cfg,
-        kube,
-        host.cpus().to_vec(),
-        factory,
-    ))
+    Ok(Pods::new(agent, cfg, kube, host.cpus().to_vec(), factory))
 }
 
 /// Builds the policy for a new set of services.

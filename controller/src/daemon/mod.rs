@@ -138,6 +138,8 @@ pub async fn run(cfg: DaemonConfig, dry_run: bool, max_ticks: Option<u64>) -> Re
 /// number of ticks run; an error when the start failed, a tick panicked (after the host was
 /// restored) or the host could not be restored.
 pub async fn run_with(mut cfg: DaemonConfig, opts: RunOptions) -> Result<u64> {
+    // A configuration this build cannot run is refused before the lock or the host.
+    kube::require_agent(&cfg, kube::BUILT_WITH_KUBERNETES)?;
     if opts.explore && cfg.explore.is_none() {
         cfg.explore = Some(ExploreConfig::default());
     }
@@ -980,6 +982,29 @@ mod tests {
             "{e}"
         );
         println!("FIFO model refused after {:?}", started.elapsed());
+    }
+
+    /// A plain `cargo build` (no `kubernetes` feature) given `[kubernetes]`: `run` says
+    /// which feature is missing before it takes the lock or opens the host.
+    #[cfg(not(feature = "kubernetes"))]
+    #[test]
+    fn kubernetes_without_the_agent_built_in_stops_before_the_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "metrics_addr = \"\"\n[paths]\ncgroup = \"{}\"\nstate_dir = \"{}\"\n[kubernetes]\nnode_name = \"node-1\"\n",
+            dir.path().join("no-cgroups").display(),
+            dir.path().join("state").display()
+        );
+        let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(run(cfg, false, Some(1))).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("cargo feature `kubernetes`"), "{msg}");
+        assert!(!dir.path().join("state").exists());
+        assert!(!dir.path().join("no-cgroups").exists());
     }
 
     #[test]

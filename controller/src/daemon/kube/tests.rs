@@ -99,6 +99,32 @@ fn kube_cfg(kubelet_dir: &Path, root: &str) -> KubernetesConfig {
     }
 }
 
+/// A minimal daemon configuration, with `[kubernetes]` or without.
+fn minimal_config(kubernetes: bool) -> DaemonConfig {
+    let section = if kubernetes {
+        "[kubernetes]\nnode_name = \"node-1\"\n"
+    } else {
+        "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = { process_name = \"kv\" }\nlatency = { push = \"127.0.0.1:9400\", unauthenticated = true }\n"
+    };
+    DaemonConfig::parse(&format!("metrics_addr = \"\"\n{section}"), "t.toml").unwrap()
+}
+
+#[test]
+fn a_build_without_the_agent_refuses_kubernetes_and_names_the_feature() {
+    let e = require_agent(&minimal_config(true), false).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("[kubernetes]"), "{msg}");
+    assert!(msg.contains("--features kubernetes"), "{msg}");
+    assert!(msg.contains("cargo feature `kubernetes`"), "{msg}");
+}
+
+#[test]
+fn kubernetes_is_accepted_with_the_agent_and_other_configurations_without_it() {
+    assert_eq!(require_agent(&minimal_config(true), true), Ok(()));
+    assert_eq!(require_agent(&minimal_config(false), false), Ok(()));
+    assert_eq!(require_agent(&minimal_config(false), true), Ok(()));
+}
+
 #[test]
 fn long_pod_names_are_shortened_with_the_uid_and_stay_valid() {
     assert_eq!(service_name(&key("default", "kv", "1")), "default.kv");

@@ -240,17 +240,55 @@ pub struct FileReport {
     pub duplicate_records: usize,
     /// Rows it gave.
     pub rows: usize,
-    /// Lines that were neither a record nor a header (each breaks the run there).
-    pub bad_lines: usize,
-    /// The first few bad lines' errors.
-    pub errors: Vec<String>,
-    /// The last line, cut short mid-write and skipped.
-    pub cut_last_line: Option<usize>,
+    /// What reading it lost (lines that were neither a record nor a header each break the
+    /// run there).
+    #[serde(flatten)]
+    pub lost: ReadLosses,
     /// Records skipped because no header says which host they came from (a version-1
     /// log; name the host with `--platform`).
     pub without_host: usize,
-    /// Why the file could not be read at all, or stopped being read.
+}
+
+/// What reading one log lost, as `logs` and `export` report it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReadLosses {
+    /// Lines (or Parquet rows) that were not a record, skipped.
+    pub bad_lines: usize,
+    /// The first few bad lines' errors, each naming its line.
+    pub errors: Vec<String>,
+    /// The last line, cut short mid-write and skipped.
+    pub cut_last_line: Option<usize>,
+    /// Why the log could not be read at all, or stopped being read.
     pub failed: Option<String>,
+}
+
+impl ReadLosses {
+    /// Counts a bad line, keeping its error while fewer than [`ERRORS_KEPT`] are kept.
+    pub fn note_bad(&mut self, error: String) {
+        self.bad_lines += 1;
+        if self.errors.len() < ERRORS_KEPT {
+            self.errors.push(error);
+        }
+    }
+
+    /// A phrase per loss, in the order a report gives them.
+    pub fn describe(&self) -> Vec<String> {
+        let mut lost = Vec::new();
+        if let Some(why) = &self.failed {
+            lost.push(format!("not read to the end: {why}"));
+        }
+        if self.bad_lines > 0 {
+            lost.push(format!(
+                "{} bad line(s) skipped ({})",
+                self.bad_lines,
+                self.errors.join("; ")
+            ));
+        }
+        if let Some(l) = self.cut_last_line {
+            lost.push(format!("last line {l} cut short, skipped"));
+        }
+        lost
+    }
 }
 
 /// What one host's logs gave. A host is its header's name and capacity: two hosts that
@@ -301,20 +339,7 @@ impl FleetReport {
             );
         }
         for f in &self.files {
-            let mut lost = Vec::new();
-            if let Some(why) = &f.failed {
-                lost.push(format!("not read to the end: {why}"));
-            }
-            if f.bad_lines > 0 {
-                lost.push(format!(
-                    "{} bad line(s) skipped ({})",
-                    f.bad_lines,
-                    f.errors.join("; ")
-                ));
-            }
-            if let Some(l) = f.cut_last_line {
-                lost.push(format!("last line {l} cut short, skipped"));
-            }
+            let mut lost = f.lost.describe();
             if f.without_host > 0 {
                 lost.push(format!(
                     "{} record(s) without a header naming their host skipped (name it with --platform)",
@@ -397,7 +422,10 @@ impl Fleet {
             Ok(input) => self.add_reader(path, input),
             Err(e) => self.files.push(FileReport {
                 path: path.to_path_buf(),
-                failed: Some(format!("{e:#}")),
+                lost: ReadLosses {
+                    failed: Some(format!("{e:#}")),
+                    ..ReadLosses::default()
+                },
                 ..FileReport::default()
             }),
         }
@@ -420,8 +448,8 @@ impl Fleet {
             })
         });
         let mut report = self.add_entries(path, entries);
-        report.cut_last_line = reader.cut_last_line();
-        if let Some(line) = report.cut_last_line {
+        report.lost.cut_last_line = reader.cut_last_line();
+        if let Some(line) = report.lost.cut_last_line {
             tracing::warn!(
                 file = %path.display(),
                 line,
@@ -438,7 +466,10 @@ impl Fleet {
             Err(e) => {
                 return self.files.push(FileReport {
                     path: path.to_path_buf(),
-                    failed: Some(e.to_string()),
+                    lost: ReadLosses {
+                        failed: Some(e.to_string()),
+                        ..ReadLosses::default()
+                    },
                     ..FileReport::default()
                 })
             }
@@ -469,14 +500,11 @@ impl Fleet {
             let (record, host, this_part) = match entry {
                 Entry::Record { record, host, part } => (record, host, part),
                 Entry::Failed(why) => {
-                    report.failed = Some(why);
+                    report.lost.failed = Some(why);
                     break;
                 }
                 Entry::Bad(error) => {
-                    report.bad_lines += 1;
-                    if report.errors.len() < ERRORS_KEPT {
-                        report.errors.push(error);
-                    }
+                    report.lost.note_bad(error);
                     prev = None;
                     continue;
                 }

@@ -136,8 +136,12 @@ fn a_fleets_logs_give_rows_per_host_once_each_whatever_the_files() {
         .iter()
         .find(|f| f.path.ends_with("node-b/decisions.jsonl.2"))
         .unwrap();
-    assert_eq!((bad.bad_lines, bad.records, bad.rows), (1, 10, 16));
-    assert!(bad.errors[0].contains("line 7"), "{:?}", bad.errors);
+    assert_eq!((bad.lost.bad_lines, bad.records, bad.rows), (1, 10, 16));
+    assert!(
+        bad.lost.errors[0].contains("line 7"),
+        "{:?}",
+        bad.lost.errors
+    );
     assert!(text.contains("1 bad line(s) skipped"), "{text}");
     assert!(text.contains("every record already seen"), "{text}");
     assert!(text.contains("host \"node-a\" (36 cores"), "{text}");

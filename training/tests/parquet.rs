@@ -311,11 +311,11 @@ fn a_bad_line_is_named_with_its_file_and_the_rest_is_exported() {
     let out = dir.path().join("fleet.parquet");
     let report = columnar::export(&paths, &out).unwrap();
     let file = &report.files[1];
-    assert_eq!((file.records, file.bad_lines), (11, 1), "{file:?}");
+    assert_eq!((file.records, file.lost.bad_lines), (11, 1), "{file:?}");
     assert!(
-        file.errors[0].starts_with("line 5: not a decision record: "),
+        file.lost.errors[0].starts_with("line 5: not a decision record: "),
         "{:?}",
-        file.errors
+        file.lost.errors
     );
     let said = report.render();
     assert!(
@@ -458,6 +458,7 @@ fn a_parquet_file_that_is_not_a_decision_log_is_refused_by_name() {
     fleet.add_file(&path);
     let (_, report) = fleet.finish();
     assert!(report.files[0]
+        .lost
         .failed
         .as_ref()
         .unwrap()

@@ -43,6 +43,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use self::flat::Flat;
+use crate::logs::ReadLosses;
 
 /// The key-value metadata key of cohabit's layout; its value is [`LAYOUT_VERSION`].
 pub const LAYOUT_KEY: &str = "cohabit_decision_log_parquet";
@@ -54,9 +55,6 @@ const BATCH_ROWS: usize = 8192;
 
 /// Parquet files start (and end) with these four bytes.
 const MAGIC: &[u8; 4] = b"PAR1";
-
-/// Bad lines whose errors an export report keeps per file.
-const ERRORS_KEPT: usize = 3;
 
 /// One decision record and where it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -407,14 +405,9 @@ pub struct ExportedFile {
     pub path: PathBuf,
     /// Records written.
     pub records: usize,
-    /// Lines (or Parquet rows) that were not a record, skipped.
-    pub bad_lines: usize,
-    /// The first few bad lines' errors, each naming its line.
-    pub errors: Vec<String>,
-    /// The last line, cut short mid-write and skipped.
-    pub cut_last_line: Option<usize>,
-    /// Why the log could not be read at all, or stopped being read.
-    pub failed: Option<String>,
+    /// What reading it lost.
+    #[serde(flatten)]
+    pub lost: ReadLosses,
 }
 
 /// What an export wrote and what it skipped, per file.
@@ -439,20 +432,7 @@ impl ExportReport {
         use std::fmt::Write as _;
         let mut t = String::new();
         for f in &self.files {
-            let mut lost = Vec::new();
-            if let Some(why) = &f.failed {
-                lost.push(format!("not read to the end: {why}"));
-            }
-            if f.bad_lines > 0 {
-                lost.push(format!(
-                    "{} bad line(s) skipped ({})",
-                    f.bad_lines,
-                    f.errors.join("; ")
-                ));
-            }
-            if let Some(l) = f.cut_last_line {
-                lost.push(format!("last line {l} cut short, skipped"));
-            }
+            let lost = f.lost.describe();
             if !lost.is_empty() {
                 let _ = writeln!(t, "file {}: {}", f.path.display(), lost.join("; "));
             }
@@ -514,16 +494,9 @@ fn export_one(path: &Path, sink: &mut ParquetSink) -> ExportedFile {
         export_jsonl(path, sink, &mut report)
     };
     if let Err(e) = result {
-        report.failed = Some(e);
+        report.lost.failed = Some(e);
     }
     report
-}
-
-fn note_bad(report: &mut ExportedFile, error: String) {
-    report.bad_lines += 1;
-    if report.errors.len() < ERRORS_KEPT {
-        report.errors.push(error);
-    }
 }
 
 fn export_jsonl(
@@ -539,7 +512,7 @@ fn export_jsonl(
             Ok(r) => r,
             Err(e @ LogError::Read { .. }) => return Err(error_chain(&e)),
             Err(e) => {
-                note_bad(report, error_chain(&e));
+                report.lost.note_bad(error_chain(&e));
                 continue;
             }
         };
@@ -553,7 +526,7 @@ fn export_jsonl(
         sink.push(&logged).map_err(|e| error_chain(&e))?;
         report.records += 1;
     }
-    report.cut_last_line = reader.cut_last_line();
+    report.lost.cut_last_line = reader.cut_last_line();
     Ok(())
 }
 
@@ -568,7 +541,7 @@ fn export_parquet(
                 sink.push(&r).map_err(|e| error_chain(&e))?;
                 report.records += 1;
             }
-            Err(e @ ColumnarError::Value { .. }) => note_bad(report, e.to_string()),
+            Err(e @ ColumnarError::Value { .. }) => report.lost.note_bad(e.to_string()),
             Err(e) => return Err(error_chain(&e)),
         }
     }

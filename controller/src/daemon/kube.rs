@@ -124,22 +124,10 @@ pub fn start_agent(_cfg: &KubernetesConfig) -> anyhow::Result<Box<dyn PodSource>
 /// Starts the node agent `cfg` asks for.
 #[cfg(feature = "kubernetes")]
 pub fn start_agent(cfg: &KubernetesConfig) -> anyhow::Result<Box<dyn PodSource>> {
-    let api = match &cfg.api {
-        config::KubeApi::InCluster => cohabit_kube::ApiAccess::InCluster,
-        config::KubeApi::Url {
-            url,
-            token_file,
-            ca_file,
-            insecure_http,
-        } => cohabit_kube::ApiAccess::Url {
-            url: url.clone(),
-            token_file: token_file.clone(),
-            ca_file: ca_file.clone(),
-            insecure_http: *insecure_http,
-        },
-    };
-    let agent =
-        cohabit_kube::NodeAgent::start(cohabit_kube::NodeAgentConfig::new(&cfg.node_name, api))?;
+    let agent = cohabit_kube::NodeAgent::start(cohabit_kube::NodeAgentConfig::new(
+        &cfg.node_name,
+        cfg.api.clone(),
+    ))?;
     Ok(Box::new(agent))
 }
 

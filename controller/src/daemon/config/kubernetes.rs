@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use cohabit_kube::ApiAccess;
 use serde::Deserialize;
 
 use super::error::ConfigError;
@@ -48,25 +49,6 @@ pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 /// Where pods' Unix push sockets may be, when `socket_dir` is not given.
 pub const DEFAULT_POD_SOCKET_DIR: &str = "/run/cohabit/pods";
 
-/// How the daemon reaches the API server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeApi {
-    /// The pod's service account (the DaemonSet).
-    InCluster,
-    /// An explicit server (`api_url`), for out-of-cluster use and tests.
-    Url {
-        /// `https://host:port`, or `http://host:port` (with a token only when
-        /// `insecure_http` is set).
-        url: String,
-        /// A file holding the bearer token.
-        token_file: Option<PathBuf>,
-        /// The CA bundle (PEM) to trust.
-        ca_file: Option<PathBuf>,
-        /// `insecure_http = true`: a bearer token may go over plain http.
-        insecure_http: bool,
-    },
-}
-
 /// `[kubernetes]`, validated: services also come from the pods of this node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubernetesConfig {
@@ -79,7 +61,7 @@ pub struct KubernetesConfig {
     /// The kubelet's directory (`cpu_manager_state` is read there).
     pub kubelet_dir: PathBuf,
     /// The API server.
-    pub api: KubeApi,
+    pub api: ApiAccess,
     /// The directory of pods' Unix sockets: a pod's `cohabit.io/latency` may name only
     /// `<socket_dir>/<namespace>.<name>.sock`.
     pub socket_dir: PathBuf,
@@ -180,7 +162,7 @@ fn absolute(field: &str, p: &Path) -> Result<PathBuf, ConfigError> {
 }
 
 /// `api_url`, `token_file`, `ca_file` and `insecure_http`, checked: the API server.
-fn kube_api(k: &KubernetesFile) -> Result<KubeApi, ConfigError> {
+fn kube_api(k: &KubernetesFile) -> Result<ApiAccess, ConfigError> {
     if k.insecure_http && k.api_url.is_none() {
         return Err(ConfigError::conflict(
             "insecure_http",
@@ -197,7 +179,7 @@ fn kube_api(k: &KubernetesFile) -> Result<KubeApi, ConfigError> {
                 "goes with api_url (in the cluster the service account's is used)",
             ));
         }
-        return Ok(KubeApi::InCluster);
+        return Ok(ApiAccess::InCluster);
     };
     let ok = ["https://", "http://"].iter().any(|scheme| {
         url.strip_prefix(scheme)
@@ -215,7 +197,7 @@ fn kube_api(k: &KubernetesFile) -> Result<KubeApi, ConfigError> {
             format!("{url:?} would send the bearer token (token_file) in clear: use https://, or set insecure_http = true for a test server on a trusted path"),
         ));
     }
-    Ok(KubeApi::Url {
+    Ok(ApiAccess::Url {
         insecure_http: k.insecure_http,
         url: url.clone(),
         token_file: (k.token_file.as_deref())
@@ -309,7 +291,7 @@ mod tests {
         assert_eq!(k.cgroup_root, "/");
         assert_eq!(k.kubelet_dir, PathBuf::from(DEFAULT_KUBELET_DIR));
         assert_eq!(k.socket_dir, PathBuf::from(DEFAULT_POD_SOCKET_DIR));
-        assert_eq!(k.api, KubeApi::InCluster);
+        assert_eq!(k.api, ApiAccess::InCluster);
         let e = parse("[kubernetes]\n", &nothing).unwrap_err().to_string();
         assert!(
             e.contains("kubernetes.node_name") && e.contains("NODE_NAME"),
@@ -330,7 +312,7 @@ mod tests {
         assert_eq!(k.kubelet_dir, PathBuf::from("/data/kubelet"));
         assert_eq!(
             k.api,
-            KubeApi::Url {
+            ApiAccess::Url {
                 url: "https://10.0.0.1:6443".into(),
                 token_file: Some("/etc/cohabit/token".into()),
                 ca_file: Some("/etc/cohabit/ca.pem".into()),
@@ -454,7 +436,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             k.api,
-            KubeApi::Url {
+            ApiAccess::Url {
                 insecure_http: true,
                 ..
             }

@@ -110,9 +110,7 @@ use serde::Deserialize;
 pub use self::error::{ConfigError, Problem};
 pub use self::gpu::{GpuConfig, MpsConfig};
 pub use self::host::{BestEffortCpus, UnmanagedCache};
-pub use self::kubernetes::{
-    KubeApi, KubernetesConfig, DEFAULT_KUBELET_DIR, DEFAULT_POD_SOCKET_DIR,
-};
+pub use self::kubernetes::{KubernetesConfig, DEFAULT_KUBELET_DIR, DEFAULT_POD_SOCKET_DIR};
 pub use self::latency::{
     LatencySource, PushAccess, DEFAULT_PROBE_RATE_HZ, DEFAULT_PROBE_TIMEOUT_MS,
 };

@@ -88,7 +88,7 @@ fn kube_cfg(kubelet_dir: &Path, root: &str) -> KubernetesConfig {
         cgroup_driver: None,
         cgroup_root: root.into(),
         kubelet_dir: kubelet_dir.to_path_buf(),
-        api: config::KubeApi::InCluster,
+        api: cohabit_kube::ApiAccess::InCluster,
         socket_dir: "/run/cohabit/pods".into(),
         trust: PodTrust {
             latency_critical_namespaces: ["shop", "a"].map(String::from).into(),

@@ -984,6 +984,16 @@ mod tests {
         println!("FIFO model refused after {:?}", started.elapsed());
     }
 
+    /// The error chain of a one-tick `run` of `cfg` (a dry run or not) that must refuse.
+    fn refused(cfg: DaemonConfig, dry_run: bool) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(run(cfg, dry_run, Some(1))).unwrap_err();
+        format!("{e:#}")
+    }
+
     /// A plain `cargo build` (no `kubernetes` feature) given `[kubernetes]`: `run` says
     /// which feature is missing before it takes the lock or opens the host.
     #[cfg(not(feature = "kubernetes"))]
@@ -996,12 +1006,7 @@ mod tests {
             dir.path().join("state").display()
         );
         let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let e = rt.block_on(run(cfg, false, Some(1))).unwrap_err();
-        let msg = format!("{e:#}");
+        let msg = refused(cfg, false);
         assert!(msg.contains("cargo feature `kubernetes`"), "{msg}");
         assert!(!dir.path().join("state").exists());
         assert!(!dir.path().join("no-cgroups").exists());
@@ -1020,12 +1025,7 @@ mod tests {
             dir.path().join("state").display()
         );
         let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let e = rt.block_on(run(cfg, true, Some(1))).unwrap_err();
-        let msg = format!("{e:#}");
+        let msg = refused(cfg, true);
         assert!(msg.contains("loading the model for policy ml"), "{msg}");
         assert!(msg.contains("qos.json"), "{msg}");
         assert!(!dir.path().join("no-cgroups").exists());
@@ -1063,12 +1063,7 @@ mod tests {
                 dir.path().join("state").display()
             );
             let cfg = DaemonConfig::parse(&text, "t.toml").unwrap();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let e = rt.block_on(run(cfg, true, Some(1))).unwrap_err();
-            let msg = format!("{e:#}");
+            let msg = refused(cfg, true);
             assert!(
                 msg.contains("loading the GPU model (gpu_model) for policy ml"),
                 "{msg}"

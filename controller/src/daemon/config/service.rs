@@ -339,28 +339,34 @@ fn matcher(m: &MatchFile) -> Result<Matcher, ConfigError> {
 
 /// A user as written, at `field`: a name, or a uid.
 pub(super) fn user_ref(field: &str, v: &IdFile) -> Result<UserRef, ConfigError> {
-    match v {
-        IdFile::Id(id) => u32::try_from(*id).map(UserRef::Id).map_err(|_| {
-            ConfigError::invalid(
-                field,
-                format!("must be a user name or a uid >= 0, got {id}"),
-            )
-        }),
-        IdFile::Name(n) if !n.is_empty() => Ok(UserRef::Name(n.clone())),
-        IdFile::Name(_) => Err(ConfigError::invalid(field, "must not be empty")),
-    }
+    id_ref(field, v, "a user name or a uid", UserRef::Id, UserRef::Name)
 }
 
 /// A group as written, at `field`: a name, or a gid.
 pub(super) fn group_ref(field: &str, v: &IdFile) -> Result<GroupRef, ConfigError> {
+    id_ref(
+        field,
+        v,
+        "a group name or a gid",
+        GroupRef::Id,
+        GroupRef::Name,
+    )
+}
+
+/// A user or group as written: `by_id` of a number that fits a u32, `by_name` of a name that
+/// is not empty; `what` names both forms in the error.
+fn id_ref<T>(
+    field: &str,
+    v: &IdFile,
+    what: &str,
+    by_id: fn(u32) -> T,
+    by_name: fn(String) -> T,
+) -> Result<T, ConfigError> {
     match v {
-        IdFile::Id(id) => u32::try_from(*id).map(GroupRef::Id).map_err(|_| {
-            ConfigError::invalid(
-                field,
-                format!("must be a group name or a gid >= 0, got {id}"),
-            )
-        }),
-        IdFile::Name(n) if !n.is_empty() => Ok(GroupRef::Name(n.clone())),
+        IdFile::Id(id) => u32::try_from(*id)
+            .map(by_id)
+            .map_err(|_| ConfigError::invalid(field, format!("must be {what} >= 0, got {id}"))),
+        IdFile::Name(n) if !n.is_empty() => Ok(by_name(n.clone())),
         IdFile::Name(_) => Err(ConfigError::invalid(field, "must not be empty")),
     }
 }

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float64Type, UInt32Type, UInt64Type};
-use arrow_array::{Array, RecordBatch};
+use arrow_array::types::{ArrowPrimitiveType, Float64Type, UInt32Type, UInt64Type};
+use arrow_array::{Array, PrimitiveArray, RecordBatch};
 use cohabit_core::{
     ApplyOutcome, Control, DecisionLogReader, DecisionLogWriter, DecisionRecord, Estimate,
     GpuCapacity, GroupControl, HostCapacity, LogHeader, PosteriorEstimate, Prediction, Resource,
@@ -171,6 +171,14 @@ fn read_jsonl(paths: &[PathBuf]) -> Vec<LoggedRecord> {
     out
 }
 
+/// Column `name` of `batch`, of Arrow type `T`.
+fn column<'a, T: ArrowPrimitiveType>(batch: &'a RecordBatch, name: &str) -> &'a PrimitiveArray<T> {
+    batch
+        .column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_primitive::<T>()
+}
+
 fn batches(path: &Path) -> Vec<RecordBatch> {
     ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
         .unwrap()
@@ -221,30 +229,12 @@ fn every_row_carries_the_capacity_of_the_host_its_log_header_names() {
     let mut rows = 0;
     for batch in batches(&out) {
         let name = batch.column_by_name("host").unwrap().as_string::<i32>();
-        let cores = batch
-            .column_by_name("host_cores")
-            .unwrap()
-            .as_primitive::<UInt32Type>();
-        let ways = batch
-            .column_by_name("host_llc_ways")
-            .unwrap()
-            .as_primitive::<UInt32Type>();
-        let closids = batch
-            .column_by_name("host_closids")
-            .unwrap()
-            .as_primitive::<UInt32Type>();
-        let gpus = batch
-            .column_by_name("host_gpus")
-            .unwrap()
-            .as_primitive::<UInt32Type>();
-        let llc = batch
-            .column_by_name("host_llc_bytes")
-            .unwrap()
-            .as_primitive::<UInt64Type>();
-        let bw = batch
-            .column_by_name("host_mem_bw_bytes_per_s")
-            .unwrap()
-            .as_primitive::<Float64Type>();
+        let cores = column::<UInt32Type>(&batch, "host_cores");
+        let ways = column::<UInt32Type>(&batch, "host_llc_ways");
+        let closids = column::<UInt32Type>(&batch, "host_closids");
+        let gpus = column::<UInt32Type>(&batch, "host_gpus");
+        let llc = column::<UInt64Type>(&batch, "host_llc_bytes");
+        let bw = column::<Float64Type>(&batch, "host_mem_bw_bytes_per_s");
         for i in 0..batch.num_rows() {
             rows += 1;
             let key = name.is_valid(i).then(|| name.value(i).to_string());

@@ -1301,22 +1301,7 @@ impl Evaluator<'_> {
                 .p99_ms
                 .is_some_and(|p| p <= target)
         };
-        let (mut lo, mut hi) = match hint.filter(|h| (1..c_total).contains(h)) {
-            Some(h) if meets(h) => (1, h),
-            Some(h) if meets(c_total) => (h + 1, c_total),
-            Some(_) => return None,
-            None if meets(c_total) => (1, c_total),
-            None => return None,
-        };
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if meets(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        Some(lo)
+        first_meeting(1, c_total, hint, meets)
     }
 
     /// [`Self::fewest_near`] where at least `lo` cores are known to be needed ([`Answers`]):
@@ -1342,23 +1327,7 @@ impl Evaluator<'_> {
         if meets(lo.max(1)) {
             return Some(lo.max(1));
         }
-        let lo = lo.max(1) + 1;
-        let (mut lo, mut hi) = match hint.filter(|h| (lo..c_total).contains(h)) {
-            Some(h) if meets(h) => (lo, h),
-            Some(h) if meets(c_total) => (h + 1, c_total),
-            Some(_) => return None,
-            None if lo <= c_total && meets(c_total) => (lo, c_total),
-            None => return None,
-        };
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if meets(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        Some(lo)
+        first_meeting(lo.max(1) + 1, c_total, hint, meets)
     }
 
     /// The p99 of service `k` in the pool's range with `cores` at MBA `mba`.
@@ -1708,6 +1677,33 @@ impl Policy for OraclePolicy {
         let reference = obs.current.clone();
         self.plan_for(now_ms, &reference)
     }
+}
+
+/// The fewest cores in `lo..=c_total` for which `meets` holds (it holds from some count
+/// on: the p99 does not rise with cores), or `None`: a binary search that first splits at
+/// `hint` when it lies in `lo..c_total` (one evaluation there halves the range).
+fn first_meeting(
+    lo: u32,
+    c_total: u32,
+    hint: Option<u32>,
+    meets: impl Fn(u32) -> bool,
+) -> Option<u32> {
+    let (mut lo, mut hi) = match hint.filter(|h| (lo..c_total).contains(h)) {
+        Some(h) if meets(h) => (lo, h),
+        Some(h) if meets(c_total) => (h + 1, c_total),
+        Some(_) => return None,
+        None if lo <= c_total && meets(c_total) => (lo, c_total),
+        None => return None,
+    };
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if meets(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
 }
 
 #[cfg(test)]

@@ -899,8 +899,8 @@ impl OraclePolicy {
         // of services does, they may take every way, the pool sharing the top one with the
         // last range (as `layout` lays out any policy's plan that does so: `ml`'s did on a
         // diurnal `crowded-gold`). Only then: as a choice beside the others, the frozen
-        // value preferred such packings that verified worse (best effort 0.10 of the host
-        // where 0.14 was found without them on `crowded-e5` on the Gold).
+        // value preferred such packings that verified worse (less best effort on
+        // `crowded-e5` on the Gold than without them; docs/RESULTS.md).
         let w_cap = if self.ctx.has_cpu_best_effort() {
             w_total - 1
         } else {

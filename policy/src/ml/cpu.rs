@@ -254,7 +254,7 @@ impl MlPolicy {
         // Measured safe; and when the plan grows a streaming pool, predicted safe beside
         // the bandwidth it would then stream (a throttle as planned is not checked here:
         // checked, every pool level that raised the limit made the services resize, and
-        // best effort fell 2 points with no more runs meeting QoS).
+        // best effort fell with no more runs meeting QoS; docs/RESULTS.md).
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln())
             && (self.pool_growth <= 1.0 || cur_mean + cfg.k_sigma * cur_sigma <= cfg.margin.ln());
         // The allocation in force as the packer counts it.
@@ -518,8 +518,8 @@ impl MlPolicy {
             // one already over it, on a host that cannot give it its margin, takes the
             // mean's (a cushion for each of them is what a crowded host cannot fit).
             // Without a cushion within reach, a service meeting its target takes the
-            // fallback's step up rather than the edge (measured: with the mean's bare target
-            // instead, 5 fewer runs of 100 met QoS in 99 % of intervals).
+            // fallback's step up rather than the edge (with the mean's bare target instead,
+            // fewer runs met QoS; docs/RESULTS.md).
             let k = if meeting { cfg.k_sigma } else { 0.0 };
             points = search::bare_target(ways, &scored, cfg.unsure_sigma, k);
             relaxed = true;

@@ -567,7 +567,7 @@ fn probes_and_scrapes_hit_the_metrics_port_on_a_path_the_exporter_serves() {
         c.ports.iter().flatten().all(|p| p.host_port.is_none()),
         "the agent's own port is not opened on the node"
     );
-    let exporter = repo_file("controller/src/daemon/exporter.rs");
+    let exporter = repo_file("controller/src/daemon/exporter/http.rs");
     for probe in [
         c.liveness_probe.as_ref().unwrap(),
         c.readiness_probe.as_ref().unwrap(),
@@ -848,7 +848,7 @@ fn the_daemon_config_uses_keys_the_daemon_knows_and_paths_the_pod_mounts() {
 fn the_dashboard_plots_metrics_the_exporter_exports() {
     let text = std::fs::read_to_string(deploy_dir().join("grafana-dashboard.json")).unwrap();
     let dash: Value = serde_json::from_str(&text).unwrap();
-    let exporter = repo_file("controller/src/daemon/exporter.rs");
+    let exporter = repo_file("controller/src/daemon/exporter/metrics.rs");
     let mut exprs = Vec::new();
     for p in dash["panels"].as_array().unwrap() {
         assert!(p["title"].as_str().is_some_and(|t| !t.is_empty()));
@@ -876,7 +876,7 @@ fn the_dashboard_plots_metrics_the_exporter_exports() {
     for name in &used {
         assert!(
             exporter.contains(&format!("\"{name}\"")),
-            "{name} is not a metric of exporter.rs"
+            "{name} is not a metric of exporter/metrics.rs"
         );
     }
     for needed in [

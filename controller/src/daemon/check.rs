@@ -103,7 +103,7 @@ fn describe(l: &LatencySource) -> String {
 fn open(mut cfg: DaemonConfig) -> Result<(RealHost, BTreeMap<String, String>), HostError> {
     let mut failed = BTreeMap::new();
     loop {
-        let e = match RealHost::open(cfg.clone(), true) {
+        let e = match RealHost::open(cfg.host_spec(), true) {
             Ok(host) => return Ok((host, failed)),
             Err(e) => e,
         };

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use cohabit_collectors::mps::{MpsCapabilities, MpsControl, MpsError};
 use cohabit_core::ShareChange;
 
-use super::config::{GpuConfig, ServiceConfig};
+use super::config::{GpuClient, ManagedService};
 use super::files::{self, FileError};
 use super::hook::{self, Hook, Outcome};
 use super::host::changes::Change as HostChange;
@@ -120,7 +120,7 @@ struct Running {
 /// One GPU client cohabit manages.
 #[derive(Debug)]
 struct Client {
-    cfg: GpuConfig,
+    cfg: GpuClient,
     published: Option<u8>,
     effective: Option<u8>,
     pending: bool,
@@ -202,7 +202,7 @@ pub trait ShareMechanism: std::fmt::Debug + Send {
     /// Applies `pct` at once where this mechanism can: `Ok(true)` when it is in force,
     /// `Ok(false)` when it waits for the client's restart. `Err` is the control program's
     /// refusal.
-    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, MpsError>;
+    fn apply_now(&self, cfg: &GpuClient, pct: u8) -> Result<bool, MpsError>;
 }
 
 /// MPS v2 percentages: a running client keeps its share; the restart hook applies it.
@@ -213,7 +213,7 @@ impl ShareMechanism for RestartHook {
     fn change(&self) -> ShareChange {
         ShareChange::Restart
     }
-    fn apply_now(&self, _cfg: &GpuConfig, _pct: u8) -> Result<bool, MpsError> {
+    fn apply_now(&self, _cfg: &GpuClient, _pct: u8) -> Result<bool, MpsError> {
         Ok(false)
     }
 }
@@ -229,7 +229,7 @@ impl ShareMechanism for V3Dynamic {
     fn change(&self) -> ShareChange {
         ShareChange::Live
     }
-    fn apply_now(&self, cfg: &GpuConfig, pct: u8) -> Result<bool, MpsError> {
+    fn apply_now(&self, cfg: &GpuClient, pct: u8) -> Result<bool, MpsError> {
         let Some(server) = cfg.mps_server.as_deref() else {
             return Ok(false);
         };
@@ -360,7 +360,7 @@ pub fn restore_file(path: &Path, original: Option<&str>) -> Result<(), FileError
 /// Checks, at start, every GPU service's environment file: its directory must be owned by
 /// root and writable by nobody else (created `0755` when missing, unless `dry_run`), and the
 /// file, if there, must be a regular file and not a symlink. The error names the path.
-pub fn check_env_files(services: &[ServiceConfig], dry_run: bool) -> Result<(), FileError> {
+pub fn check_env_files(services: &[ManagedService], dry_run: bool) -> Result<(), FileError> {
     for g in services.iter().filter_map(|s| s.gpu.as_ref()) {
         let dir = files::parent_dir(&g.env_file);
         if dry_run && !dir.exists() {
@@ -389,7 +389,7 @@ fn set_server_limit(mps: &MpsControl, service: &str, mine: &[u32], pct: u8) {
 
 impl GpuActuator {
     /// One client per configured GPU service; `mps` talks to the control daemon, if any.
-    pub fn new(services: &[ServiceConfig], mps: Option<MpsControl>) -> Self {
+    pub fn new(services: &[ManagedService], mps: Option<MpsControl>) -> Self {
         let clients = services
             .iter()
             .filter_map(|s| {
@@ -425,7 +425,7 @@ impl GpuActuator {
 
     /// [`Self::new`] applying shares by the mechanism the host's MPS offers: probes it
     /// (one line in the log says what was found) and picks by [`mechanism_for`].
-    pub fn with_probe(services: &[ServiceConfig], mps: Option<MpsControl>) -> Self {
+    pub fn with_probe(services: &[ManagedService], mps: Option<MpsControl>) -> Self {
         let caps = mps.as_ref().map(MpsControl::probe);
         if let Some(c) = &caps {
             tracing::info!(version = ?c.version, protocol = ?c.protocol, dynamic_adjustment = c.dynamic_adjustment, static_partitions = c.static_partitions, refused = ?c.refusals, "MPS probed");
@@ -829,7 +829,7 @@ fn start_hook(
 }
 
 /// Logs how a restart hook ended, with what it printed.
-fn log_outcome(service: &str, cfg: &GpuConfig, o: &Outcome) {
+fn log_outcome(service: &str, cfg: &GpuClient, o: &Outcome) {
     let command = &cfg.restart;
     match o {
         Outcome::Exited { status, output } if status.success() => {
@@ -866,8 +866,13 @@ mod tests {
     use crate::daemon::config::Matcher;
     use crate::daemon::hook::tests::live_members;
 
-    fn service(dir: &Path, restart: &str, interval_ms: u64, hook_timeout_ms: u64) -> ServiceConfig {
-        ServiceConfig {
+    fn service(
+        dir: &Path,
+        restart: &str,
+        interval_ms: u64,
+        hook_timeout_ms: u64,
+    ) -> ManagedService {
+        ManagedService {
             name: "llm".into(),
             p99_target_ms: Some(100.0),
             matcher: Matcher::ProcessName("llm".into()),
@@ -876,7 +881,7 @@ mod tests {
             allow_unmanaged: false,
             latency: None,
             priority: 0,
-            gpu: Some(GpuConfig {
+            gpu: Some(GpuClient {
                 index: 0,
                 env_file: dir.join("llm.env"),
                 restart: restart.into(),
@@ -1151,7 +1156,7 @@ mod tests {
         MpsControl::new(bin, Some(dir.to_path_buf()))
     }
 
-    fn named(dir: &Path, server: &str) -> ServiceConfig {
+    fn named(dir: &Path, server: &str) -> ManagedService {
         let mut s = service(dir, "exit 7", 0, 1000);
         if let Some(g) = s.gpu.as_mut() {
             g.mps_server = Some(server.into());

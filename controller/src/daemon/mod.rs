@@ -902,7 +902,7 @@ fn open_host(
     dry_run: bool,
     changes: Box<dyn ChangeLog>,
 ) -> Result<RealHost, host::HostError> {
-    let mut host = RealHost::open(cfg, dry_run)?;
+    let mut host = RealHost::open(cfg.host_spec(), dry_run)?;
     host.set_change_log(changes)?;
     Ok(host)
 }
@@ -911,13 +911,13 @@ fn open_host(
 /// cleanly); returns the changes that could not be undone (a process or group that is gone
 /// counts as undone).
 fn restore_recorded(cfg: &DaemonConfig, recorded: &HostChanges) -> Result<HostChanges> {
-    host::restore_recorded(cfg, recorded).context("restoring the host from the state file")
+    host::restore_recorded(&cfg.paths, recorded).context("restoring the host from the state file")
 }
 
 /// Removes cohabit groups no record knows of (a run older than the state file, or one whose
 /// state was discarded).
 fn clean_leftovers(cfg: &DaemonConfig) -> Result<()> {
-    host::clean_leftovers(cfg).context("removing groups a previous run left")
+    host::clean_leftovers(&cfg.paths).context("removing groups a previous run left")
 }
 
 #[cfg(test)]
@@ -1096,7 +1096,7 @@ mod tests {
                 pid_file.display()
             );
             let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
-            let host = RealHost::open_with(cfg.clone(), false, Arc::new(fake.clone())).unwrap();
+            let host = RealHost::open_with(cfg.host_spec(), false, Arc::new(fake.clone())).unwrap();
             let uid = std::fs::metadata(dir).unwrap().uid();
             let state = StateDir::open_owned_by(&cfg.state_dir, uid).unwrap();
             (cfg, host, state)

@@ -23,16 +23,16 @@ use cohabit_collectors::procfs::{
 };
 use cohabit_collectors::users::UserError;
 
-use crate::daemon::config::{ProcessConstraint, ServiceConfig, UnboundMatcher};
+use crate::daemon::config::{ManagedService, ProcessConstraint, UnboundMatcher};
 
 /// Refuses a service found by process name or pid file without `match.user`
-/// ([`ServiceConfig::unbound_matcher`]); with `dry_run`, where nothing is changed, each is
+/// ([`ManagedService::unbound_matcher`]); with `dry_run`, where nothing is changed, each is
 /// a warning instead.
 pub(super) fn require_users(
-    services: &[ServiceConfig],
+    services: &[ManagedService],
     dry_run: bool,
 ) -> Result<(), UnboundMatcher> {
-    for unbound in services.iter().filter_map(ServiceConfig::unbound_matcher) {
+    for unbound in services.iter().filter_map(ManagedService::unbound_matcher) {
         if !dry_run {
             return Err(unbound);
         }
@@ -356,8 +356,8 @@ mod tests {
         );
     }
 
-    fn service(name: &str, matcher: Matcher, user: Option<u32>) -> ServiceConfig {
-        ServiceConfig {
+    fn service(name: &str, matcher: Matcher, user: Option<u32>) -> ManagedService {
+        ManagedService {
             name: name.into(),
             p99_target_ms: Some(1.0),
             matcher,
@@ -411,7 +411,9 @@ mod tests {
             dir.path().join("no-cgroup").display(),
             dir.path().join("no-resctrl").display(),
         );
-        let cfg = crate::daemon::config::DaemonConfig::parse(&text, "t.toml").unwrap();
+        let cfg = crate::daemon::config::DaemonConfig::parse(&text, "t.toml")
+            .unwrap()
+            .host_spec();
         let e = super::super::RealHost::open(cfg.clone(), false).unwrap_err();
         assert!(
             e.to_string()

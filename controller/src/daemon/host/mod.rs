@@ -47,6 +47,7 @@ use cohabit_collectors::nvml::Gpus;
 use cohabit_collectors::perf::PerfSupport;
 use cohabit_collectors::procfs::{ProcIndex, Procfs};
 use cohabit_collectors::resctrl::BandwidthRate;
+use cohabit_collectors::HostPaths;
 use cohabit_core::{
     Actuator, Allocation, Change, Collector, GroupControl, HostCapacity, Observation, Plan,
     RunsUnder, ServiceClass, ServiceObservation, ServiceSpec,
@@ -59,7 +60,7 @@ pub use self::discover::HostFacts;
 pub use self::layout::{HostWrites, TooManyGroups};
 use self::placement::{ServicePlacement, Targets};
 use self::sample::{PerfAccess, Sources, Telemetry};
-use super::config::{DaemonConfig, Matcher, ServiceConfig};
+use cohabit_host::spec::{HostSpec, ManagedService, Matcher};
 
 /// Why the real host could not start or apply a plan.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +148,7 @@ impl Throttle {
 #[derive(Debug)]
 struct Service {
     spec: ServiceSpec,
-    cfg: ServiceConfig,
+    cfg: ManagedService,
     pids: BTreeSet<u32>,
     telemetry: Telemetry,
     missing_logged: bool,
@@ -163,7 +164,7 @@ struct Service {
 impl Service {
     /// A service as configured, its latency source bound with a window of `window`
     /// intervals, no process found yet.
-    fn bind(s: &ServiceConfig, timeout: Duration, window: u32) -> Result<Self, HostError> {
+    fn bind(s: &ManagedService, timeout: Duration, window: u32) -> Result<Self, HostError> {
         Ok(Service {
             spec: spec_of(s),
             cfg: s.clone(),
@@ -184,7 +185,7 @@ impl Service {
 /// A real Linux host driven by cohabit.
 #[derive(Debug)]
 pub struct RealHost {
-    cfg: DaemonConfig,
+    spec: HostSpec,
     facts: HostFacts,
     procfs: Procfs,
     kernel: Kernel,
@@ -223,32 +224,32 @@ impl RealHost {
     /// the latency sources (a probe must answer its first request). Nothing is written
     /// before [`Self::launch`], so a record a crashed run left can be restored first
     /// ([`Self::restore_changes`]).
-    pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
-        Self::open_with(cfg, dry_run, Arc::new(RealFs))
+    pub fn open(spec: HostSpec, dry_run: bool) -> Result<Self, HostError> {
+        Self::open_with(spec, dry_run, Arc::new(RealFs))
     }
 
     /// [`Self::open`] with resctrl reached through `resctrl_fs` (the kernel's, or a fake
     /// that validates like it in tests).
     pub fn open_with(
-        cfg: DaemonConfig,
+        spec: HostSpec,
         dry_run: bool,
         resctrl_fs: Arc<dyn KernelFs>,
     ) -> Result<Self, HostError> {
-        find::require_users(&cfg.services, dry_run)?;
-        let mut found = discover::discover(&cfg, resctrl_fs)?;
-        let gpu = super::gpu::GpuActuator::with_probe(&cfg.services, found.mps);
+        find::require_users(&spec.services, dry_run)?;
+        let mut found = discover::discover(&spec, resctrl_fs)?;
+        let gpu = super::gpu::GpuActuator::with_probe(&spec.services, found.mps);
         // Policies weigh what a share change costs on this host.
         for g in &mut found.facts.capacity.gpus {
             g.share_change = gpu.share_change();
         }
-        if let (false, Some(limit)) = (dry_run, &cfg.mps.pinned_mem_limit) {
+        if let (false, Some(limit)) = (dry_run, &spec.mps.pinned_mem_limit) {
             gpu.apply_pinned_default(limit);
         }
-        let timeout = Duration::from_millis(cfg.collect_timeout_ms);
-        let services = cfg
+        let timeout = Duration::from_millis(spec.collect_timeout_ms);
+        let services = spec
             .services
             .iter()
-            .map(|s| Service::bind(s, timeout, cfg.latency_window))
+            .map(|s| Service::bind(s, timeout, spec.latency_window))
             .collect::<Result<Vec<_>, HostError>>()?;
         // The configuration file's services answer their probes before the daemon starts
         // (a wrong port or a service that is down is an error the operator sees now). The
@@ -265,12 +266,12 @@ impl RealHost {
         let ways = found.facts.capacity.llc_ways;
         let now = Instant::now();
         let host = Self {
-            procfs: Procfs::new(&cfg.paths.proc),
+            procfs: Procfs::new(&spec.paths.proc),
             bw: BandwidthRate {
                 dropped: 0,
                 max_bytes_per_s: found.facts.capacity.mem_bw_bytes_per_s * 4.0,
             },
-            cfg,
+            spec,
             facts: found.facts,
             kernel: Kernel {
                 cgroups: found.cgroups,
@@ -342,10 +343,10 @@ impl RealHost {
     /// RDT allocation, the CLOSIDs the number of latency-critical services).
     pub fn reconfigure(
         &mut self,
-        services: Vec<ServiceConfig>,
+        services: Vec<ManagedService>,
         cpus: Vec<u32>,
     ) -> Vec<(String, HostError)> {
-        let timeout = Duration::from_millis(self.cfg.collect_timeout_ms);
+        let timeout = Duration::from_millis(self.spec.collect_timeout_ms);
         let mut old = std::mem::take(&mut self.services);
         let mut failed = Vec::new();
         for s in services {
@@ -353,12 +354,12 @@ impl RealHost {
                 self.services.push(old.swap_remove(i));
                 continue;
             }
-            match Service::bind(&s, timeout, self.cfg.latency_window) {
+            match Service::bind(&s, timeout, self.spec.latency_window) {
                 Ok(svc) => self.services.push(svc),
                 Err(e) => failed.push((s.name.clone(), e)),
             }
         }
-        self.cfg.services = self.services.iter().map(|s| s.cfg.clone()).collect();
+        self.spec.services = self.services.iter().map(|s| s.cfg.clone()).collect();
         let latency_critical = self
             .services
             .iter()
@@ -586,7 +587,7 @@ impl RealHost {
         let (targets, placements) = self.targets();
         if targets != self.record.targets {
             let writes = self.record.writes.clone();
-            let pinned = self.cfg.mps.pinned_mem_limit.clone();
+            let pinned = self.spec.mps.pinned_mem_limit.clone();
             if let Err(e) = apply::apply(
                 &self.kernel,
                 &mut self.record,
@@ -690,7 +691,7 @@ impl RealHost {
             }
         }
         let (targets, _) = self.targets();
-        let pinned = self.cfg.mps.pinned_mem_limit.clone();
+        let pinned = self.spec.mps.pinned_mem_limit.clone();
         apply::apply(
             &self.kernel,
             &mut self.record,
@@ -787,7 +788,7 @@ impl RealHost {
         self.kernel
             .cgroups
             .clone()
-            .or_else(|| Cgroups::detect(&self.cfg.paths).ok().flatten())
+            .or_else(|| Cgroups::detect(&self.spec.paths).ok().flatten())
     }
 
     /// Finds each service's processes; puts new ones in its groups; forgets vanished ones.
@@ -836,43 +837,43 @@ impl RealHost {
     }
 }
 
-/// The kernel interfaces `cfg` names, found without opening the host (no latency source
+/// The kernel interfaces under `paths`, found without opening the host (no latency source
 /// bound, nothing written): what restoring a record and cleaning leftovers need.
-fn kernel_of(cfg: &DaemonConfig) -> Result<Kernel, HostError> {
-    let resctrl = cohabit_collectors::resctrl::Resctrl::discover(&cfg.paths, Arc::new(RealFs))
+fn kernel_of(paths: &HostPaths) -> Result<Kernel, HostError> {
+    let resctrl = cohabit_collectors::resctrl::Resctrl::discover(paths, Arc::new(RealFs))
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "resctrl unreadable; its groups are not restored");
             None
         });
     Ok(Kernel {
-        cgroups: Cgroups::detect(&cfg.paths)?,
+        cgroups: Cgroups::detect(paths)?,
         resctrl,
     })
 }
 
-/// Puts the host `cfg` describes back from `recorded` alone (a run that did not end
+/// Puts the host under `paths` back from `recorded` alone (a run that did not end
 /// cleanly), before anything else is opened; returns what could not be restored. See
 /// [`restore_changes`].
 pub fn restore_recorded(
-    cfg: &DaemonConfig,
+    paths: &HostPaths,
     recorded: &HostChanges,
 ) -> Result<HostChanges, HostError> {
-    let kernel = kernel_of(cfg)?;
+    let kernel = kernel_of(paths)?;
     Ok(restore_changes(
         &kernel,
         recorded,
-        &Procfs::new(&cfg.paths.proc),
+        &Procfs::new(&paths.proc),
     ))
 }
 
 /// Removes cohabit's groups that no record knows of (a run older than the record, or one
 /// whose record was discarded): their processes go to each hierarchy's root.
-pub fn clean_leftovers(cfg: &DaemonConfig) -> Result<(), HostError> {
-    apply::clean_leftovers(&kernel_of(cfg)?);
+pub fn clean_leftovers(paths: &HostPaths) -> Result<(), HostError> {
+    apply::clean_leftovers(&kernel_of(paths)?);
     Ok(())
 }
 
-fn spec_of(s: &ServiceConfig) -> ServiceSpec {
+fn spec_of(s: &ManagedService) -> ServiceSpec {
     let class = match s.p99_target_ms {
         Some(t) => ServiceClass::LatencyCritical { p99_target_ms: t },
         None => ServiceClass::BestEffort,
@@ -945,7 +946,7 @@ impl Collector for RealHost {
         }
         // Every Prometheus endpoint at once, each ending by then (no scrape waits for
         // another's).
-        let deadline = now + Duration::from_millis(self.cfg.collect_timeout_ms);
+        let deadline = now + Duration::from_millis(self.spec.collect_timeout_ms);
         let endpoints: Vec<_> = self
             .services
             .iter()
@@ -1041,20 +1042,21 @@ pub(crate) mod tests {
     use cohabit_collectors::resctrl::GROUP_PREFIX;
 
     use super::*;
+    use crate::daemon::config::DaemonConfig;
     use cohabit_core::ApplyOutcome;
     use cohabit_policy::control;
     use cohabit_policy::{HostContext, Policy, StaticPolicy};
 
     /// The fixture's proc tree has no cgroup mounts and no processes: only resctrl (the fake)
     /// is touched, never this machine's cgroups.
-    fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
+    fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> HostSpec {
         let text = format!(
             "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\", user = 0 }}\n",
             fake.root().display(),
             fake.base().join("proc").display(),
             pid_file.display()
         );
-        DaemonConfig::parse(&text, "test.toml").unwrap()
+        DaemonConfig::parse(&text, "test.toml").unwrap().host_spec()
     }
 
     #[test]
@@ -1084,7 +1086,7 @@ pub(crate) mod tests {
             pid_files["batch"],
             pid_files["etl"],
         );
-        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap().host_spec();
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         let ctx = HostContext {
             host: host.capacity().clone(),
@@ -1176,7 +1178,7 @@ pub(crate) mod tests {
 
     /// Two latency-critical services over a fake resctrl, `a` then `z`, with these
     /// latency sources.
-    fn two_services(fake: &FakeResctrl, a: &str, z: &str, timeout_ms: u64) -> DaemonConfig {
+    fn two_services(fake: &FakeResctrl, a: &str, z: &str, timeout_ms: u64) -> HostSpec {
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
         let lc = |name: &str, latency: &str| {
@@ -1189,7 +1191,7 @@ pub(crate) mod tests {
             lc("a", a),
             lc("z", z),
         );
-        DaemonConfig::parse(&text, "test.toml").unwrap()
+        DaemonConfig::parse(&text, "test.toml").unwrap().host_spec()
     }
 
     #[test]
@@ -1315,7 +1317,7 @@ pub(crate) mod tests {
             lc("kv"),
             lc("web"),
         );
-        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap().host_spec();
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         let held = |host: &RealHost| -> Vec<(String, Option<usize>)> {
             host.services
@@ -1395,7 +1397,7 @@ pub(crate) mod tests {
             proc_root.display(),
             dir.path().join("llm.env").display(),
         );
-        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap().host_spec();
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         let ctx = HostContext {
             host: host.capacity().clone(),

@@ -1,0 +1,3 @@
+//! The real host cohabit drives.
+
+pub mod spec;

@@ -62,7 +62,7 @@ pub enum Matcher {
     },
 }
 
-/// How cohabit applies a service's CPU controls (`placement`; see `host::placement`).
+/// How cohabit applies a service's CPU controls (`placement`; see `crate::placement`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
@@ -100,7 +100,7 @@ pub struct ManagedService {
     pub placement: Placement,
     /// `allow_unmanaged = true`: `cohabit run` may start while no resource it is allocated
     /// reaches its processes (it is then only watched); otherwise such a service stops the
-    /// start (see `host::reach`).
+    /// start (see `crate::reach`).
     pub allow_unmanaged: bool,
     /// Latency source, for latency-critical services.
     pub latency: Option<LatencySource>,
@@ -112,7 +112,7 @@ pub struct ManagedService {
 
 /// A matcher any local user could satisfy, given without `match.user` to say whose
 /// processes are the service's (security review 2026-12, row 2). Refused outside
-/// `--dry-run` ([`ManagedService::unbound_matcher`]; `host::find::require_users`).
+/// `--dry-run` ([`ManagedService::unbound_matcher`]; `crate::find::require_users`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("service {service}: match.{key} without match.user: {}; set match.user to the user the service runs as (a name or uid), or run with --dry-run to only watch", .key.risk())]
 pub struct UnboundMatcher {

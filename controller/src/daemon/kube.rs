@@ -28,7 +28,7 @@
 //! 3. builds the policy again for the new set, which takes over the old one's state for
 //!    the services that did not change ([`Policy::adopt`]), and applies its first plan: the
 //!    cgroups of pods that left get their recorded original values back in that apply (the
-//!    record of changes and its give-back, `host::apply`).
+//!    record of changes and its give-back, `cohabit_host::apply`).
 //!
 //! Churn: whoever can patch a pod changes the view at will, so neither the policy's
 //! learning nor the host's configuration may hang on a quiet view. A service whose spec
@@ -70,8 +70,8 @@ use cohabit_kube::{ManagedPod, PodClass, PodKey, PodView, QosClass};
 use cohabit_policy::{Explore, HostContext, Policy, PolicyKind, StaticPolicy};
 
 use super::config::{self, DaemonConfig, KubernetesConfig, ManagedService, Matcher, Placement};
-use super::host::RealHost;
 use super::supervise::Checked;
+use cohabit_host::RealHost;
 
 /// Where the pods come from: the node agent, or a script in tests.
 pub trait PodSource: Send {

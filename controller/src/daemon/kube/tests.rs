@@ -379,7 +379,7 @@ fn in_an_allowed_namespace_priority_is_clamped_and_a_tiny_target_raised() {
     }
 }
 
-/// The service specs the daemon hands a policy for `services` (as `host::spec_of`).
+/// The service specs the daemon hands a policy for `services` (as `cohabit_host::spec_of`).
 fn specs_of(services: &[ManagedService]) -> Vec<cohabit_core::ServiceSpec> {
     services
         .iter()

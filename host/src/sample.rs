@@ -37,7 +37,7 @@ use cohabit_collectors::window::{
 use cohabit_core::Sample;
 
 use super::{HostError, Throttle};
-use crate::daemon::config::{LatencySource, ManagedService, PushAccess};
+use crate::spec::{LatencySource, ManagedService, PushAccess};
 
 /// Where a service's latency comes from, with the window of its last intervals' requests.
 enum LatencyReader {

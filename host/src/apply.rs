@@ -7,7 +7,7 @@
 //!    schemata (only the lines that differ from the kernel's). At the CLOSID budget, groups
 //!    no longer used go first, as many as the new ones need ([`make_room`]); their tasks
 //!    wait in the root group until their new group holds its values, in the same apply;
-//! 2. cgroups, into every target of each plan group (`host::placement`: the cgroups the
+//! 2. cgroups, into every target of each plan group (`crate::placement`: the cgroups the
 //!    processes are in, and cohabit's own groups for processes it moves): create the own
 //!    groups that are missing; CPU sets in the order of [`layout::cpu_steps`] (shrink before
 //!    grow; two latency-critical groups never share a CPU in between); then CPU limits and
@@ -59,7 +59,7 @@ use super::changes::{Change, ChangeLog, HostChanges, InMemory};
 use super::layout::{self, HostWrites};
 use super::placement::{Move, Target, Targets};
 use super::{HostError, Throttle};
-use crate::daemon::gpu::{self, GpuActuator, GpuError, NoteFailed};
+use crate::gpu::{self, GpuActuator, GpuError, NoteFailed};
 
 /// The kernel interfaces cohabit writes to (each absent when the host lacks it or it is not
 /// writable).
@@ -222,7 +222,7 @@ enum UndoError {
     Schemata(#[from] cohabit_collectors::resctrl::SchemataError),
     /// An environment file could not be put back.
     #[error(transparent)]
-    File(#[from] crate::daemon::files::FileError),
+    File(#[from] crate::files::FileError),
     /// A recorded cgroup outside cohabit's parent: left alone.
     #[error("{} is not under cohabit's parent; left alone", .0.display())]
     NotOwn(PathBuf),
@@ -1136,9 +1136,9 @@ mod tests {
     use cohabit_core::{Allocation, Plan, ServiceClass, ServiceSpec, WayRange};
 
     use super::*;
-    use crate::daemon::config::Placement;
-    use crate::daemon::host::discover::{self, CapacityInput, HostFacts};
-    use crate::daemon::host::placement;
+    use crate::discover::{self, CapacityInput, HostFacts};
+    use crate::placement;
+    use crate::spec::Placement;
 
     /// A fake resctrl (12 ways, MBA) and a fake cgroup v2 tree (8 CPUs) where systemd
     /// delegates cpuset, cpu and memory to `system.slice`; kv (pid 40) and batch (pid 50)
@@ -2118,20 +2118,30 @@ mod tests {
         );
     }
 
+    /// A record saved as the daemon's state file is: written whole to a temporary file,
+    /// then renamed over the last one (each save opens files, so it needs free slots too).
+    #[derive(Debug)]
+    struct FileLog(PathBuf);
+
+    impl ChangeLog for FileLog {
+        fn save(&mut self, changes: &HostChanges) -> std::io::Result<()> {
+            let tmp = self.0.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec(changes)?)?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &self.0)
+        }
+    }
+
     fn emfile_child() {
-        use crate::daemon::fds::{FdReserve, RESTORE_RESERVE};
-        use crate::daemon::state::StateDir;
+        use crate::fds::{FdReserve, RESTORE_RESERVE};
         use nix::sys::resource::{setrlimit, Resource};
-        use std::os::unix::fs::MetadataExt;
 
         let mut h = host();
         h.cg.add_process(60, 2000, "/").unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        let state_dir = tmp.path().join("state");
-        let uid = std::fs::metadata(tmp.path()).unwrap().uid();
-        let state = StateDir::open_owned_by(&state_dir, uid).unwrap();
+        let saved_at = tmp.path().join("changes.json");
         let mut record = Record::default();
-        record.set_log(Box::new(state.change_log())).unwrap();
+        record.set_log(Box::new(FileLog(saved_at.clone()))).unwrap();
         apply_and_move_the_batch(&mut h, &mut record);
         assert_eq!(read(&h, KV, "cpuset.cpus"), "0-1");
         assert!(!resctrl_state(&h).is_empty());
@@ -2159,8 +2169,9 @@ mod tests {
         assert!(!h.cg.root().join("cohabit").exists(), "own groups removed");
         assert_eq!(read(&h, KV, "cpuset.cpus"), "", "original back");
         assert!(resctrl_state(&h).is_empty(), "resctrl groups removed");
-        let saved = state.load().unwrap().expect("the record was saved");
-        assert!(saved.changes.is_empty(), "the saved record is empty");
+        let saved: HostChanges =
+            serde_json::from_str(&std::fs::read_to_string(&saved_at).unwrap()).unwrap();
+        assert!(saved.is_empty(), "the saved record is empty");
         drop(flood);
         println!("emfile child: restored at the limit");
     }

@@ -21,7 +21,7 @@ use cohabit_collectors::sysfs::Sysfs;
 use cohabit_core::{GpuCapacity, HostCapacity};
 
 use super::HostError;
-use cohabit_host::spec::HostSpec;
+use crate::spec::HostSpec;
 
 /// Frequency assumed when sysfs has no `cpuinfo_max_freq` (common in VMs).
 pub const DEFAULT_FREQ_GHZ: f64 = 2.0;
@@ -425,8 +425,11 @@ pub fn closids(resctrl: Option<&ResctrlInfo>, latency_critical: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use cohabit_collectors::resctrl::{CacheInfo, MbaInfo, MbaUnits, MonInfo};
+    use cohabit_collectors::HostPaths;
 
     use super::*;
+    use crate::spec::Matcher;
+    use crate::testing::{self, latency_critical, udp_push};
 
     fn rdt(l3_closids: u32, mba: Option<(u32, u32, u32)>) -> ResctrlInfo {
         ResctrlInfo {
@@ -541,17 +544,21 @@ mod tests {
 
     /// `services` latency-critical services on `[host] cpus` (if given), with sysfs at `sys`.
     fn config(sys: &Path, cpus: Option<&str>, services: usize) -> HostSpec {
-        let mut text = format!(
-            "metrics_addr = \"\"\n[host]\n{}\n[paths]\nsys = \"{}\"\ncgroup = \"/nonexistent-cgroup-root\"\n",
-            cpus.map(|c| format!("cpus = \"{c}\"")).unwrap_or_default(),
-            sys.display()
-        );
-        for i in 0..services {
-            text.push_str(&format!("[[service]]\nname = \"s{i}\"\np99_target_ms = 1\nmatch = {{ systemd_unit = \"s{i}.service\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n"));
+        let paths = HostPaths {
+            sys: sys.into(),
+            cgroup: "/nonexistent-cgroup-root".into(),
+            ..HostPaths::standard()
+        };
+        let services = (0..services)
+            .map(|i| {
+                let unit = Matcher::SystemdUnit(format!("s{i}.service"));
+                latency_critical(&format!("s{i}"), 1.0, unit, udp_push())
+            })
+            .collect();
+        HostSpec {
+            cpus: cpus.map(|c| c.parse().unwrap()),
+            ..testing::host(paths, services)
         }
-        crate::daemon::config::DaemonConfig::parse(&text, "t.toml")
-            .unwrap()
-            .host_spec()
     }
 
     fn discover_err(cfg: &HostSpec) -> String {

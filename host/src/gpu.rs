@@ -13,13 +13,13 @@
 //! - only the lines of the variables cohabit sets ([`MANAGED`]) are rewritten; every other
 //!   line, comments included, stays as it is, in place;
 //! - the file is opened without following a symlink, its directory must be root's and
-//!   writable by nobody else, and it is replaced atomically (see [`super::files`]);
+//!   writable by nobody else, and it is replaced atomically (see [`crate::files`]);
 //! - its content before cohabit's first write is noted, write-ahead, in the host's record
 //!   of changes ([`GpuActuator::publish_noted`]); [`restore_file`] puts it back from such a
 //!   note, again touching only the managed lines (an edit made meanwhile survives).
 //!
 //! Restart hooks run on a thread of their own, never inside a tick (row 7; see
-//! [`super::hook`]): [`GpuActuator::restart_due`] only starts hooks that are due and
+//! [`crate::hook`]): [`GpuActuator::restart_due`] only starts hooks that are due and
 //! collects the ones that ended. While a hook runs, its share stays pending. With an MPS
 //! control daemon, a restarted client's share is in force only once one of its processes is
 //! an MPS client again; one that does not reconnect within its `hook_timeout_ms` is logged
@@ -52,10 +52,10 @@ use std::time::{Duration, Instant};
 use cohabit_collectors::mps::{MpsCapabilities, MpsControl, MpsError};
 use cohabit_core::ShareChange;
 
-use super::config::{GpuClient, ManagedService};
-use super::files::{self, FileError};
-use super::hook::{self, Hook, Outcome};
-use super::host::changes::Change as HostChange;
+use crate::changes::Change as HostChange;
+use crate::files::{self, FileError};
+use crate::hook::{self, Hook, Outcome};
+use crate::spec::{GpuClient, ManagedService};
 
 /// The variable that carries a client's share.
 const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
@@ -863,8 +863,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-    use crate::daemon::config::Matcher;
-    use crate::daemon::hook::tests::live_members;
+    use crate::hook::tests::live_members;
+    use crate::spec::Matcher;
 
     fn service(
         dir: &Path,

@@ -1,5 +1,10 @@
 //! The real host behind the controller's [`Collector`] and [`Actuator`] traits.
 //!
+//! It is opened from a [`HostSpec`] (what to manage, where the kernel's interfaces are, the
+//! services), never from the daemon's configuration, which only builds one. The daemon keeps
+//! the runtime around it: the loop, signals, the state file, the decision log, metrics and
+//! pods.
+//!
 //! Plan, then apply: a plan becomes CPU sets and quotas (cgroups) and, where the host has
 //! RDT, control groups with masks and MBA values (resctrl), written only where they
 //! differ from what the kernel holds. CPU values go into the cgroups the services'
@@ -12,17 +17,23 @@
 //! resource the host lacks is skipped with one log line.
 //!
 //! This module only composes; each job has its own:
+//! - [`spec`]: what the host is asked to manage, typed;
 //! - [`discover`]: what the host offers, once at start ([`HostFacts`]);
 //! - [`layout`]: plan + facts → every value to write ([`HostWrites`]), pure;
 //! - `placement`: which cgroups each plan group's values go to, and which processes move;
 //! - `apply`: those writes → the kernel in a safe order, rolled back when a later write
-//!   fails, so the host and the plan in force never disagree; processes join afterwards;
+//!   fails, so the host and the plan in force never disagree; processes join afterwards.
+//!   One journal drives a module per interface (resctrl, cgroups, GPU shares); the
+//!   processes' moves and the restore from the record alone have modules of their own;
 //! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings;
 //!   each p99 merges the requests of the last `latency_window` intervals, a window that
 //!   starts afresh when an interval ran under something else than the window's did
 //!   ([`RunsUnder`]: the plan in force, the GPU share in effect, a client's restart), when
 //!   its load moves (both [`cohabit_core::window`]'s rule, the simulator's too), and after
-//!   the fail-safe's plan and a restore.
+//!   the fail-safe's plan and a restore;
+//! - [`gpu`]: GPU shares (environment files, MPS mechanisms, pinned memory) and, through
+//!   `hook`, the restart hooks that apply them; [`files`]: files root writes outside the
+//!   kernel's trees; [`fds`]: descriptors kept for restoring at the open-files limit.
 
 pub mod changes;
 pub mod discover;

@@ -11,7 +11,7 @@
 //!
 //! Under the legacy (v2) interface a running client's share cannot be changed: a new share
 //! applies to clients started afterwards. Publishing shares and restarting clients is the
-//! daemon's job; see `controller::daemon::gpu`.
+//! daemon's job; see `cohabit_host::gpu`.
 //!
 //! What the host offers is found by [`MpsControl::probe`] ([`MpsCapabilities`]). The syntax
 //! used, and where it comes from (NVIDIA's "Multi-Process Service" documentation, releases

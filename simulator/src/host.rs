@@ -369,7 +369,7 @@ impl Actuator for SimulatedHost {
 
 /// How best-effort jobs share CPUs with a latency-critical service under `plan`. Plans
 /// give groups whole CPUs of their own; a pool with none runs, as the daemon lays it out
-/// (`controller::daemon::host::layout`), as an idle class on the last CPU of the last
+/// (`cohabit_host::layout`), as an idle class on the last CPU of the last
 /// latency-critical service (scenario order) with a CPU: it takes only the time that
 /// service leaves idle there and costs it nothing else but the cache and bandwidth it uses
 /// ([`crate::physics::cfs_shared`]). Several CPU jobs split that CPU.

@@ -1,7 +1,7 @@
 //! `cohabit check --config FILE`: what `cohabit run` would do on this host, changing
 //! nothing. Per configured service and job: the processes its matcher finds, their cgroup
 //! in each hierarchy cohabit writes and what would be done there, how each resource it is
-//! allocated would reach them (in place, moved, unmanaged and why: `host::reach`), and its
+//! allocated would reach them (in place, moved, unmanaged and why: `cohabit_host::reach`), and its
 //! latency source with a first reading over a bounded wait. It ends with whether `run`
 //! would start, and if not, why.
 //!
@@ -19,8 +19,8 @@ use cohabit_core::{Collector as _, Control};
 use serde::Serialize;
 
 use super::config::{DaemonConfig, LatencySource};
-use super::host::reach::{CgroupAction, Survey};
-use super::host::{HostError, RealHost};
+use cohabit_host::reach::{CgroupAction, Survey};
+use cohabit_host::{HostError, RealHost};
 
 /// What `cohabit check` found.
 #[derive(Debug, Clone, Serialize)]
@@ -103,7 +103,7 @@ fn describe(l: &LatencySource) -> String {
 fn open(mut cfg: DaemonConfig) -> Result<(RealHost, BTreeMap<String, String>), HostError> {
     let mut failed = BTreeMap::new();
     loop {
-        let e = match RealHost::open(cfg.clone(), true) {
+        let e = match RealHost::open(cfg.host_spec(), true) {
             Ok(host) => return Ok((host, failed)),
             Err(e) => e,
         };
@@ -175,7 +175,7 @@ pub fn check(cfg: DaemonConfig, config: PathBuf, wait: Duration) -> Result<Check
         .filter_map(|s| Some((s.survey.name.clone(), s.survey.refused.clone()?)))
         .collect();
     if !uncontrolled.is_empty() {
-        let e = super::host::reach::Uncontrolled {
+        let e = cohabit_host::reach::Uncontrolled {
             services: uncontrolled,
         };
         refusals.push(e.to_string());

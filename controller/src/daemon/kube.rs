@@ -28,7 +28,7 @@
 //! 3. builds the policy again for the new set, which takes over the old one's state for
 //!    the services that did not change ([`Policy::adopt`]), and applies its first plan: the
 //!    cgroups of pods that left get their recorded original values back in that apply (the
-//!    record of changes and its give-back, `host::apply`).
+//!    record of changes and its give-back, `cohabit_host::apply`).
 //!
 //! Churn: whoever can patch a pod changes the view at will, so neither the policy's
 //! learning nor the host's configuration may hang on a quiet view. A service whose spec
@@ -69,9 +69,9 @@ use cohabit_kube::trust::{trust, Adjustment};
 use cohabit_kube::{ManagedPod, PodClass, PodKey, PodView, QosClass};
 use cohabit_policy::{Explore, HostContext, Policy, PolicyKind, StaticPolicy};
 
-use super::config::{self, DaemonConfig, KubernetesConfig, Matcher, Placement, ServiceConfig};
-use super::host::RealHost;
+use super::config::{self, DaemonConfig, KubernetesConfig, ManagedService, Matcher, Placement};
 use super::supervise::Checked;
+use cohabit_host::RealHost;
 
 /// Where the pods come from: the node agent, or a script in tests.
 pub trait PodSource: Send {
@@ -206,7 +206,7 @@ fn qos(q: QosClass) -> Qos {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodService {
     /// The service.
-    pub service: ServiceConfig,
+    pub service: ManagedService,
     /// What was changed from the pod's annotations (a Warning Event each).
     pub adjusted: Vec<Adjustment>,
 }
@@ -256,7 +256,7 @@ pub fn pod_service(
         }
     };
     Ok(PodService {
-        service: ServiceConfig {
+        service: ManagedService {
             name: service_name(&pod.key),
             p99_target_ms,
             matcher: Matcher::Pod {
@@ -283,11 +283,11 @@ pub const TOO_MANY_LATENCY_CRITICAL: &str = "TooManyLatencyCritical";
 /// first, then pods; within each, higher priority first, then by name (so the same set
 /// always keeps the same ones).
 pub fn beyond_cores(
-    configured: &[ServiceConfig],
-    pods: &[ServiceConfig],
+    configured: &[ManagedService],
+    pods: &[ManagedService],
     cores: usize,
 ) -> BTreeSet<String> {
-    let lc = |s: &&ServiceConfig| s.p99_target_ms.is_some();
+    let lc = |s: &&ManagedService| s.p99_target_ms.is_some();
     let mut ranked: Vec<(bool, i32, &str)> = configured
         .iter()
         .filter(lc)
@@ -307,7 +307,7 @@ pub fn beyond_cores(
 }
 
 /// `s` as a best-effort job: no target, no latency source, priority 0.
-fn into_best_effort(mut s: ServiceConfig) -> ServiceConfig {
+fn into_best_effort(mut s: ManagedService) -> ManagedService {
     s.p99_target_ms = None;
     s.latency = None;
     s.priority = 0;
@@ -338,7 +338,7 @@ pub struct Pods {
     cgroups: Option<Cgroups>,
     tree: Option<Kubepods>,
     /// The configured services (latency-critical first).
-    fixed: Vec<ServiceConfig>,
+    fixed: Vec<ManagedService>,
     /// The CPUs configured (or online), before exclusive ones are taken out.
     base_cpus: Vec<u32>,
     factory: PolicyFactory,
@@ -537,10 +537,10 @@ impl Pods {
     /// The configured services and the pods', in the order of the module doc, for a host of
     /// `cores` CPUs; pods that cannot be managed are warned about and left out, and
     /// latency-critical services beyond `cores` ([`beyond_cores`]) join the pool.
-    fn services(&mut self, view: &PodView, tree: &Kubepods, cores: usize) -> Vec<ServiceConfig> {
+    fn services(&mut self, view: &PodView, tree: &Kubepods, cores: usize) -> Vec<ManagedService> {
         let mut names: BTreeSet<String> = self.fixed.iter().map(|s| s.name.clone()).collect();
         names.insert(BEST_EFFORT_GROUP.to_string());
-        let mut made: Vec<(&PodKey, ServiceConfig)> = Vec::new();
+        let mut made: Vec<(&PodKey, ManagedService)> = Vec::new();
         self.status.managed = 0;
         self.status.skipped = 0;
         for pod in &view.pods {
@@ -583,10 +583,10 @@ impl Pods {
     /// effort: a Warning Event on each such pod, an error log for a configured service.
     fn fit_to_cores(
         &mut self,
-        made: Vec<(&PodKey, ServiceConfig)>,
+        made: Vec<(&PodKey, ManagedService)>,
         cores: usize,
-    ) -> Vec<ServiceConfig> {
-        let pods: Vec<ServiceConfig> = made.iter().map(|(_, s)| s.clone()).collect();
+    ) -> Vec<ManagedService> {
+        let pods: Vec<ManagedService> = made.iter().map(|(_, s)| s.clone()).collect();
         let beyond = beyond_cores(&self.fixed, &pods, cores);
         let n_lc = self
             .fixed

@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 use cohabit_core::log::{last_header, LogError};
 use cohabit_core::{DecisionLogWriter, LogHeader};
 
-use super::files;
+use cohabit_host::files;
 
 /// When the log is rotated and how many old ones are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,11 +36,6 @@
 pub mod check;
 pub mod config;
 pub mod exporter;
-pub mod fds;
-mod files;
-pub mod gpu;
-mod hook;
-pub mod host;
 pub mod kube;
 pub mod log;
 pub mod model;
@@ -63,13 +58,13 @@ use tokio::time::MissedTickBehavior;
 
 use self::config::DaemonConfig;
 use self::exporter::{ErrorKind, Exporter};
-use self::host::changes::{ChangeLog, HostChanges, InMemory};
-use self::host::RealHost;
 use self::log::{LogFile, LogLimits, RotatingLog};
 use self::model::{ModelWatch, Models};
 use self::signals::{Signals, Stop};
 use self::state::{StateDir, StateError};
 use self::supervise::{panic_message, Checked, FailSafe};
+use cohabit_host::changes::{ChangeLog, HostChanges, InMemory};
+use cohabit_host::{fds, RealHost};
 use cohabit_policy::control;
 use cohabit_policy::{Explore, ExploreConfig, HostContext, Policy, PolicyKind};
 
@@ -330,7 +325,8 @@ fn prepare(cfg: &DaemonConfig, dry_run: bool) -> Result<Prepared> {
         .as_deref()
         .map(|path| LogFile::open(path, limits))
         .transpose()?;
-    gpu::check_env_files(&cfg.services, dry_run).context("a GPU client's environment file")?;
+    cohabit_host::gpu::check_env_files(&cfg.services, dry_run)
+        .context("a GPU client's environment file")?;
     // Before the model is loaded, so that a change in between is caught at the first check.
     let model_watch = match (&cfg.model, cfg.policy) {
         (Some(path), PolicyKind::Ml) if cfg.model_check_every_ticks > 0 => Some(
@@ -415,7 +411,9 @@ fn start(
     if let Err(e) = host.launch(&initial.plan) {
         host.host_mut().restore();
         let during = match e {
-            supervise::ApplyError::Host(host::HostError::Uncontrolled(_)) => "refusing to start",
+            supervise::ApplyError::Host(cohabit_host::HostError::Uncontrolled(_)) => {
+                "refusing to start"
+            }
             _ => "applying the initial plan",
         };
         return Err(anyhow::Error::new(e).context(during));
@@ -901,8 +899,8 @@ fn open_host(
     cfg: DaemonConfig,
     dry_run: bool,
     changes: Box<dyn ChangeLog>,
-) -> Result<RealHost, host::HostError> {
-    let mut host = RealHost::open(cfg, dry_run)?;
+) -> Result<RealHost, cohabit_host::HostError> {
+    let mut host = RealHost::open(cfg.host_spec(), dry_run)?;
     host.set_change_log(changes)?;
     Ok(host)
 }
@@ -911,13 +909,14 @@ fn open_host(
 /// cleanly); returns the changes that could not be undone (a process or group that is gone
 /// counts as undone).
 fn restore_recorded(cfg: &DaemonConfig, recorded: &HostChanges) -> Result<HostChanges> {
-    host::restore_recorded(cfg, recorded).context("restoring the host from the state file")
+    cohabit_host::restore_recorded(&cfg.paths, recorded)
+        .context("restoring the host from the state file")
 }
 
 /// Removes cohabit groups no record knows of (a run older than the state file, or one whose
 /// state was discarded).
 fn clean_leftovers(cfg: &DaemonConfig) -> Result<()> {
-    host::clean_leftovers(cfg).context("removing groups a previous run left")
+    cohabit_host::clean_leftovers(&cfg.paths).context("removing groups a previous run left")
 }
 
 #[cfg(test)]
@@ -1096,7 +1095,7 @@ mod tests {
                 pid_file.display()
             );
             let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
-            let host = RealHost::open_with(cfg.clone(), false, Arc::new(fake.clone())).unwrap();
+            let host = RealHost::open_with(cfg.host_spec(), false, Arc::new(fake.clone())).unwrap();
             let uid = std::fs::metadata(dir).unwrap().uid();
             let state = StateDir::open_owned_by(&cfg.state_dir, uid).unwrap();
             (cfg, host, state)
@@ -1168,7 +1167,7 @@ mod tests {
             let env = dir.join("llm.env");
             std::fs::write(&env, "A=1\n").unwrap();
             let mut rec = HostChanges::default();
-            rec.note(host::changes::Change::File {
+            rec.note(cohabit_host::changes::Change::File {
                 path: env.clone(),
                 original: Some("A=1\n".into()),
             });
@@ -1277,7 +1276,7 @@ mod tests {
             std::fs::create_dir(&open).unwrap();
             std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777))
                 .unwrap();
-            use host::changes::Change;
+            use cohabit_host::changes::Change;
             let refused = [
                 // This host has no cgroups (the kubelet removed the pod's, say).
                 Change::CgroupFile {

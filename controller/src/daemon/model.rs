@@ -42,7 +42,7 @@ use super::exporter::Exporter;
 /// The rules the daemon loads its models under: files of root or of the user it runs as,
 /// writable by nobody else, with a weights digest ([`LoadRules::daemon`]).
 pub fn daemon_rules() -> LoadRules {
-    LoadRules::daemon(super::files::euid())
+    LoadRules::daemon(cohabit_host::files::euid())
 }
 
 /// The models a policy is built with, loaded at start from the files the configuration

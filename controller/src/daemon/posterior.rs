@@ -26,7 +26,7 @@ use cohabit_models::posterior::{PosteriorSet, PosteriorSnapshot, POSTERIOR_SCHEM
 use cohabit_policy::Policy;
 use serde::{Deserialize, Serialize};
 
-use super::config::ServiceConfig;
+use super::config::ManagedService;
 
 /// The file's name in the state directory.
 pub const POSTERIOR_FILE: &str = "posterior.json";
@@ -126,13 +126,13 @@ pub struct PosteriorStore {
 
 /// A service's match as the configuration states it (its kind and value): a changed match
 /// may be another service under the same name.
-pub fn match_key(s: &ServiceConfig) -> String {
+pub fn match_key(s: &ManagedService) -> String {
     format!("{:?}", s.matcher)
 }
 
 impl PosteriorStore {
     /// The store in `state_dir` for `host` running `services`.
-    pub fn new(state_dir: &Path, host: &HostCapacity, services: &[ServiceConfig]) -> Self {
+    pub fn new(state_dir: &Path, host: &HostCapacity, services: &[ManagedService]) -> Self {
         Self {
             path: state_dir.join(POSTERIOR_FILE),
             host: HostKey::of(host),
@@ -345,7 +345,7 @@ mod tests {
         }
     }
 
-    fn services(process: &str) -> Vec<ServiceConfig> {
+    fn services(process: &str) -> Vec<ManagedService> {
         let text = format!(
             "[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"{process}\" }}\nlatency = {{ push = \"127.0.0.1:9400\", unauthenticated = true }}\n"
         );

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cohabit_collectors::IoError;
 use serde::{Deserialize, Serialize};
 
-use super::host::changes::{Change, ChangeLog, HostChanges};
+use cohabit_host::changes::{Change, ChangeLog, HostChanges};
 
 /// Where the state lives unless `[paths] state_dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/run/cohabit";
@@ -137,7 +137,7 @@ impl StateDir {
     /// Creates the directory if missing (`0700`), checks that it is safe to trust for the
     /// user cohabit runs as (root, for a daemon that writes cgroups), and takes the lock.
     pub fn open(dir: &Path) -> Result<Self, StateError> {
-        Self::open_owned_by(dir, super::files::euid())
+        Self::open_owned_by(dir, cohabit_host::files::euid())
     }
 
     /// [`Self::open`] for a directory that must belong to `uid`.

@@ -16,7 +16,7 @@ use cohabit_core::{
     ServiceSpec,
 };
 
-use super::host::{HostError, RealHost};
+use cohabit_host::{HostError, RealHost};
 
 /// Why the loop's host did not apply a plan.
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use cohabit_host::spec::{GpuClient, MpsSpec};
 use serde::Deserialize;
 
 use super::error::ConfigError;
@@ -40,39 +41,10 @@ pub(super) struct MpsFile {
     pinned_mem_limit: Option<String>,
 }
 
-/// How a GPU service's MPS share is published and applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuConfig {
-    /// GPU index.
-    pub index: u32,
-    /// Environment file the service's client reads at start.
-    pub env_file: PathBuf,
-    /// Shell command that restarts the client (e.g. `systemctl restart llm.service`).
-    pub restart: String,
-    /// Least time between two restarts.
-    pub min_restart_interval_ms: u64,
-    /// Longest the restart command may run before its process group is killed.
-    pub hook_timeout_ms: u64,
-    /// The MPS v3 named server that serves only this client: where the host offers
-    /// dynamic adjustment, its share changes there without a restart.
-    pub mps_server: Option<String>,
-}
-
-/// The MPS control daemon.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MpsConfig {
-    /// Path of `nvidia-cuda-mps-control`.
-    pub control: PathBuf,
-    /// `CUDA_MPS_PIPE_DIRECTORY`, if not the default.
-    pub pipe_dir: Option<PathBuf>,
-    /// Pinned device memory limit for clients, e.g. `0=8G` (written to the env files).
-    pub pinned_mem_limit: Option<String>,
-}
-
 /// `nvidia-cuda-mps-control` when `[mps] control` is not given.
 const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
-impl TryFrom<MpsFile> for MpsConfig {
+impl TryFrom<MpsFile> for MpsSpec {
     type Error = ConfigError;
 
     /// Errors name fields within `[mps]`.
@@ -108,7 +80,7 @@ fn pinned_limit_ok(v: &str) -> bool {
     digits(dev) && digits(num)
 }
 
-impl TryFrom<&GpuFile> for GpuConfig {
+impl TryFrom<&GpuFile> for GpuClient {
     type Error = ConfigError;
 
     /// Errors name fields within the service's `gpu`.
@@ -148,7 +120,7 @@ impl TryFrom<&GpuFile> for GpuConfig {
                 format!("{name:?} must be a name of letters, digits, -, _ and ."),
             ));
         }
-        Ok(GpuConfig {
+        Ok(GpuClient {
             index,
             env_file: g.env_file.clone(),
             restart: g.restart.clone(),

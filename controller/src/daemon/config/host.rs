@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use cohabit_collectors::cgroup::CpuList;
 use cohabit_collectors::HostPaths;
+use cohabit_host::spec::{BestEffortCpus, UnmanagedCache};
 use serde::Deserialize;
 
 use super::error::{ConfigError, Problem};
@@ -32,39 +33,6 @@ pub(super) struct PathsFile {
     cgroup: Option<PathBuf>,
     resctrl: Option<PathBuf>,
     state_dir: Option<PathBuf>,
-}
-
-/// Which cache the processes cohabit does not manage may use: everything in the root
-/// resctrl group (system daemons, the services' own clients, anything no control group
-/// claims).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UnmanagedCache {
-    /// The root group keeps the cache it had (every way, unless another tool set it): the
-    /// latency-critical ways are isolated from best-effort jobs, not from the rest of the
-    /// host. The default: cohabit changes nothing it does not manage.
-    #[default]
-    Shared,
-    /// The root group's cache masks become the pool's: unmanaged processes are treated as
-    /// best effort and stay out of the latency-critical ways (as Heracles treats every
-    /// other task). For hosts dedicated to co-location.
-    Pool,
-}
-
-/// Where the best-effort pool may run (`[host] best_effort_cpus`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BestEffortCpus {
-    /// The CPUs no latency-critical service holds (when none is left, the last one in the
-    /// idle class). The default: a service's CPUs are its own, as in Heracles and PARTIES.
-    #[default]
-    Spare,
-    /// Every managed CPU, the services' included, in the kernel's idle class: the pool
-    /// only takes cycles the services leave idle and yields to them at once. Needs the
-    /// idle class (`cpu.idle`, Linux 5.15); without it the pool keeps to `Spare`. For
-    /// hosts whose idle CPUs wake slowly (virtual machines whose idle vCPUs halt, see
-    /// README "Real services"), where a service's own idle CPU costs it more than sharing.
-    All,
 }
 
 /// `[host]`, validated.

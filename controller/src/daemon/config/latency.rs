@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use cohabit_collectors::latency::{PushAddr, DEFAULT_MODE};
 use cohabit_collectors::probe::{ProbeError, ProbeSettings, ProbeUrl, MAX_RATE_HZ};
-use cohabit_collectors::users::{GroupRef, UserRef};
+use cohabit_host::spec::{LatencySource, PushAccess};
 use serde::Deserialize;
 
 use super::error::{ConfigError, Problem};
@@ -48,64 +48,6 @@ impl LatencyFile {
 pub const DEFAULT_PROBE_RATE_HZ: u32 = 100;
 /// Probe time-out when `timeout_ms` is not given.
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 1000;
-
-/// Where a service's latency comes from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LatencySource {
-    /// Pushed samples on a socket.
-    Push {
-        /// The socket.
-        addr: PushAddr,
-        /// Who may send (Unix sockets).
-        access: PushAccess,
-    },
-    /// A scraped Prometheus histogram.
-    Prometheus {
-        /// Metrics URL (http).
-        url: String,
-        /// Histogram name (without `_bucket`).
-        metric: String,
-        /// Its unit in seconds.
-        unit_seconds: f64,
-    },
-    /// Requests timed by cohabit itself on a dedicated thread
-    /// ([`cohabit_collectors::probe`]).
-    Probe {
-        /// The service's address and protocol; the only place the probe contacts.
-        url: ProbeUrl,
-        /// Requests per second, 1 to 10000.
-        rate_hz: u32,
-        /// Per-request time-out; a request not answered by then is a violation.
-        timeout_ms: u64,
-    },
-}
-
-/// Who may reach a Unix push socket and whose datagrams count (names resolved at start).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PushAccess {
-    /// Owner of the socket file (`None`: root, the daemon).
-    pub owner: Option<UserRef>,
-    /// Group of the socket file (`None`: the daemon's).
-    pub group: Option<GroupRef>,
-    /// Permission bits of the socket file.
-    pub mode: u32,
-    /// Senders accepted by user, besides the service's own processes.
-    pub allowed_users: Vec<UserRef>,
-    /// Senders accepted by group.
-    pub allowed_groups: Vec<GroupRef>,
-}
-
-impl Default for PushAccess {
-    fn default() -> Self {
-        Self {
-            owner: None,
-            group: None,
-            mode: DEFAULT_MODE,
-            allowed_users: vec![],
-            allowed_groups: vec![],
-        }
-    }
-}
 
 /// A Unix push socket path: absolute, not a directory.
 fn unix_path(p: &Path) -> Result<PathBuf, ConfigError> {
@@ -327,6 +269,7 @@ mod tests {
     use super::super::tests::{err, MIN};
     use super::super::*;
     use super::*;
+    use cohabit_collectors::users::{GroupRef, UserRef};
 
     #[test]
     fn bad_latency_keys_are_named() {

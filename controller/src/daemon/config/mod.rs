@@ -104,20 +104,19 @@ use std::path::{Path, PathBuf};
 use cohabit_collectors::cgroup::CpuList;
 use cohabit_collectors::HostPaths;
 use cohabit_core::window::MAX_LATENCY_WINDOW;
+use cohabit_host::spec::HostSpec;
 use cohabit_policy::{ExploreConfig, MlConfig, PolicyKind};
 use serde::Deserialize;
 
 pub use self::error::{ConfigError, Problem};
-pub use self::gpu::{GpuConfig, MpsConfig};
-pub use self::host::{BestEffortCpus, UnmanagedCache};
 pub use self::kubernetes::{KubernetesConfig, DEFAULT_KUBELET_DIR, DEFAULT_POD_SOCKET_DIR};
-pub use self::latency::{
-    LatencySource, PushAccess, DEFAULT_PROBE_RATE_HZ, DEFAULT_PROBE_TIMEOUT_MS,
-};
+pub use self::latency::{DEFAULT_PROBE_RATE_HZ, DEFAULT_PROBE_TIMEOUT_MS};
 pub use self::ml::ml_settings;
 pub use self::pod::{pod_latency, pod_socket, MAX_POD_PROBE_RATE_HZ, MAX_POD_URL_BYTES};
-pub use self::service::{
-    Matcher, MatcherKey, Placement, ProcessConstraint, ServiceConfig, UnboundMatcher,
+/// The typed values the configuration builds for the host, which owns them.
+pub use cohabit_host::spec::{
+    BestEffortCpus, GpuClient, LatencySource, ManagedService, Matcher, MatcherKey, MpsSpec,
+    Placement, ProcessConstraint, PushAccess, UnboundMatcher, UnmanagedCache,
 };
 
 use self::gpu::MpsFile;
@@ -237,7 +236,7 @@ pub struct DaemonConfig {
     /// GPUs to plan for when NVML cannot list them.
     pub gpus: Option<u32>,
     /// MPS control.
-    pub mps: MpsConfig,
+    pub mps: MpsSpec,
     /// Host name for logs.
     pub host_name: String,
     /// Kernel interface roots.
@@ -254,12 +253,30 @@ pub struct DaemonConfig {
     /// `ml`'s tunables (`ml = { … }`; the defaults otherwise).
     pub ml: MlConfig,
     /// Latency-critical services, then best-effort jobs.
-    pub services: Vec<ServiceConfig>,
+    pub services: Vec<ManagedService>,
     /// `[kubernetes]`: more services come from this node's pods.
     pub kubernetes: Option<KubernetesConfig>,
 }
 
 impl DaemonConfig {
+    /// What the host is asked to manage, as this configuration says.
+    pub fn host_spec(&self) -> HostSpec {
+        HostSpec {
+            host_name: self.host_name.clone(),
+            paths: self.paths.clone(),
+            cpus: self.cpus.clone(),
+            mem_bw_gbps: self.mem_bw_gbps,
+            gpus: self.gpus,
+            unmanaged_cache: self.unmanaged_cache,
+            best_effort_cpus: self.best_effort_cpus,
+            mps: self.mps.clone(),
+            pods: self.kubernetes.is_some(),
+            collect_timeout_ms: self.collect_timeout_ms,
+            latency_window: self.latency_window,
+            services: self.services.clone(),
+        }
+    }
+
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let origin = path.display().to_string();
@@ -294,7 +311,7 @@ impl DaemonConfig {
         let paths = PathsConfig::try_from(f.paths).map_err(|e| e.within("paths"))?;
         let (policy, ml) = ml::policy(&f.policy, f.model.is_some(), f.ml.as_ref())?;
         let host = HostConfig::try_from(f.host).map_err(|e| e.within("host"))?;
-        let mps = MpsConfig::try_from(f.mps).map_err(|e| e.within("mps"))?;
+        let mps = MpsSpec::try_from(f.mps).map_err(|e| e.within("mps"))?;
         let kubernetes = f
             .kubernetes
             .as_ref()
@@ -357,7 +374,7 @@ fn services(
     best_effort: Vec<toml::Value>,
     from_pods: bool,
     interval_ms: u64,
-) -> Result<Vec<ServiceConfig>, ConfigError> {
+) -> Result<Vec<ManagedService>, ConfigError> {
     let n = latency_critical.len();
     if n == 0 && !from_pods {
         return Err(ConfigError::missing(
@@ -367,10 +384,10 @@ fn services(
     }
     let mut services = Vec::with_capacity(n + best_effort.len());
     for (i, s) in items::<ServiceFile>("service", latency_critical)? {
-        services.push(ServiceConfig::try_from(s).map_err(|e| e.within(&i))?);
+        services.push(ManagedService::try_from(s).map_err(|e| e.within(&i))?);
     }
     for (i, b) in items::<BestEffortFile>("best_effort", best_effort)? {
-        services.push(ServiceConfig::try_from(b).map_err(|e| e.within(&i))?);
+        services.push(ManagedService::try_from(b).map_err(|e| e.within(&i))?);
     }
     service::check_names(&services, n)?;
     service::check_shared(&services, n, interval_ms)?;

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use super::error::{ConfigError, Problem};
 use super::kubernetes::KubernetesConfig;
-use super::latency::{LatencyFile, LatencySource, DEFAULT_PROBE_TIMEOUT_MS};
+use super::latency::{LatencyFile, DEFAULT_PROBE_TIMEOUT_MS};
+use super::LatencySource;
 
 /// The highest rate a pod's probe may ask for.
 pub const MAX_POD_PROBE_RATE_HZ: u32 = 200;

@@ -9,9 +9,13 @@ use cohabit_collectors::latency::PushAddr;
 use cohabit_collectors::users::{GroupRef, UserRef};
 use serde::Deserialize;
 
+use cohabit_host::spec::{
+    GpuClient, LatencySource, ManagedService, Matcher, Placement, ProcessConstraint,
+};
+
 use super::error::ConfigError;
-use super::gpu::{GpuConfig, GpuFile};
-use super::latency::{LatencyFile, LatencySource};
+use super::gpu::GpuFile;
+use super::latency::LatencyFile;
 
 /// A `[[service]]` as written.
 #[derive(Debug, Deserialize)]
@@ -65,132 +69,7 @@ pub(super) enum IdFile {
     Name(String),
 }
 
-/// How a service's processes are found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Matcher {
-    /// Processes whose `comm` is exactly this.
-    ProcessName(String),
-    /// Processes in this cgroup path (in any hierarchy).
-    Cgroup(String),
-    /// Processes of a systemd unit (`/system.slice/<unit>`).
-    SystemdUnit(String),
-    /// The pid written in this file.
-    PidFile(PathBuf),
-    /// The processes of a Kubernetes pod's containers (services made from pods, never
-    /// written in a file; see `daemon::kube`).
-    Pod {
-        /// The pod's UID.
-        uid: String,
-        /// Its containers' cgroup paths (`/kubepods/burstable/pod<uid>/<id>`).
-        cgroups: Vec<String>,
-    },
-}
-
-/// How cohabit applies a service's CPU controls (`placement`; see `host::placement`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Placement {
-    /// Write the CPU set, limit and weight into the cgroup each process is in (its owner's:
-    /// a systemd unit, a container); a process where that is impossible (a bare process in
-    /// a hierarchy's root) is left alone, with one log line.
-    #[default]
-    InPlace,
-    /// As `InPlace`, but a process whose cgroup cannot be controlled in place is moved into
-    /// cohabit's own group (v1: in the cpuset and cpu hierarchies only) and back on exit.
-    Move,
-}
-
-/// What a matched process must also be (`match.user`, `match.exe`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcessConstraint {
-    /// The user it runs as (effective uid); also a pid file's allowed owner besides root.
-    pub user: Option<UserRef>,
-    /// Its executable.
-    pub exe: Option<PathBuf>,
-}
-
-/// One managed service or job.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServiceConfig {
-    /// Name (also its group name).
-    pub name: String,
-    /// Target, for latency-critical services.
-    pub p99_target_ms: Option<f64>,
-    /// How to find its processes.
-    pub matcher: Matcher,
-    /// What its processes must also be.
-    pub constraint: ProcessConstraint,
-    /// How its CPU controls are applied.
-    pub placement: Placement,
-    /// `allow_unmanaged = true`: `cohabit run` may start while no resource it is allocated
-    /// reaches its processes (it is then only watched); otherwise such a service stops the
-    /// start (see `host::reach`).
-    pub allow_unmanaged: bool,
-    /// Latency source, for latency-critical services.
-    pub latency: Option<LatencySource>,
-    /// GPU share handling, for GPU services.
-    pub gpu: Option<GpuConfig>,
-    /// Overload priority (higher wins; 0 unless a pod's `cohabit.io/priority` says).
-    pub priority: i32,
-}
-
-/// A matcher any local user could satisfy, given without `match.user` to say whose
-/// processes are the service's (security review 2026-12, row 2). Refused outside
-/// `--dry-run` ([`ServiceConfig::unbound_matcher`]; `host::find::require_users`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("service {service}: match.{key} without match.user: {}; set match.user to the user the service runs as (a name or uid), or run with --dry-run to only watch", .key.risk())]
-pub struct UnboundMatcher {
-    /// The service.
-    pub service: String,
-    /// Its matcher.
-    pub key: MatcherKey,
-}
-
-/// The matchers that need `match.user`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatcherKey {
-    /// `match.process_name`.
-    ProcessName,
-    /// `match.pid_file`.
-    PidFile,
-}
-
-impl MatcherKey {
-    /// What could go wrong without `match.user`.
-    fn risk(self) -> &'static str {
-        match self {
-            MatcherKey::ProcessName => "any user can give a process that name and have it managed as the service (its cgroup given the service's CPUs, its latency believed)",
-            MatcherKey::PidFile => "only a root-owned file naming a root process would be believed, so a service that runs as another user is never found",
-        }
-    }
-}
-
-impl std::fmt::Display for MatcherKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            MatcherKey::ProcessName => "process_name",
-            MatcherKey::PidFile => "pid_file",
-        })
-    }
-}
-
-impl ServiceConfig {
-    /// The service's matcher, if it is found by process name or pid file without
-    /// `match.user`.
-    pub fn unbound_matcher(&self) -> Option<UnboundMatcher> {
-        let key = match self.matcher {
-            Matcher::ProcessName(_) => MatcherKey::ProcessName,
-            Matcher::PidFile(_) => MatcherKey::PidFile,
-            _ => return None,
-        };
-        self.constraint.user.is_none().then(|| UnboundMatcher {
-            service: self.name.clone(),
-            key,
-        })
-    }
-}
-
-impl TryFrom<ServiceFile> for ServiceConfig {
+impl TryFrom<ServiceFile> for ManagedService {
     type Error = ConfigError;
 
     /// A latency-critical service; errors name fields within it, and it by name.
@@ -225,7 +104,7 @@ impl TryFrom<ServiceFile> for ServiceConfig {
     }
 }
 
-impl TryFrom<BestEffortFile> for ServiceConfig {
+impl TryFrom<BestEffortFile> for ManagedService {
     type Error = ConfigError;
 
     /// A best-effort job; errors name fields within it, and it by name.
@@ -240,10 +119,10 @@ impl TryFrom<BestEffortFile> for ServiceConfig {
 
 /// What a service and a job share: the name, `match` and `gpu` (without latency, target or
 /// priority, in place, not allowed unmanaged).
-fn common(name: &str, m: &MatchFile, gpu: Option<&GpuFile>) -> Result<ServiceConfig, ConfigError> {
+fn common(name: &str, m: &MatchFile, gpu: Option<&GpuFile>) -> Result<ManagedService, ConfigError> {
     let matcher = matcher(m).map_err(|e| e.within("match"))?;
     check_matcher(&matcher).map_err(|e| e.within("match"))?;
-    Ok(ServiceConfig {
+    Ok(ManagedService {
         name: name.to_string(),
         p99_target_ms: None,
         matcher,
@@ -252,7 +131,7 @@ fn common(name: &str, m: &MatchFile, gpu: Option<&GpuFile>) -> Result<ServiceCon
         allow_unmanaged: false,
         latency: None,
         gpu: gpu
-            .map(GpuConfig::try_from)
+            .map(GpuClient::try_from)
             .transpose()
             .map_err(|e| e.within("gpu"))?,
         priority: 0,
@@ -271,7 +150,7 @@ pub(super) fn item_field(i: usize, latency_critical: usize) -> String {
 /// Every name is a valid service name, none is the pool's, and none is used twice
 /// (`services`: the `[[service]]`s, `latency_critical` of them, then the `[[best_effort]]`s).
 pub(super) fn check_names(
-    services: &[ServiceConfig],
+    services: &[ManagedService],
     latency_critical: usize,
 ) -> Result<(), ConfigError> {
     let mut seen = BTreeSet::new();
@@ -418,7 +297,7 @@ fn check_matcher(m: &Matcher) -> Result<(), ConfigError> {
 
 /// What a service holds that no other may: its matcher, its push address or socket path,
 /// its environment file; as (field, value).
-fn own_keys(s: &ServiceConfig) -> Vec<(&'static str, String)> {
+fn own_keys(s: &ManagedService) -> Vec<(&'static str, String)> {
     let mut keys = vec![match &s.matcher {
         Matcher::ProcessName(n) => ("match.process_name", format!("{n:?}")),
         Matcher::Cgroup(c) => ("match.cgroup", format!("{c:?}")),
@@ -450,7 +329,7 @@ fn own_keys(s: &ServiceConfig) -> Vec<(&'static str, String)> {
 /// address or socket path, an environment file), and hooks spaced at least a tick apart
 /// (`services` as for [`check_names`]).
 pub(super) fn check_shared(
-    services: &[ServiceConfig],
+    services: &[ManagedService],
     latency_critical: usize,
     interval_ms: u64,
 ) -> Result<(), ConfigError> {

@@ -285,3 +285,19 @@ fn wrong_types_missing_keys_and_bad_toml_are_told_apart() {
     assert_eq!(e.field, "best_effort[0].name");
     assert_eq!(e.problem, Problem::Conflict("\"kv\" is used twice".into()));
 }
+
+#[test]
+fn the_host_spec_carries_what_the_host_is_asked_to_manage() {
+    let text = EXAMPLE.replacen("[host]\n", "[host]\nbest_effort_cpus = \"all\"\n", 1);
+    let c = DaemonConfig::parse(&text, "examples/cohabit.toml").unwrap();
+    let spec = c.host_spec();
+    assert_eq!(spec.services, c.services);
+    assert_eq!(spec.paths, c.paths);
+    assert_eq!(spec.mps, c.mps);
+    assert_eq!(spec.best_effort_cpus, BestEffortCpus::All);
+    assert_eq!(
+        (spec.collect_timeout_ms, spec.latency_window),
+        (c.collect_timeout_ms, c.latency_window)
+    );
+    assert!(!spec.pods, "no [kubernetes]: no pods");
+}

@@ -379,8 +379,8 @@ fn in_an_allowed_namespace_priority_is_clamped_and_a_tiny_target_raised() {
     }
 }
 
-/// The service specs the daemon hands a policy for `services` (as `host::spec_of`).
-fn specs_of(services: &[ServiceConfig]) -> Vec<cohabit_core::ServiceSpec> {
+/// The service specs the daemon hands a policy for `services` (as `cohabit_host::spec_of`).
+fn specs_of(services: &[ManagedService]) -> Vec<cohabit_core::ServiceSpec> {
     services
         .iter()
         .map(|s| cohabit_core::ServiceSpec {
@@ -397,7 +397,7 @@ fn specs_of(services: &[ServiceConfig]) -> Vec<cohabit_core::ServiceSpec> {
 
 /// Runs parties for `ticks` intervals on 12 cores with every latency-critical service
 /// at `ratio` × its target, and returns each one's cores at the end.
-fn parties_cores(services: &[ServiceConfig], ticks: u64, ratio: f64) -> BTreeMap<String, u32> {
+fn parties_cores(services: &[ManagedService], ticks: u64, ratio: f64) -> BTreeMap<String, u32> {
     use cohabit_core::{Observation, Sample, ServiceObservation};
     use cohabit_policy::{PartiesConfig, PartiesPolicy};
     let ctx = HostContext {
@@ -467,7 +467,7 @@ fn under_parties_the_victims_keep_their_cores_against_a_pod_claiming_top_priorit
         .collect();
     pods[0].priority = Some(i32::MAX);
     pods[0].class = lc(0.001, None);
-    let granted: Vec<ServiceConfig> = pods
+    let granted: Vec<ManagedService> = pods
         .iter()
         .map(|p| pod_service(p, &tree, None, &cfg).unwrap().service)
         .collect();
@@ -489,7 +489,7 @@ fn under_parties_the_victims_keep_their_cores_against_a_pod_claiming_top_priorit
 
 #[test]
 fn latency_critical_services_beyond_the_cpus_are_the_lowest_ranked_pods() {
-    let svc = |name: &str, priority: i32, lc: bool| ServiceConfig {
+    let svc = |name: &str, priority: i32, lc: bool| ManagedService {
         name: name.into(),
         p99_target_ms: lc.then_some(1.0),
         matcher: Matcher::ProcessName("x".into()),
@@ -594,8 +594,8 @@ impl Daemon {
         factory: PolicyFactory,
     ) -> Self {
         let host = match resctrl {
-            Some(r) => RealHost::open_with(cfg.clone(), false, Arc::new(r.clone())),
-            None => RealHost::open(cfg.clone(), false),
+            Some(r) => RealHost::open_with(cfg.host_spec(), false, Arc::new(r.clone())),
+            None => RealHost::open(cfg.host_spec(), false),
         };
         let host = Checked::real(host.unwrap());
         let mut policy: Box<dyn Policy> = Box::new(StaticPolicy::new(HostContext {

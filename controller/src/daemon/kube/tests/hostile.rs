@@ -13,8 +13,8 @@ use tokio::time::MissedTickBehavior;
 
 use super::*;
 use crate::daemon::exporter::{self, Exporter, UNHEALTHY_AFTER_TICKS};
-use crate::daemon::host::tests::mute_endpoint;
 use crate::daemon::{Loop, Ticker};
+use cohabit_host::testing::mute_endpoint;
 
 /// The control interval: a tick that waited on a pod would overrun it many times over.
 const INTERVAL: Duration = Duration::from_millis(200);

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use cohabit_collectors::cgroup::{Cgroups, Controller, InPlace};
 use cohabit_collectors::procfs::Procfs;
 
-use crate::daemon::config::Placement;
+use crate::spec::Placement;
 
 /// One cgroup a plan group's values are written to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

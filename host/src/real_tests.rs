@@ -22,8 +22,8 @@ use super::apply::{self, Kernel, Record};
 use super::discover::{self, CapacityInput, HostFacts};
 use super::layout;
 use super::placement::{self, Targets};
-use crate::daemon::config::Placement;
-use crate::daemon::gpu::GpuActuator;
+use crate::gpu::GpuActuator;
+use crate::spec::Placement;
 
 /// The real cgroups are one tree: these tests take turns.
 static TREE: Mutex<()> = Mutex::new(());

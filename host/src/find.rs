@@ -23,16 +23,16 @@ use cohabit_collectors::procfs::{
 };
 use cohabit_collectors::users::UserError;
 
-use crate::daemon::config::{ProcessConstraint, ServiceConfig, UnboundMatcher};
+use crate::spec::{ManagedService, ProcessConstraint, UnboundMatcher};
 
 /// Refuses a service found by process name or pid file without `match.user`
-/// ([`ServiceConfig::unbound_matcher`]); with `dry_run`, where nothing is changed, each is
+/// ([`ManagedService::unbound_matcher`]); with `dry_run`, where nothing is changed, each is
 /// a warning instead.
 pub(super) fn require_users(
-    services: &[ServiceConfig],
+    services: &[ManagedService],
     dry_run: bool,
 ) -> Result<(), UnboundMatcher> {
-    for unbound in services.iter().filter_map(ServiceConfig::unbound_matcher) {
+    for unbound in services.iter().filter_map(ManagedService::unbound_matcher) {
         if !dry_run {
             return Err(unbound);
         }
@@ -177,7 +177,7 @@ mod tests {
     use cohabit_collectors::users::UserRef;
 
     use super::*;
-    use crate::daemon::config::Matcher;
+    use crate::spec::Matcher;
 
     /// A fixture proc tree: `memcached` 10 run by uid 1000, `memcached` 11 by nobody
     /// (65534), pid 1, a kernel thread, and cohabit as pid 4242; booted at 1 000 000 s.
@@ -356,8 +356,8 @@ mod tests {
         );
     }
 
-    fn service(name: &str, matcher: Matcher, user: Option<u32>) -> ServiceConfig {
-        ServiceConfig {
+    fn service(name: &str, matcher: Matcher, user: Option<u32>) -> ManagedService {
+        ManagedService {
             name: name.into(),
             p99_target_ms: Some(1.0),
             matcher,
@@ -365,7 +365,7 @@ mod tests {
                 user: user.map(UserRef::Id),
                 exe: None,
             },
-            placement: crate::daemon::config::Placement::InPlace,
+            placement: crate::spec::Placement::InPlace,
             allow_unmanaged: false,
             latency: None,
             gpu: None,
@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_name_or_pid_file_matcher_without_a_user_is_refused_unless_dry_run() {
-        use crate::daemon::config::MatcherKey;
+        use crate::spec::MatcherKey;
         let by_name = service("kv", Matcher::ProcessName("kv".into()), None);
         let by_file = service("web", Matcher::PidFile("/run/web.pid".into()), None);
         let by_unit = service("db", Matcher::SystemdUnit("db.service".into()), None);
@@ -405,19 +405,28 @@ mod tests {
         std::fs::create_dir_all(&cpu).unwrap();
         std::fs::write(cpu.join("online"), "0-1\n").unwrap();
         // No cgroups, no resctrl: nothing on this machine can be touched.
-        let text = format!(
-            "metrics_addr = \"\"\n[paths]\nsys = \"{}\"\ncgroup = \"{}\"\nresctrl = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ process_name = \"kv\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n",
-            dir.path().join("sys").display(),
-            dir.path().join("no-cgroup").display(),
-            dir.path().join("no-resctrl").display(),
-        );
-        let cfg = crate::daemon::config::DaemonConfig::parse(&text, "t.toml").unwrap();
-        let e = super::super::RealHost::open(cfg.clone(), false).unwrap_err();
+        let paths = cohabit_collectors::HostPaths {
+            sys: dir.path().join("sys"),
+            cgroup: dir.path().join("no-cgroup"),
+            resctrl: Some(dir.path().join("no-resctrl")),
+            ..cohabit_collectors::HostPaths::standard()
+        };
+        let kv = ManagedService {
+            constraint: ProcessConstraint::default(),
+            ..crate::testing::latency_critical(
+                "kv",
+                1.0,
+                Matcher::ProcessName("kv".into()),
+                crate::testing::udp_push(),
+            )
+        };
+        let cfg = crate::testing::host(paths, vec![kv]);
+        let e = crate::RealHost::open(cfg.clone(), false).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("service kv: match.process_name without match.user"),
             "{e}"
         );
-        super::super::RealHost::open(cfg, true).unwrap();
+        crate::RealHost::open(cfg, true).unwrap();
     }
 }

@@ -6,7 +6,7 @@
 //! with schemata lines, cgroups with CPU lists and CFS limits, and MPS environment files.
 //!
 //! Approach: one pure function, [`layout`], from (plan, host facts, services) to
-//! [`HostWrites`], the complete desired state. `host::apply` compares it with what the
+//! [`HostWrites`], the complete desired state. `crate::apply` compares it with what the
 //! kernel holds and writes the difference in a safe order; this module reads and writes
 //! nothing, so every rule here is tested without a kernel.
 //!
@@ -58,7 +58,7 @@
 //!    on every wake-up of a latency-critical thread instead, and uses the idle time.
 //! 4. GPU: each managed GPU client gets its group's MPS share, where the plan sets one.
 //!
-//! The layout is always computed whole, for every group, and `host::apply` writes every
+//! The layout is always computed whole, for every group, and `crate::apply` writes every
 //! cgroup whose CPU list differs from the kernel's, not only groups whose count changed (a
 //! service that grows shifts every later block). [`cpu_steps`] orders those writes: first
 //! every set shrinks to what it keeps, then each group takes its new set, those whose new
@@ -67,7 +67,7 @@
 //! before or will after.
 //!
 //! Properties: deterministic; one set of values per plan group (written to every cgroup
-//! the group's processes are in, see `host::placement`); at most `num_closids - 1` resctrl
+//! the group's processes are in, see `crate::placement`); at most `num_closids - 1` resctrl
 //! groups; blocks of latency-critical services are pairwise disjoint and, with the pool,
 //! cover exactly the managed CPUs while the CPUs last (each service at least one).
 
@@ -91,7 +91,7 @@ pub struct TooManyGroups {
 
 // `[host] unmanaged_cache` and `best_effort_cpus`: the configuration owns them; the layout
 // reads them.
-pub use crate::daemon::config::{BestEffortCpus, UnmanagedCache};
+pub use crate::spec::{BestEffortCpus, UnmanagedCache};
 
 /// Everything cohabit writes to the host for one plan.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -37,7 +37,7 @@ use cohabit_collectors::window::{
 use cohabit_core::Sample;
 
 use super::{HostError, Throttle};
-use crate::daemon::config::{LatencySource, PushAccess, ServiceConfig};
+use crate::spec::{LatencySource, ManagedService, PushAccess};
 
 /// Where a service's latency comes from, with the window of its last intervals' requests.
 enum LatencyReader {
@@ -343,7 +343,7 @@ impl Telemetry {
     /// Binds the service's latency source (a push socket is bound now, a probe's thread
     /// started, which connects on its own: nothing here waits on the service); its p99
     /// rests on the requests of up to `window` intervals ([`MergedWindow`]).
-    pub fn bind(s: &ServiceConfig, timeout: Duration, window: u32) -> Result<Self, HostError> {
+    pub fn bind(s: &ManagedService, timeout: Duration, window: u32) -> Result<Self, HostError> {
         let latency = match &s.latency {
             Some(LatencySource::Push { addr, access }) => {
                 let access = resolve_access(access).map_err(|source| HostError::User {

@@ -314,8 +314,8 @@ mod tests {
 
     use cohabit_collectors::cgroup::Controller;
 
-    use super::super::placement::Target;
     use super::*;
+    use crate::placement::Target;
 
     const ROOT: &str = "it is in the hierarchy's root, whose CPU controls cannot be narrowed; set placement = \"move\" to move it into cohabit's own group";
 

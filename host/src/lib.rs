@@ -1,5 +1,10 @@
 //! The real host behind the controller's [`Collector`] and [`Actuator`] traits.
 //!
+//! It is opened from a [`HostSpec`] (what to manage, where the kernel's interfaces are, the
+//! services), never from the daemon's configuration, which only builds one. The daemon keeps
+//! the runtime around it: the loop, signals, the state file, the decision log, metrics and
+//! pods.
+//!
 //! Plan, then apply: a plan becomes CPU sets and quotas (cgroups) and, where the host has
 //! RDT, control groups with masks and MBA values (resctrl), written only where they
 //! differ from what the kernel holds. CPU values go into the cgroups the services'
@@ -12,28 +17,41 @@
 //! resource the host lacks is skipped with one log line.
 //!
 //! This module only composes; each job has its own:
+//! - [`spec`]: what the host is asked to manage, typed;
 //! - [`discover`]: what the host offers, once at start ([`HostFacts`]);
 //! - [`layout`]: plan + facts → every value to write ([`HostWrites`]), pure;
 //! - `placement`: which cgroups each plan group's values go to, and which processes move;
 //! - `apply`: those writes → the kernel in a safe order, rolled back when a later write
-//!   fails, so the host and the plan in force never disagree; processes join afterwards;
+//!   fails, so the host and the plan in force never disagree; processes join afterwards.
+//!   One journal drives a module per interface (resctrl, cgroups, GPU shares); the
+//!   processes' moves and the restore from the record alone have modules of their own;
 //! - `sample`: raw readings → [`Sample`](cohabit_core::Sample), rates from two readings;
 //!   each p99 merges the requests of the last `latency_window` intervals, a window that
 //!   starts afresh when an interval ran under something else than the window's did
 //!   ([`RunsUnder`]: the plan in force, the GPU share in effect, a client's restart), when
 //!   its load moves (both [`cohabit_core::window`]'s rule, the simulator's too), and after
-//!   the fail-safe's plan and a restore.
+//!   the fail-safe's plan and a restore;
+//! - [`gpu`]: GPU shares (environment files, MPS mechanisms, pinned memory) and, through
+//!   `hook`, the restart hooks that apply them; [`files`]: files root writes outside the
+//!   kernel's trees; [`fds`]: descriptors kept for restoring at the open-files limit.
 
 pub mod changes;
 pub mod discover;
+pub mod fds;
+pub mod files;
+pub mod gpu;
 pub mod layout;
 mod placement;
 pub mod reach;
 #[cfg(test)]
 mod real_tests;
+pub mod spec;
+#[cfg(any(test, feature = "testutils"))]
+pub mod testing;
 
 mod apply;
 mod find;
+mod hook;
 mod sample;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -47,6 +65,7 @@ use cohabit_collectors::nvml::Gpus;
 use cohabit_collectors::perf::PerfSupport;
 use cohabit_collectors::procfs::{ProcIndex, Procfs};
 use cohabit_collectors::resctrl::BandwidthRate;
+use cohabit_collectors::HostPaths;
 use cohabit_core::{
     Actuator, Allocation, Change, Collector, GroupControl, HostCapacity, Observation, Plan,
     RunsUnder, ServiceClass, ServiceObservation, ServiceSpec,
@@ -59,7 +78,7 @@ pub use self::discover::HostFacts;
 pub use self::layout::{HostWrites, TooManyGroups};
 use self::placement::{ServicePlacement, Targets};
 use self::sample::{PerfAccess, Sources, Telemetry};
-use super::config::{DaemonConfig, Matcher, ServiceConfig};
+use crate::spec::{HostSpec, ManagedService, Matcher};
 
 /// Why the real host could not start or apply a plan.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +120,7 @@ pub enum HostError {
     },
     /// A GPU share could not be published.
     #[error("GPU share: {0}")]
-    Gpu(#[from] super::gpu::GpuError),
+    Gpu(#[from] crate::gpu::GpuError),
     /// The plan needs more resctrl groups than the host has CLOSIDs.
     #[error(transparent)]
     TooManyGroups(#[from] TooManyGroups),
@@ -110,7 +129,7 @@ pub enum HostError {
     ChangeLog(std::io::Error),
     /// A service is found by process name or pid file without `match.user` (not a dry run).
     #[error(transparent)]
-    Unbound(#[from] super::config::UnboundMatcher),
+    Unbound(#[from] crate::spec::UnboundMatcher),
     /// `[host] cpus` or the services do not fit the host's CPUs.
     #[error(transparent)]
     Cpus(#[from] discover::CpuError),
@@ -147,7 +166,7 @@ impl Throttle {
 #[derive(Debug)]
 struct Service {
     spec: ServiceSpec,
-    cfg: ServiceConfig,
+    cfg: ManagedService,
     pids: BTreeSet<u32>,
     telemetry: Telemetry,
     missing_logged: bool,
@@ -163,7 +182,7 @@ struct Service {
 impl Service {
     /// A service as configured, its latency source bound with a window of `window`
     /// intervals, no process found yet.
-    fn bind(s: &ServiceConfig, timeout: Duration, window: u32) -> Result<Self, HostError> {
+    fn bind(s: &ManagedService, timeout: Duration, window: u32) -> Result<Self, HostError> {
         Ok(Service {
             spec: spec_of(s),
             cfg: s.clone(),
@@ -184,12 +203,12 @@ impl Service {
 /// A real Linux host driven by cohabit.
 #[derive(Debug)]
 pub struct RealHost {
-    cfg: DaemonConfig,
+    spec: HostSpec,
     facts: HostFacts,
     procfs: Procfs,
     kernel: Kernel,
     gpus: Option<Gpus>,
-    gpu: super::gpu::GpuActuator,
+    gpu: crate::gpu::GpuActuator,
     services: Vec<Service>,
     record: Record,
     /// A plan has been applied (until then no value is in force, and nothing moves).
@@ -223,32 +242,32 @@ impl RealHost {
     /// the latency sources (a probe must answer its first request). Nothing is written
     /// before [`Self::launch`], so a record a crashed run left can be restored first
     /// ([`Self::restore_changes`]).
-    pub fn open(cfg: DaemonConfig, dry_run: bool) -> Result<Self, HostError> {
-        Self::open_with(cfg, dry_run, Arc::new(RealFs))
+    pub fn open(spec: HostSpec, dry_run: bool) -> Result<Self, HostError> {
+        Self::open_with(spec, dry_run, Arc::new(RealFs))
     }
 
     /// [`Self::open`] with resctrl reached through `resctrl_fs` (the kernel's, or a fake
     /// that validates like it in tests).
     pub fn open_with(
-        cfg: DaemonConfig,
+        spec: HostSpec,
         dry_run: bool,
         resctrl_fs: Arc<dyn KernelFs>,
     ) -> Result<Self, HostError> {
-        find::require_users(&cfg.services, dry_run)?;
-        let mut found = discover::discover(&cfg, resctrl_fs)?;
-        let gpu = super::gpu::GpuActuator::with_probe(&cfg.services, found.mps);
+        find::require_users(&spec.services, dry_run)?;
+        let mut found = discover::discover(&spec, resctrl_fs)?;
+        let gpu = crate::gpu::GpuActuator::with_probe(&spec.services, found.mps);
         // Policies weigh what a share change costs on this host.
         for g in &mut found.facts.capacity.gpus {
             g.share_change = gpu.share_change();
         }
-        if let (false, Some(limit)) = (dry_run, &cfg.mps.pinned_mem_limit) {
+        if let (false, Some(limit)) = (dry_run, &spec.mps.pinned_mem_limit) {
             gpu.apply_pinned_default(limit);
         }
-        let timeout = Duration::from_millis(cfg.collect_timeout_ms);
-        let services = cfg
+        let timeout = Duration::from_millis(spec.collect_timeout_ms);
+        let services = spec
             .services
             .iter()
-            .map(|s| Service::bind(s, timeout, cfg.latency_window))
+            .map(|s| Service::bind(s, timeout, spec.latency_window))
             .collect::<Result<Vec<_>, HostError>>()?;
         // The configuration file's services answer their probes before the daemon starts
         // (a wrong port or a service that is down is an error the operator sees now). The
@@ -265,12 +284,12 @@ impl RealHost {
         let ways = found.facts.capacity.llc_ways;
         let now = Instant::now();
         let host = Self {
-            procfs: Procfs::new(&cfg.paths.proc),
+            procfs: Procfs::new(&spec.paths.proc),
             bw: BandwidthRate {
                 dropped: 0,
                 max_bytes_per_s: found.facts.capacity.mem_bw_bytes_per_s * 4.0,
             },
-            cfg,
+            spec,
             facts: found.facts,
             kernel: Kernel {
                 cgroups: found.cgroups,
@@ -342,10 +361,10 @@ impl RealHost {
     /// RDT allocation, the CLOSIDs the number of latency-critical services).
     pub fn reconfigure(
         &mut self,
-        services: Vec<ServiceConfig>,
+        services: Vec<ManagedService>,
         cpus: Vec<u32>,
     ) -> Vec<(String, HostError)> {
-        let timeout = Duration::from_millis(self.cfg.collect_timeout_ms);
+        let timeout = Duration::from_millis(self.spec.collect_timeout_ms);
         let mut old = std::mem::take(&mut self.services);
         let mut failed = Vec::new();
         for s in services {
@@ -353,12 +372,12 @@ impl RealHost {
                 self.services.push(old.swap_remove(i));
                 continue;
             }
-            match Service::bind(&s, timeout, self.cfg.latency_window) {
+            match Service::bind(&s, timeout, self.spec.latency_window) {
                 Ok(svc) => self.services.push(svc),
                 Err(e) => failed.push((s.name.clone(), e)),
             }
         }
-        self.cfg.services = self.services.iter().map(|s| s.cfg.clone()).collect();
+        self.spec.services = self.services.iter().map(|s| s.cfg.clone()).collect();
         let latency_critical = self
             .services
             .iter()
@@ -586,7 +605,7 @@ impl RealHost {
         let (targets, placements) = self.targets();
         if targets != self.record.targets {
             let writes = self.record.writes.clone();
-            let pinned = self.cfg.mps.pinned_mem_limit.clone();
+            let pinned = self.spec.mps.pinned_mem_limit.clone();
             if let Err(e) = apply::apply(
                 &self.kernel,
                 &mut self.record,
@@ -690,7 +709,7 @@ impl RealHost {
             }
         }
         let (targets, _) = self.targets();
-        let pinned = self.cfg.mps.pinned_mem_limit.clone();
+        let pinned = self.spec.mps.pinned_mem_limit.clone();
         apply::apply(
             &self.kernel,
             &mut self.record,
@@ -787,7 +806,7 @@ impl RealHost {
         self.kernel
             .cgroups
             .clone()
-            .or_else(|| Cgroups::detect(&self.cfg.paths).ok().flatten())
+            .or_else(|| Cgroups::detect(&self.spec.paths).ok().flatten())
     }
 
     /// Finds each service's processes; puts new ones in its groups; forgets vanished ones.
@@ -836,43 +855,43 @@ impl RealHost {
     }
 }
 
-/// The kernel interfaces `cfg` names, found without opening the host (no latency source
+/// The kernel interfaces under `paths`, found without opening the host (no latency source
 /// bound, nothing written): what restoring a record and cleaning leftovers need.
-fn kernel_of(cfg: &DaemonConfig) -> Result<Kernel, HostError> {
-    let resctrl = cohabit_collectors::resctrl::Resctrl::discover(&cfg.paths, Arc::new(RealFs))
+fn kernel_of(paths: &HostPaths) -> Result<Kernel, HostError> {
+    let resctrl = cohabit_collectors::resctrl::Resctrl::discover(paths, Arc::new(RealFs))
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "resctrl unreadable; its groups are not restored");
             None
         });
     Ok(Kernel {
-        cgroups: Cgroups::detect(&cfg.paths)?,
+        cgroups: Cgroups::detect(paths)?,
         resctrl,
     })
 }
 
-/// Puts the host `cfg` describes back from `recorded` alone (a run that did not end
+/// Puts the host under `paths` back from `recorded` alone (a run that did not end
 /// cleanly), before anything else is opened; returns what could not be restored. See
 /// [`restore_changes`].
 pub fn restore_recorded(
-    cfg: &DaemonConfig,
+    paths: &HostPaths,
     recorded: &HostChanges,
 ) -> Result<HostChanges, HostError> {
-    let kernel = kernel_of(cfg)?;
+    let kernel = kernel_of(paths)?;
     Ok(restore_changes(
         &kernel,
         recorded,
-        &Procfs::new(&cfg.paths.proc),
+        &Procfs::new(&paths.proc),
     ))
 }
 
 /// Removes cohabit's groups that no record knows of (a run older than the record, or one
 /// whose record was discarded): their processes go to each hierarchy's root.
-pub fn clean_leftovers(cfg: &DaemonConfig) -> Result<(), HostError> {
-    apply::clean_leftovers(&kernel_of(cfg)?);
+pub fn clean_leftovers(paths: &HostPaths) -> Result<(), HostError> {
+    apply::clean_leftovers(&kernel_of(paths)?);
     Ok(())
 }
 
-fn spec_of(s: &ServiceConfig) -> ServiceSpec {
+fn spec_of(s: &ManagedService) -> ServiceSpec {
     let class = match s.p99_target_ms {
         Some(t) => ServiceClass::LatencyCritical { p99_target_ms: t },
         None => ServiceClass::BestEffort,
@@ -887,7 +906,7 @@ fn spec_of(s: &ServiceConfig) -> ServiceSpec {
 
 impl RealHost {
     /// Plans each GPU client's pinned device-memory limit from its processes' measured use
-    /// (see [`super::gpu::plan_pinned_limits`]).
+    /// (see [`crate::gpu::plan_pinned_limits`]).
     fn guard_gpu_memory(&mut self, readings: &[cohabit_collectors::nvml::GpuReading]) {
         let used: BTreeMap<String, u64> = self
             .services
@@ -945,7 +964,7 @@ impl Collector for RealHost {
         }
         // Every Prometheus endpoint at once, each ending by then (no scrape waits for
         // another's).
-        let deadline = now + Duration::from_millis(self.cfg.collect_timeout_ms);
+        let deadline = now + Duration::from_millis(self.spec.collect_timeout_ms);
         let endpoints: Vec<_> = self
             .services
             .iter()
@@ -1041,20 +1060,24 @@ pub(crate) mod tests {
     use cohabit_collectors::resctrl::GROUP_PREFIX;
 
     use super::*;
+    use crate::spec::{GpuClient, LatencySource, Matcher};
+    use crate::testing::{self, best_effort, latency_critical, mute_endpoint, udp_push};
     use cohabit_core::ApplyOutcome;
     use cohabit_policy::control;
     use cohabit_policy::{HostContext, Policy, StaticPolicy};
 
     /// The fixture's proc tree has no cgroup mounts and no processes: only resctrl (the fake)
     /// is touched, never this machine's cgroups.
-    fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> DaemonConfig {
-        let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-process\", user = 0 }}\n",
-            fake.root().display(),
-            fake.base().join("proc").display(),
-            pid_file.display()
-        );
-        DaemonConfig::parse(&text, "test.toml").unwrap()
+    fn config(fake: &FakeResctrl, pid_file: &std::path::Path) -> HostSpec {
+        let kv = Matcher::PidFile(pid_file.into());
+        let batch = Matcher::ProcessName("no-such-process".into());
+        testing::host(
+            testing::paths(fake.root(), &fake.base().join("proc")),
+            vec![
+                latency_critical("kv", 1.0, kv, udp_push()),
+                best_effort("batch", batch),
+            ],
+        )
     }
 
     #[test]
@@ -1074,17 +1097,16 @@ pub(crate) mod tests {
             let f = dir.path().join(format!("{name}.pid"));
             std::fs::write(&f, format!("{pid}\n")).unwrap();
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-            pid_files.insert(name, f.display().to_string());
+            pid_files.insert(name, Matcher::PidFile(f));
         }
-        let text = format!(
-            "interval_ms = 100\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"kv\"\np99_target_ms = 1\nmatch = {{ pid_file = \"{}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n[[best_effort]]\nname = \"batch\"\nmatch = {{ pid_file = \"{}\", user = 0 }}\n[[best_effort]]\nname = \"etl\"\nmatch = {{ pid_file = \"{}\", user = 0 }}\n",
-            fake.root().display(),
-            proc_root.display(),
-            pid_files["kv"],
-            pid_files["batch"],
-            pid_files["etl"],
+        let cfg = testing::host(
+            testing::paths(fake.root(), &proc_root),
+            vec![
+                latency_critical("kv", 1.0, pid_files["kv"].clone(), udp_push()),
+                best_effort("batch", pid_files["batch"].clone()),
+                best_effort("etl", pid_files["etl"].clone()),
+            ],
         );
-        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         let ctx = HostContext {
             host: host.capacity().clone(),
@@ -1127,22 +1149,6 @@ pub(crate) mod tests {
         assert_eq!(root, ["40", "41", "50", "51", "60", "61"]);
     }
 
-    /// A TCP endpoint that accepts every connection and never answers or closes.
-    pub(crate) fn mute_endpoint() -> u16 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            for s in l.incoming() {
-                match s {
-                    Ok(s) => held.push(s),
-                    Err(_) => return,
-                }
-            }
-        });
-        port
-    }
-
     /// A Prometheus endpoint whose histogram `lat` (seconds) counts 100 more requests, all
     /// under 5 ms, at each scrape.
     fn growing_metrics() -> u16 {
@@ -1176,34 +1182,52 @@ pub(crate) mod tests {
 
     /// Two latency-critical services over a fake resctrl, `a` then `z`, with these
     /// latency sources.
-    fn two_services(fake: &FakeResctrl, a: &str, z: &str, timeout_ms: u64) -> DaemonConfig {
+    fn two_services(
+        fake: &FakeResctrl,
+        a: LatencySource,
+        z: LatencySource,
+        timeout_ms: u64,
+    ) -> HostSpec {
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
-        let lc = |name: &str, latency: &str| {
-            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\", user = 0 }}\nlatency = {latency}\n")
-        };
-        let text = format!(
-            "interval_ms = 1000\ncollect_timeout_ms = {timeout_ms}\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}",
-            fake.root().display(),
-            proc_root.display(),
-            lc("a", a),
-            lc("z", z),
-        );
-        DaemonConfig::parse(&text, "test.toml").unwrap()
+        HostSpec {
+            collect_timeout_ms: timeout_ms,
+            ..testing::host(
+                testing::paths(fake.root(), &proc_root),
+                vec![no_such("a", a), no_such("z", z)],
+            )
+        }
+    }
+
+    /// A latency-critical service with a target of 1 ms whose process never exists.
+    fn no_such(name: &str, latency: LatencySource) -> ManagedService {
+        let matcher = Matcher::ProcessName(format!("no-such-{name}"));
+        latency_critical(name, 1.0, matcher, latency)
+    }
+
+    /// Requests timed by cohabit on `redis://127.0.0.1:{port}`.
+    fn probe(port: u16, rate_hz: u32, timeout_ms: u64) -> LatencySource {
+        LatencySource::Probe {
+            url: format!("redis://127.0.0.1:{port}").parse().unwrap(),
+            rate_hz,
+            timeout_ms,
+        }
     }
 
     #[test]
     fn a_hanging_metrics_endpoint_does_not_starve_a_later_services_scrape() {
         // Security review 2026-12b, N4: `a`'s /metrics never answers and comes first.
         let fake = FakeResctrl::builder().ways(12).build().unwrap();
-        let scrape = |port: u16| {
-            format!("{{ prometheus = \"http://127.0.0.1:{port}/metrics\", metric = \"lat\" }}")
+        let scrape = |port: u16| LatencySource::Prometheus {
+            url: format!("http://127.0.0.1:{port}/metrics"),
+            metric: "lat".into(),
+            unit_seconds: 1.0,
         };
         let budget = Duration::from_millis(300);
         let cfg = two_services(
             &fake,
-            &scrape(mute_endpoint()),
-            &scrape(growing_metrics()),
+            scrape(mute_endpoint()),
+            scrape(growing_metrics()),
             300,
         );
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
@@ -1238,20 +1262,17 @@ pub(crate) mod tests {
         // Security review 2026-12b, N2: `reconfigure` runs inside the control tick.
         let fake = FakeResctrl::builder().ways(12).build().unwrap();
         let mute = mute_endpoint();
-        let probe = |port: u16, timeout_ms: u64| {
-            format!("{{ probe = \"redis://127.0.0.1:{port}\", rate_hz = 20, timeout_ms = {timeout_ms} }}")
-        };
         let refused = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let push = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
-        let cfg = two_services(&fake, push, push, 100);
+        let cfg = two_services(&fake, udp_push(), udp_push(), 100);
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         // Probes that are refused, and that are never answered with a time-out of 5 s: the
         // first request alone would take that long, and the reconfiguration would wait for it.
-        let cfgs = two_services(&fake, &probe(refused, 100), &probe(mute, 5000), 100).services;
+        let cfgs =
+            two_services(&fake, probe(refused, 20, 100), probe(mute, 20, 5000), 100).services;
         let cpus = host.cpus().to_vec();
         let t = Instant::now();
         let failed = host.reconfigure(cfgs, cpus);
@@ -1278,10 +1299,8 @@ pub(crate) mod tests {
             .unwrap()
             .port();
         let mute = mute_endpoint();
-        let push = "{ push = \"127.0.0.1:0\", unauthenticated = true }";
         for (port, why) in [(refused, "refused"), (mute, "no answer within 200 ms")] {
-            let probe = format!("{{ probe = \"redis://127.0.0.1:{port}\", timeout_ms = 200 }}");
-            let cfg = two_services(&fake, push, &probe, 100);
+            let cfg = two_services(&fake, udp_push(), probe(port, 100, 200), 100);
             let e = RealHost::open_with(cfg, false, Arc::new(fake.clone()))
                 .unwrap_err()
                 .to_string();
@@ -1305,17 +1324,16 @@ pub(crate) mod tests {
         let fake = FakeResctrl::builder().ways(12).build().unwrap();
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
-        let lc = |name: &str| {
-            format!("[[service]]\nname = \"{name}\"\np99_target_ms = 1\nmatch = {{ process_name = \"no-such-{name}\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n")
+        let batch = Matcher::ProcessName("no-such-batch".into());
+        let services = vec![
+            no_such("kv", udp_push()),
+            no_such("web", udp_push()),
+            best_effort("batch", batch),
+        ];
+        let cfg = HostSpec {
+            latency_window: 5,
+            ..testing::host(testing::paths(fake.root(), &proc_root), services)
         };
-        let text = format!(
-            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n{}{}[[best_effort]]\nname = \"batch\"\nmatch = {{ process_name = \"no-such-batch\", user = 0 }}\n",
-            fake.root().display(),
-            proc_root.display(),
-            lc("kv"),
-            lc("web"),
-        );
-        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         let held = |host: &RealHost| -> Vec<(String, Option<usize>)> {
             host.services
@@ -1389,13 +1407,26 @@ pub(crate) mod tests {
         let proc_root = fake.base().join("proc");
         std::fs::create_dir_all(&proc_root).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let text = format!(
-            "interval_ms = 100\nlatency_window = 5\n[paths]\nresctrl = \"{}\"\nproc = \"{}\"\n[[service]]\nname = \"llm\"\np99_target_ms = 50\nmatch = {{ process_name = \"no-such-llm\", user = 0 }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\ngpu = {{ env_file = \"{}\", restart = \"true\", min_restart_interval_ms = 100 }}\n",
-            fake.root().display(),
-            proc_root.display(),
-            dir.path().join("llm.env").display(),
-        );
-        let cfg = DaemonConfig::parse(&text, "test.toml").unwrap();
+        let llm = ManagedService {
+            gpu: Some(GpuClient {
+                index: 0,
+                env_file: dir.path().join("llm.env"),
+                restart: "true".into(),
+                min_restart_interval_ms: 100,
+                hook_timeout_ms: 60_000,
+                mps_server: None,
+            }),
+            ..latency_critical(
+                "llm",
+                50.0,
+                Matcher::ProcessName("no-such-llm".into()),
+                udp_push(),
+            )
+        };
+        let cfg = HostSpec {
+            latency_window: 5,
+            ..testing::host(testing::paths(fake.root(), &proc_root), vec![llm])
+        };
         let mut host = RealHost::open_with(cfg, false, Arc::new(fake.clone())).unwrap();
         let ctx = HostContext {
             host: host.capacity().clone(),

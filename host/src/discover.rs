@@ -21,7 +21,7 @@ use cohabit_collectors::sysfs::Sysfs;
 use cohabit_core::{GpuCapacity, HostCapacity};
 
 use super::HostError;
-use crate::daemon::config::DaemonConfig;
+use crate::spec::HostSpec;
 
 /// Frequency assumed when sysfs has no `cpuinfo_max_freq` (common in VMs).
 pub const DEFAULT_FREQ_GHZ: f64 = 2.0;
@@ -168,38 +168,42 @@ pub(super) struct Discovered {
     pub mps: Option<MpsControl>,
 }
 
-/// Looks at the host `cfg` describes, logging each missing resource once.
+/// Looks at the host `spec` describes, logging each missing resource once.
 pub(super) fn discover(
-    cfg: &DaemonConfig,
+    spec: &HostSpec,
     resctrl_fs: Arc<dyn KernelFs>,
 ) -> Result<Discovered, HostError> {
     // The CPUs first: a configuration that does not fit them is refused before anything
     // else is looked at.
-    let sysfs = Sysfs::new(&cfg.paths.sys);
-    let cpus = managed_cpus(cfg.cpus.as_ref(), sysfs.online_cpus(), &sysfs.online_path())?;
-    let latency_critical = cfg
+    let sysfs = Sysfs::new(&spec.paths.sys);
+    let cpus = managed_cpus(
+        spec.cpus.as_ref(),
+        sysfs.online_cpus(),
+        &sysfs.online_path(),
+    )?;
+    let latency_critical = spec
         .services
         .iter()
         .filter(|s| s.p99_target_ms.is_some())
         .count();
     services_fit(latency_critical, cpus.len())?;
-    let cg = cgroups(cfg)?;
-    let resctrl = resctrl(cfg, resctrl_fs);
+    let cg = cgroups(spec)?;
+    let resctrl = resctrl(spec, resctrl_fs);
     let perf = perf::probe();
     if let PerfSupport::Unsupported(why) = &perf {
         tracing::warn!("{why}; IPC and LLC misses will be reported as absent");
     }
-    let (gpus, mps) = gpus(cfg);
+    let (gpus, mps) = gpus(spec);
     let info = resctrl.as_ref().map(Resctrl::info);
     let capacity = capacity(&CapacityInput {
-        name: cfg.host_name.clone(),
+        name: spec.host_name.clone(),
         cpus: cpus.len(),
         freq_ghz: sysfs.max_freq_ghz(),
         llc_bytes: sysfs.llc_bytes(),
-        mem_bw_gbps: cfg.mem_bw_gbps,
+        mem_bw_gbps: spec.mem_bw_gbps,
         resctrl: info,
         latency_critical,
-        gpus: gpu_capacity(gpus.as_ref(), cfg.gpus),
+        gpus: gpu_capacity(gpus.as_ref(), spec.gpus),
     });
     let clk_tck = match cohabit_collectors::procfs::clock_ticks_per_second() {
         0 => DEFAULT_CLK_TCK,
@@ -214,13 +218,13 @@ pub(super) fn discover(
         resctrl: info.cloned(),
         perf,
         clk_tck,
-        unmanaged_cache: cfg.unmanaged_cache,
+        unmanaged_cache: spec.unmanaged_cache,
         // Pods' cgroups are the kubelet's: it writes their weights (at start, on an
         // in-place resize), and the kernel refuses a weight for a group in the idle class.
-        idle_class: cg.idle_class && cfg.kubernetes.is_none(),
-        best_effort_cpus: cfg.best_effort_cpus,
+        idle_class: cg.idle_class && !spec.pods,
+        best_effort_cpus: spec.best_effort_cpus,
     };
-    if cg.idle_class && cfg.kubernetes.is_some() {
+    if cg.idle_class && spec.pods {
         tracing::info!("with [kubernetes] the best-effort pool gets the lowest CPU weight, not the idle class: the kubelet writes pods' weights, which the kernel refuses for a group in the class");
     }
     if facts.best_effort_cpus == super::layout::BestEffortCpus::All && !facts.pool_on_every_cpu() {
@@ -244,8 +248,8 @@ struct CgroupFacts {
     idle_class: bool,
 }
 
-fn cgroups(cfg: &DaemonConfig) -> Result<CgroupFacts, HostError> {
-    let cgroups = Cgroups::detect(&cfg.paths)?;
+fn cgroups(spec: &HostSpec) -> Result<CgroupFacts, HostError> {
+    let cgroups = Cgroups::detect(&spec.paths)?;
     let writable = cgroups
         .as_ref()
         .map(Cgroups::writable_controllers)
@@ -275,8 +279,8 @@ fn cgroups(cfg: &DaemonConfig) -> Result<CgroupFacts, HostError> {
     })
 }
 
-fn resctrl(cfg: &DaemonConfig, fs: Arc<dyn KernelFs>) -> Option<Resctrl> {
-    let resctrl = match Resctrl::discover(&cfg.paths, fs) {
+fn resctrl(spec: &HostSpec, fs: Arc<dyn KernelFs>) -> Option<Resctrl> {
+    let resctrl = match Resctrl::discover(&spec.paths, fs) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "resctrl unreadable; LLC ways and MBA will not be applied");
@@ -297,7 +301,7 @@ fn resctrl(cfg: &DaemonConfig, fs: Arc<dyn KernelFs>) -> Option<Resctrl> {
     resctrl
 }
 
-fn gpus(cfg: &DaemonConfig) -> (Option<Gpus>, Option<MpsControl>) {
+fn gpus(spec: &HostSpec) -> (Option<Gpus>, Option<MpsControl>) {
     let gpus = match Gpus::open() {
         Ok(g) => Some(g),
         Err(e) => {
@@ -305,11 +309,14 @@ fn gpus(cfg: &DaemonConfig) -> (Option<Gpus>, Option<MpsControl>) {
             None
         }
     };
-    let mps = if cfg.mps.control.exists() {
-        Some(MpsControl::new(&cfg.mps.control, cfg.mps.pipe_dir.clone()))
+    let mps = if spec.mps.control.exists() {
+        Some(MpsControl::new(
+            &spec.mps.control,
+            spec.mps.pipe_dir.clone(),
+        ))
     } else {
-        if cfg.services.iter().any(|s| s.gpu.is_some()) {
-            tracing::warn!(control = %cfg.mps.control.display(), "no MPS control program; GPU shares go to environment files only");
+        if spec.services.iter().any(|s| s.gpu.is_some()) {
+            tracing::warn!(control = %spec.mps.control.display(), "no MPS control program; GPU shares go to environment files only");
         }
         None
     };
@@ -418,8 +425,11 @@ pub fn closids(resctrl: Option<&ResctrlInfo>, latency_critical: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use cohabit_collectors::resctrl::{CacheInfo, MbaInfo, MbaUnits, MonInfo};
+    use cohabit_collectors::HostPaths;
 
     use super::*;
+    use crate::spec::Matcher;
+    use crate::testing::{self, latency_critical, udp_push};
 
     fn rdt(l3_closids: u32, mba: Option<(u32, u32, u32)>) -> ResctrlInfo {
         ResctrlInfo {
@@ -533,19 +543,25 @@ mod tests {
     }
 
     /// `services` latency-critical services on `[host] cpus` (if given), with sysfs at `sys`.
-    fn config(sys: &Path, cpus: Option<&str>, services: usize) -> DaemonConfig {
-        let mut text = format!(
-            "metrics_addr = \"\"\n[host]\n{}\n[paths]\nsys = \"{}\"\ncgroup = \"/nonexistent-cgroup-root\"\n",
-            cpus.map(|c| format!("cpus = \"{c}\"")).unwrap_or_default(),
-            sys.display()
-        );
-        for i in 0..services {
-            text.push_str(&format!("[[service]]\nname = \"s{i}\"\np99_target_ms = 1\nmatch = {{ systemd_unit = \"s{i}.service\" }}\nlatency = {{ push = \"127.0.0.1:0\", unauthenticated = true }}\n"));
+    fn config(sys: &Path, cpus: Option<&str>, services: usize) -> HostSpec {
+        let paths = HostPaths {
+            sys: sys.into(),
+            cgroup: "/nonexistent-cgroup-root".into(),
+            ..HostPaths::standard()
+        };
+        let services = (0..services)
+            .map(|i| {
+                let unit = Matcher::SystemdUnit(format!("s{i}.service"));
+                latency_critical(&format!("s{i}"), 1.0, unit, udp_push())
+            })
+            .collect();
+        HostSpec {
+            cpus: cpus.map(|c| c.parse().unwrap()),
+            ..testing::host(paths, services)
         }
-        DaemonConfig::parse(&text, "t.toml").unwrap()
     }
 
-    fn discover_err(cfg: &DaemonConfig) -> String {
+    fn discover_err(cfg: &HostSpec) -> String {
         discover(cfg, Arc::new(cohabit_collectors::kfs::RealFs))
             .unwrap_err()
             .to_string()

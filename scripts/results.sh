@@ -224,7 +224,7 @@ build_train() {
 # Each finished section is kept here, named by commit, for --resume.
 done_dir="$root/target/results"
 mkdir -p "$done_dir"
-[ "$resume" = 1 ] || rm -f "$done_dir"/*.md
+[ "$resume" = 1 ] || [ -n "$only" ] || rm -f "$done_dir"/*.md
 
 WORK="$(mktemp -d -t cohabit-results.XXXXXX)"
 export WORK

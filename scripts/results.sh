@@ -64,8 +64,8 @@ is in its decision-time columns (machine- and load-dependent)."
 overload_cmds=('for s in crowded-gold crowded-e5 gpu-llm-crowd gpu-inference lab/scenarios/gpu-llm-overload.toml lab/scenarios/crowded-gold-diurnal.toml; do cohabit compare --scenario "$s" --policies static,parties,ml,oracle; done')
 
 model_title="The learned model"
-model_intro="The shipped QoS-impact models (\`models/default/qos-v1\`, and
-\`models/xeon-gold-6338/qos-v1-gold\` warm-started from it), a 5-member MLP ensemble over
+model_intro="The shipped QoS-impact models (\`models/default/qos-v1.json\`, and
+\`models/xeon-gold-6338/qos-v1-gold.json\` warm-started from it), a 5-member MLP ensemble over
 24 features a real host can measure (docs/DESIGN.md). First the figures each artifact
 recorded when it was fitted (\`metrics\` in its JSON: median |error| of ln(p99/target) in
 distribution and on services held out of training, the ridge baseline's, the share of
@@ -196,7 +196,8 @@ else
     run=("${sections[@]}")
 fi
 
-commit="$(git rev-parse --short=12 HEAD)"
+head="$(git rev-parse --short=12 HEAD)"
+commit="$head"
 clean=1
 git diff --quiet HEAD -- . ':!docs/RESULTS.md' || clean=0
 [ "$clean" = 1 ] || commit="$commit (with uncommitted changes)"
@@ -233,7 +234,7 @@ trap 'rm -rf "$WORK"' EXIT
 # One section into $WORK/NAME.md, between markers that --only finds again.
 section() {
     local name="$1" t0=$SECONDS title intro cmd out kept
-    kept="$done_dir/$(git rev-parse --short=12 HEAD)-$name.md"
+    kept="$done_dir/$head-$name.md"
     if [ "$resume" = 1 ] && [ "$clean" = 1 ] && [ -f "$kept" ]; then
         cp "$kept" "$WORK/$name.md"
         echo "results.sh: section $name: kept from an earlier run of this commit" >&2
@@ -255,6 +256,8 @@ section() {
         out="$WORK/$name.out"
         bash -euo pipefail -c "$cmd" >"$out" ||
             die "section '$name': command failed (exit $?): $cmd"
+        # The scratch directory's name changes every run; the page says `$WORK`.
+        sed -i "s|$WORK|\$WORK|g" "$out"
         {
             echo '```sh'
             echo "$cmd"

@@ -4,7 +4,7 @@
 # output verbatim. No figure on the page is typed by hand; the history of how the figures
 # came about is docs/EXPERIMENTS.md, kept by hand.
 #
-#   scripts/results.sh                 every section (about an hour on a 2-core machine)
+#   scripts/results.sh                 every section (about half an hour on a 2-core machine)
 #   scripts/results.sh --only NAME     one section; the page keeps the others as they were
 #   scripts/results.sh --resume        every section, reusing those a run of this same clean
 #                                      commit finished before it stopped (target/results/)

@@ -57,10 +57,11 @@ overload_intro="Hosts with more latency-critical demand than capacity, where som
 must be missed: the crowded CPU scenarios and the GPU ones, each with its own seed, under
 \`static\`, \`parties\`, \`ml\` and the oracle. On such a host the oracle is meant to be a
 bound on its own ranking: it meets at least as many targets as any policy at every
-priority level, and only then maximises best effort. Read \`met/n\` (latency-critical
-services meeting their target per interval, averaged over the run) first: \`oracle − ml\`
-in that column is what \`ml\`'s overload order and search leave; the oracle's search time
-is in its decision-time columns (machine- and load-dependent)."
+priority level, and only then maximises best effort. Read \`met/n\` in the per-service
+lines first (latency-critical services meeting their target per interval, averaged over
+the run): the oracle's less \`ml\`'s is what \`ml\`'s overload order and search leave.
+The oracle's search times (its own table, and its \`dec_*_us\`) depend on the machine and
+its load."
 overload_cmds=('for s in crowded-gold crowded-e5 gpu-llm-crowd gpu-inference lab/scenarios/gpu-llm-overload.toml lab/scenarios/crowded-gold-diurnal.toml; do cohabit compare --scenario "$s" --policies static,parties,ml,oracle; done')
 
 model_title="The learned model"

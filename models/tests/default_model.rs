@@ -24,7 +24,7 @@ fn the_shipped_model_loads_and_its_recorded_metrics_meet_the_targets() {
     // monitoring (40 % of scenes) and intervals without a latency reading (5 %), the same
     // 24→32→32→1 ensemble trades a little accuracy where everything is measured (0.097 →
     // 0.106 on fresh rows of such hosts) for predictions on hosts that measure less (3.6 →
-    // 0.129 where neither is there; docs/RESULTS.md, "The learned model"): 0.117. Since the
+    // 0.129 where neither is there; docs/EXPERIMENTS.md, "The learned model"): 0.117. Since the
     // data also cover every MBA step from 10 % (the pool's too) and the simulator's kernel
     // path and CFS sharing (issue 14 item 6), it is 0.125 (held out 0.210 → 0.214); with
     // hosts without any RDT (a fifth of scenes, every group on the whole LLC) 0.105 (held

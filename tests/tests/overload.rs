@@ -115,7 +115,8 @@ fn on_crowded_cpu_hosts_ml_meets_most_of_the_targets_the_oracle_meets() {
         );
         // The oracle bounds `ml` within its search space on the scenario's seed; on other
         // seeds `ml` can land above it (the Gold `crowded-gold`, seed 101: 5.71 against
-        // 5.36, docs/RESULTS.md), so the bound is checked on that seed alone.
+        // 5.36, docs/EXPERIMENTS.md, "A latency window"), so the bound is checked on that
+        // seed alone.
         let on_scenario_seed = per_seed[0];
         assert!(
             oracle + 0.1 >= on_scenario_seed,

@@ -900,7 +900,7 @@ impl OraclePolicy {
         // last range (as `layout` lays out any policy's plan that does so: `ml`'s did on a
         // diurnal `crowded-gold`). Only then: as a choice beside the others, the frozen
         // value preferred such packings that verified worse (less best effort on
-        // `crowded-e5` on the Gold than without them; docs/RESULTS.md).
+        // `crowded-e5` on the Gold than without them; docs/EXPERIMENTS.md, "Results history").
         let w_cap = if self.ctx.has_cpu_best_effort() {
             w_total - 1
         } else {

@@ -3,7 +3,7 @@
 //!
 //! **Problem.** The shipped model was trained on simulated hosts. On a host unlike them its
 //! predictions are off in ways that depend on the candidate (on the project's VM several
-//! times its error in distribution; docs/RESULTS.md), and the ensemble's spread says how much
+//! times its error in distribution; docs/EXPERIMENTS.md), and the ensemble's spread says how much
 //! the *members* disagree, not how wrong they all are here; it never shrinks with what the
 //! host shows, so a model unsure of a host stays unsure of it.
 //!

@@ -9,24 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-/// Citations in files that other work owns while this check lands: (file, cited text).
-/// Each names a section that moved to docs/EXPERIMENTS.md, which is checked; an entry whose
-/// citation is gone from its file must be removed.
-const PENDING: [(&str, &str); 3] = [
-    (
-        "policy/src/ml/config.rs",
-        "A give-back stops short of saturation",
-    ),
-    (
-        "policy/src/ml/mod.rs",
-        "A give-back beside a streaming pool",
-    ),
-    (
-        "policy/src/ml/mod.rs",
-        "A throttle that buys nothing is lifted on a tie",
-    ),
-];
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -152,8 +134,6 @@ fn every_cited_section_is_a_heading_of_the_document_it_names() {
     let repo = repo();
     let mut dead = Vec::new();
     let mut checked = 0;
-    let mut pending_seen = [false; PENDING.len()];
-    let experiments = headings(&std::fs::read_to_string(repo.join("docs/EXPERIMENTS.md")).unwrap());
     for file in cited_in(&repo) {
         let text = std::fs::read_to_string(repo.join(&file)).unwrap();
         for (line, doc, cited) in citations(&text) {
@@ -163,18 +143,6 @@ fn every_cited_section_is_a_heading_of_the_document_it_names() {
                 Err(_) => Vec::new(),
             };
             if names_a_heading(&heads, &cited) {
-                continue;
-            }
-            let pending = PENDING
-                .iter()
-                .position(|(f, c)| Path::new(f) == file && *c == cited);
-            if let Some(k) = pending {
-                pending_seen[k] = true;
-                assert!(
-                    names_a_heading(&experiments, &cited),
-                    "{}: pending citation \"{cited}\" is no heading of docs/EXPERIMENTS.md either",
-                    file.display()
-                );
                 continue;
             }
             dead.push(format!(
@@ -192,13 +160,6 @@ fn every_cited_section_is_a_heading_of_the_document_it_names() {
         "cited sections that are no heading of the document named:\n{}",
         dead.join("\n")
     );
-    for (k, seen) in pending_seen.iter().enumerate() {
-        assert!(
-            seen,
-            "{:?} is no longer a dead citation there: remove it from PENDING",
-            PENDING[k]
-        );
-    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ pub struct MlConfig {
     /// The same for a service that is within its margin and could only give back: a spread
     /// that keeps give-backs off cliffs the model does not see, smaller than it would need
     /// to be alone because `give_back_headroom` already keeps give-backs short of
-    /// saturation (docs/RESULTS.md, "A give-back stops short of saturation").
+    /// saturation (docs/EXPERIMENTS.md, "A give-back stops short of saturation").
     pub k_sigma_give_back: f64,
     /// Spare cores a give-back must leave a service, in square roots of its measured busy
     /// cores (square-root staffing): a point with fewer cores or ways than those in force

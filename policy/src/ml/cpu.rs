@@ -254,7 +254,7 @@ impl MlPolicy {
         // Measured safe; and when the plan grows a streaming pool, predicted safe beside
         // the bandwidth it would then stream (a throttle as planned is not checked here:
         // checked, every pool level that raised the limit made the services resize, and
-        // best effort fell with no more runs meeting QoS; docs/RESULTS.md).
+        // best effort fell with no more runs meeting QoS; docs/EXPERIMENTS.md, "Results history").
         let safe = safe_to_keep(v.measured, prev, cfg.margin.ln())
             && (self.pool_growth <= 1.0 || cur_mean + cfg.k_sigma * cur_sigma <= cfg.margin.ln());
         // The allocation in force as the packer counts it.
@@ -432,7 +432,7 @@ impl MlPolicy {
         // happen (measured within the margin, or safe to keep). The pool point is read off
         // the lifted frontier: at the floor's cores the model says the service needs no more
         // than one way, and the pool's ways are at least one (read off it before the lift
-        // and lifted with the rest, fewer runs met QoS; docs/RESULTS.md).
+        // and lifted with the rest, fewer runs met QoS; docs/EXPERIMENTS.md, "Results history").
         let mut points = if held || safe {
             search::short_of_saturation(points, in_force, busy, give_back_headroom)
         } else {
@@ -519,7 +519,7 @@ impl MlPolicy {
             // mean's (a cushion for each of them is what a crowded host cannot fit).
             // Without a cushion within reach, a service meeting its target takes the
             // fallback's step up rather than the edge (with the mean's bare target instead,
-            // fewer runs met QoS; docs/RESULTS.md).
+            // fewer runs met QoS; docs/EXPERIMENTS.md, "Results history").
             let k = if meeting { cfg.k_sigma } else { 0.0 };
             points = search::bare_target(ways, &scored, cfg.unsure_sigma, k);
             relaxed = true;

@@ -40,14 +40,12 @@
 //! cliff, and no step up reaches it again while the services it hurt carry at least
 //! [`CLIFF_LOAD`] of their loads then and the pool streams at least that fraction of its
 //! bandwidth per MBA point then. Without it the pool climbs back to the same limit as soon
-//! as the pressure is gone, and the service misses its target again: a sawtooth (on the E5
-//! `mba-stream`, memcached missed in 5 of the first 80 intervals that way). A cliff must
+//! as the pressure is gone, and the service misses its target again: a sawtooth (seen on
+//! the E5 `mba-stream`). A cliff must
 //! be confirmed by the next reading ([`MbaCliff::settle`]): when the pool is still at the
 //! limit and every service it hurt is back within its margin, the reading that found it was
-//! noise, and it is forgotten. Before this rule one noisy reading of moses (0.95 of its
-//! target, 0.76 both before and after) right after a raise from 10 to 30 % capped the E5
-//! `mba-stream` pool at 30 % for the rest of the run, its single core streaming a third of
-//! what it could.
+//! noise, and it is forgotten. Without that, one noisy reading right after a raise can cap
+//! the pool's limit for the rest of a run.
 //!
 //! Properties: without a bandwidth reading for the pool (no RDT monitoring, or a reading
 //! missing more than [`super::state::MAX_STALE_TICKS`] ticks in a row) or without CPU

@@ -37,7 +37,7 @@
 //!    count's first admissible grid point. This gives each service a frontier. If nothing
 //!    is admissible, the bare target among the candidates already scored, with `k_sigma`
 //!    spreads on the mean for a service that meets its target now (at its mean's bare
-//!    target it sits on the edge until the load tips it over; see docs/RESULTS.md) and
+//!    target it sits on the edge until the load tips it over) and
 //!    none for one already over it. The service's
 //!    measured cliffs then lift the frontier: an allocation that was measured not enough
 //!    (a give-back past the margin, or anything over the target short of saturation) rules
@@ -477,7 +477,7 @@ impl MlPolicy {
 
     /// Steps 2–6 with the pool at MBA `level`, planned again beside the bandwidth the pool
     /// would stream when the plan gives it more cores ([`mba::growth`]): a service's
-    /// give-back grows a streaming pool, and its neighbours' latency with it (docs/RESULTS.md,
+    /// give-back grows a streaming pool, and its neighbours' latency with it (docs/EXPERIMENTS.md,
     /// "A give-back beside a streaming pool"). The services' state is as it was before the
     /// first plan. The second plan is taken unless it leaves more services short of their
     /// needs.
@@ -684,7 +684,7 @@ impl MlPolicy {
     /// it would stay for good. A tie counts: a throttle the pool's readings say costs it
     /// nothing (its bandwidth per core as at the step up) buys the services nothing either
     /// when the step up packs them for as little, and the readings may be wrong where the
-    /// pool has not run lately (docs/RESULTS.md, "A throttle that buys nothing is lifted on
+    /// pool has not run lately (docs/EXPERIMENTS.md, "A throttle that buys nothing is lifted on
     /// a tie").
     fn lift_after_a_while(
         &mut self,

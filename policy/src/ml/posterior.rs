@@ -15,15 +15,16 @@
 //! bias has not caught up with yet. The bias itself stays as before, quick (the constant
 //! alone in its place, forgotten as slowly as the rest, followed load changes too late),
 //! and the constant keeps a drift from being read as a correction of the directions the
-//! allocation happened to move in (without it 95 of 100 built-in runs met QoS, with it 98,
-//! before the posterior 97; docs/RESULTS.md, "Per-host posterior (issue 45)"). The model's calibrated spread of a change `s` is split in two:
+//! allocation happened to move in (without it fewer built-in runs met QoS; docs/RESULTS.md,
+//! "Per-host posterior (issue 45)", has today's figures). The model's calibrated spread of
+//! a change `s` is split in two:
 //! the members' raw disagreement `s / scale` ([`cohabit_models::ModelMetadata::change_sigma_scale`]),
 //! what the model does not know and a host's readings can teach, is the posterior's prior
 //! (its variance per basis unit fitted once per service so that the prior spread of a
 //! change is the raw disagreement on average over probe steps around the first allocation
 //! read, [`PROBE_STEPS`]); the rest, `s² (1 - 1/scale²)`, is what no reading removes
 //! (noise the calibration covers) and is each reading's noise, with the measurement's
-//! (the whole calibrated spread as the prior: 65–78 of 100 runs met QoS). So
+//! (with the whole calibrated spread as the prior, far fewer runs met QoS). So
 //! with no data the posterior predicts the model with its spread, and where the members
 //! disagree (a host unlike the training data) the evidence narrows the spread; where they
 //! agree (in distribution) there is little to learn and the posterior moves little.

@@ -140,7 +140,7 @@ pub(super) fn frontier(
 /// spreads) meets the bare target with a spread of at most `unsure_sigma` (no second
 /// search). The caller gives spreads to a service that meets its target now: held at its
 /// mean's bare target it sits on the edge, and a quiet reading (a latency window) keeps it
-/// there until the load tips it over (docs/RESULTS.md).
+/// there until the load tips it over (docs/EXPERIMENTS.md, "Results history").
 pub(super) fn bare_target(
     ways: &[u32],
     scored: &[((u32, u32), Pred)],
@@ -183,8 +183,8 @@ pub(super) fn never_fewer_ways(points: Vec<(u32, u32)>, w0: u32) -> Vec<(u32, u3
 /// and distinct. No busy reading (or a negative `headroom`: off), every point stays.
 ///
 /// Why: the learned model, trained on allocations around a few loads, draws a service's
-/// queueing cliff as a slope; near saturation it predicted a cut of memcached from 23 to
-/// 22 cores (21 busy) as costing nothing, where its p99 tripled (docs/RESULTS.md).
+/// queueing cliff as a slope; near saturation it predicts a one-core cut as costing
+/// nothing where the true p99 jumps (docs/EXPERIMENTS.md, "Results history").
 pub(super) fn short_of_saturation(
     points: Vec<(u32, u32)>,
     current: (u32, u32),

@@ -649,8 +649,8 @@ impl ServiceState {
     /// service is placed at once). The count restarts whenever the allocation is not kept,
     /// and at a reading past the margin that is still safe (one between the margin and the
     /// target): a service is never given back from the edge, where its frontier is searched
-    /// with the growth's spread (counted there, 3 and 6 fewer runs of 100 met QoS in 99 %
-    /// of intervals, with more actuations; docs/RESULTS.md).
+    /// with the growth's spread (counted there, fewer runs met QoS, with more actuations;
+    /// docs/EXPERIMENTS.md, "Results history").
     pub(super) fn hysteresis(
         &mut self,
         safe: bool,

@@ -22,7 +22,7 @@ root="$PWD"
 page=docs/RESULTS.md
 
 sections=(bench foreign overload posterior decision_time safe_explore tradeoff clite_vs_ml
-    be_gap noise_gap model parquet)
+    be_gap crowd_gap noise_gap model parquet)
 
 # --- each section: its heading, its introduction and its commands (one a line) ---------
 
@@ -143,6 +143,18 @@ ceiling). Where \`ml\` reaches the margin oracle but not the default one, the ga
 safety margin a controller that measures needs; where it reaches neither, its search is
 short too. Each run's mean allocation follows its line."
 be_gap_cmds=('target/release/examples/be_gap')
+
+crowd_gap_title="Where ml's gap on the crowded hosts comes from (issue 49)"
+crowd_gap_intro="The crowded CPU scenarios and the foreign 20-core, 16-way host, each with its
+own seed, under the oracle, the oracle without shared way ranges, \`ml\` and \`ml\` with exact
+readings: latency-critical services meeting their targets per interval (\`met/n\`), best
+effort against the oracle's, and the share of ticks at which \`ml\`'s needs did not fit the
+host (the degrade rule decided). If the oracle without sharing meets as many targets as
+the full one, shared ranges are not what \`ml\` lacks; if \`ml\` with exact readings is no
+closer, neither are noise and caution. Then, per service, the share of intervals met and
+the mean allocation under each, and for the services \`ml\` leaves over their targets, the
+paths and reasons of its decisions in those intervals."
+crowd_gap_cmds=('target/release/examples/crowd_gap')
 
 noise_gap_title="Measurement noise against the model's spread"
 noise_gap_intro="\`ml\` over ten seeds of every built-in CPU scenario, E5 and Gold, in seven

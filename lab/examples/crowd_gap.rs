@@ -90,9 +90,13 @@ impl ServiceStats {
         let n = self.n.max(1) as f64;
         let mut r = self.ratios.clone();
         r.sort_by(f64::total_cmp);
-        let med = r.get(r.len() / 2).copied().unwrap_or(f64::NAN);
+        // The pool has no target: no ratio, a dash.
+        let med = r
+            .get(r.len() / 2)
+            .filter(|m| m.is_finite())
+            .map_or_else(|| "-".to_string(), |m| format!("{m:.2}"));
         format!(
-            "{:.2} {:>4.1}c {:>4.1}w x{:<5.2}",
+            "{:.2} {:>4.1}c {:>4.1}w x{:<5}",
             self.met as f64 / n,
             self.cores / n,
             self.ways / n,

@@ -22,6 +22,18 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_cohabit-train");
 
+/// Runs `cohabit-train` with `args`: whether it succeeded, and what it printed on stdout
+/// (with stderr after it, for a failure's message).
+fn train(args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let run = Command::new(TRAIN).args(args).output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    (run.status.success(), said)
+}
+
 fn demo_records(ticks: usize) -> (Vec<DecisionRecord>, HostCapacity) {
     let sc = Arc::new(cohabit_sim::Scenario::load("demo").unwrap());
     let run =
@@ -319,36 +331,33 @@ fn a_bad_line_is_named_with_its_file_and_the_rest_is_exported() {
 
     // The binary says the same, exits 0 with the rest written, and fails when nothing is.
     let cli_out = dir.path().join("cli.parquet");
-    let run = Command::new(TRAIN)
-        .arg("export")
-        .arg(dir.path().join("node-b"))
-        .arg("--parquet")
-        .arg(&cli_out)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let node_b_dir = dir.path().join("node-b");
+    let (ok, said) = train(&[
+        "export".as_ref(),
+        node_b_dir.as_os_str(),
+        "--parquet".as_ref(),
+        cli_out.as_os_str(),
+    ]);
+    assert!(ok, "{said}");
     assert!(
         said.contains("line 5") && said.contains("wrote 11 records"),
         "{said}"
     );
     let garbage = dir.path().join("garbage.jsonl");
     std::fs::write(&garbage, "not a log\n").unwrap();
-    let run = Command::new(TRAIN)
-        .arg("export")
-        .arg(&garbage)
-        .arg("--parquet")
-        .arg(dir.path().join("none.parquet"))
-        .output()
-        .unwrap();
-    assert!(!run.status.success());
-    assert!(String::from_utf8_lossy(&run.stdout)
-        .contains("garbage.jsonl: 1 bad line(s) skipped (line 1"));
-    assert!(!dir.path().join("none.parquet").exists());
+    let none = dir.path().join("none.parquet");
+    let (ok, said) = train(&[
+        "export".as_ref(),
+        garbage.as_os_str(),
+        "--parquet".as_ref(),
+        none.as_os_str(),
+    ]);
+    assert!(!ok);
+    assert!(
+        said.contains("garbage.jsonl: 1 bad line(s) skipped (line 1"),
+        "{said}"
+    );
+    assert!(!none.exists());
     // Exported again into the directory it reads, the earlier export is left out.
     let inside = dir.path().join("node-b/fleet.parquet");
     let first = columnar::export(std::slice::from_ref(&paths[1]), &inside).unwrap();
@@ -399,19 +408,13 @@ fn a_fleets_parquet_trains_the_same_rows_per_host_as_its_json_lines() {
 
     // `cohabit-train logs` reads it.
     let data = dir.path().join("rows.jsonl");
-    let run = Command::new(TRAIN)
-        .arg("logs")
-        .arg(&out)
-        .arg("--out")
-        .arg(&data)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let (ok, said) = train(&[
+        "logs".as_ref(),
+        out.as_os_str(),
+        "--out".as_ref(),
+        data.as_os_str(),
+    ]);
+    assert!(ok, "{said}");
     assert!(said.contains("host \"node-b\""), "{said}");
     assert_eq!(
         cohabit_training::dataset::Dataset::read(&data)

@@ -512,6 +512,7 @@ mod tests {
         let plan = Plan {
             services: BTreeMap::from([("kv".to_string(), a)]),
             best_effort: a,
+            gpu_memory_mib: Default::default(),
         };
         DecisionRecord {
             schema_version: DECISION_SCHEMA_VERSION,

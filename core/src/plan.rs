@@ -25,6 +25,13 @@ pub struct Plan {
     pub services: BTreeMap<String, Allocation>,
     /// The best-effort pool: its cores are shared by every best-effort job.
     pub best_effort: Allocation,
+    /// Pinned device-memory limit of each GPU client (latency-critical services and
+    /// best-effort jobs) by name, MiB: what the MPS client may allocate on its GPU from its
+    /// next start (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`). Planned by the control loop from the
+    /// clients' measured use (`cohabit_policy::gpu_memory`); empty where no GPU client's
+    /// memory was measured (the simulator models none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_memory_mib: BTreeMap<String, u64>,
 }
 
 /// One resource of one group that differs between two plans.
@@ -240,6 +247,7 @@ mod tests {
         let a = Plan {
             services: [("a".to_string(), alloc(2, 0, 2))].into(),
             best_effort: alloc(6, 2, 6),
+            gpu_memory_mib: Default::default(),
         };
         let mut b = a.clone();
         b.services.get_mut("a").unwrap().cores = 3;
@@ -262,6 +270,7 @@ mod tests {
             ]
             .into(),
             best_effort: alloc(1, 4, 4),
+            gpu_memory_mib: Default::default(),
         };
         let e = p.validate(&host(), &specs).unwrap_err().to_string();
         assert!(e.contains("9 cores"), "{e}");
@@ -285,6 +294,7 @@ mod tests {
             ]
             .into(),
             best_effort: alloc(1, 4, 4),
+            gpu_memory_mib: Default::default(),
         };
         let members: Vec<Vec<&str>> = p.resctrl_classes().into_iter().map(|c| c.members).collect();
         assert_eq!(
@@ -324,6 +334,7 @@ mod tests {
             ]
             .into(),
             best_effort: alloc(1, 6, 2),
+            gpu_memory_mib: Default::default(),
         };
         let mut h = host();
         h.closids = 5;
@@ -346,6 +357,7 @@ mod tests {
         let p = Plan {
             services: [("a".to_string(), alloc(1, 6, 4))].into(),
             best_effort: alloc(1, 0, 1),
+            gpu_memory_mib: Default::default(),
         };
         let e = p.validate(&host(), &[lc("a")]).unwrap_err().to_string();
         assert!(e.contains("plan.a.llc_ways"), "{e}");

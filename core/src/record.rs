@@ -366,11 +366,13 @@ mod tests {
                 current: Plan {
                     services: Default::default(),
                     best_effort: a,
+                    gpu_memory_mib: Default::default(),
                 },
             },
             plan: Plan {
                 services: Default::default(),
                 best_effort: a,
+                gpu_memory_mib: Default::default(),
             },
             changes: vec![],
             reasons: Default::default(),

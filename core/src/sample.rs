@@ -30,6 +30,13 @@ pub struct Sample {
     /// GPU utilisation of the service's GPU work, 0–100.
     #[serde(default)]
     pub gpu_util_pct: Option<f64>,
+    /// Device memory its processes use on its GPU (NVML, summed over its processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_bytes: Option<f64>,
+    /// Device memory of the GPU it runs on (NVML), so that a decision log alone shows what
+    /// the pinned-memory plan was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_total_bytes: Option<f64>,
     /// Measured 99th-percentile request latency.
     #[serde(default)]
     pub p99_ms: Option<f64>,

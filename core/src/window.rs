@@ -101,6 +101,7 @@ mod tests {
                 ("web".to_string(), a(2, 4, 2, 100)),
             ]),
             best_effort: a(2, 6, 6, 100),
+            gpu_memory_mib: Default::default(),
         };
         let changed = |f: &dyn Fn(&mut Plan)| -> Vec<&str> {
             let mut new = old.clone();

@@ -528,6 +528,7 @@ mod tests {
                 .map(|(n, a)| ((*n).to_string(), *a))
                 .collect(),
             best_effort: pool,
+            gpu_memory_mib: Default::default(),
         }
     }
 

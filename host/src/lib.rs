@@ -309,6 +309,7 @@ impl RealHost {
                     mba_pct: 100,
                     gpu_mps_pct: None,
                 },
+                gpu_memory_mib: Default::default(),
             },
             opening_plan: None,
             opened: false,
@@ -710,14 +711,18 @@ impl RealHost {
         }
         let (targets, _) = self.targets();
         let pinned = self.spec.mps.pinned_mem_limit.clone();
-        apply::apply(
+        self.gpu.set_pinned(&plan.gpu_memory_mib);
+        if let Err(e) = apply::apply(
             &self.kernel,
             &mut self.record,
             writes,
             &targets,
             &mut self.gpu,
             pinned.as_deref(),
-        )?;
+        ) {
+            self.gpu.set_pinned(&self.plan.gpu_memory_mib);
+            return Err(e);
+        }
         self.plan = plan.clone();
         self.applied = true;
         if !self.opened {
@@ -904,34 +909,6 @@ fn spec_of(s: &ManagedService) -> ServiceSpec {
     }
 }
 
-impl RealHost {
-    /// Plans each GPU client's pinned device-memory limit from its processes' measured use
-    /// (see [`crate::gpu::plan_pinned_limits`]).
-    fn guard_gpu_memory(&mut self, readings: &[cohabit_collectors::nvml::GpuReading]) {
-        let used: BTreeMap<String, u64> = self
-            .services
-            .iter()
-            .filter_map(|s| {
-                let r = readings.get(usize::try_from(s.spec.gpu?).ok()?)?;
-                let sum: u64 = s
-                    .pids
-                    .iter()
-                    .filter_map(|p| r.process_memory_bytes.get(p))
-                    .sum();
-                (sum > 0).then(|| (s.spec.name.clone(), sum))
-            })
-            .collect();
-        let totals: Vec<Option<u64>> = readings.iter().map(|r| r.memory_total_bytes).collect();
-        let lc: std::collections::BTreeSet<String> = self
-            .services
-            .iter()
-            .filter(|s| s.spec.is_latency_critical())
-            .map(|s| s.spec.name.clone())
-            .collect();
-        self.gpu.guard_memory(&used, &totals, &|n| lc.contains(n));
-    }
-}
-
 impl Collector for RealHost {
     type Error = HostError;
 
@@ -959,9 +936,6 @@ impl Collector for RealHost {
             self.gpu.restart_due(now, &pids);
         }
         let readings = self.gpus.as_mut().map(Gpus::read);
-        if let (false, Some(r)) = (self.dry_run, readings.as_deref()) {
-            self.guard_gpu_memory(r);
-        }
         // Every Prometheus endpoint at once, each ending by then (no scrape waits for
         // another's).
         let deadline = now + Duration::from_millis(self.spec.collect_timeout_ms);

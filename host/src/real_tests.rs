@@ -244,6 +244,7 @@ fn an_owners_cgroup_is_written_in_place_its_process_stays_and_restore_puts_it_ba
     let plan = Plan {
         services: [("kv".to_string(), alloc(1))].into(),
         best_effort: alloc(n - 1),
+        gpu_memory_mib: Default::default(),
     };
     let writes = layout::layout(&plan, &facts, &specs, &BTreeSet::new()).unwrap();
     let t = targets(&cg, &procfs, &[("kv", pid)]);
@@ -314,6 +315,7 @@ fn a_batch_owners_cgroup_joins_the_real_idle_class_and_gets_its_weight_back() {
     let plan = Plan {
         services: [("kv".to_string(), alloc(1))].into(),
         best_effort: alloc(n.saturating_sub(1)),
+        gpu_memory_mib: Default::default(),
     };
     let writes = layout::layout(&plan, &facts, &[lc("kv"), batch()], &BTreeSet::new()).unwrap();
     let be = placement::place(
@@ -412,6 +414,7 @@ fn growing_a_service_between_two_others_never_makes_two_share_a_cpu_on_the_real_
         let mut p = Plan {
             services: names.iter().map(|s| ((*s).to_string(), alloc(1))).collect(),
             best_effort: alloc(0),
+            gpu_memory_mib: Default::default(),
         };
         if let Some(b) = p.services.get_mut("b").filter(|_| names.len() == 3) {
             b.cores = grown;

@@ -98,6 +98,10 @@ pub(super) struct Readings {
     pub latency: LatencyWindow,
     /// GPU SM utilisation of its processes, summed (a level).
     pub gpu_util_pct: Option<f64>,
+    /// Device memory its processes use, bytes, summed (`None`: NVML lists none of them).
+    pub gpu_memory_bytes: Option<u64>,
+    /// Device memory of its GPU, bytes.
+    pub gpu_memory_total_bytes: Option<u64>,
 }
 
 /// The sample of one interval from the readings at its start (`prev`) and end (`cur`),
@@ -118,6 +122,8 @@ pub(super) fn derive(
         p99_ms: cur.latency.p99_ms,
         p99_intervals: cur.latency.p99_ms.and(cur.latency.intervals),
         gpu_util_pct: cur.gpu_util_pct,
+        gpu_memory_bytes: cur.gpu_memory_bytes.map(|b| b as f64),
+        gpu_memory_total_bytes: cur.gpu_memory_total_bytes.map(|b| b as f64),
         ..Sample::default()
     };
     if dt_s <= 0.0 {
@@ -458,6 +464,12 @@ impl Telemetry {
                 .filter_map(|p| g.process_sm_util_pct.get(p).copied())
                 .collect();
             r.gpu_util_pct = (!util.is_empty()).then(|| util.iter().sum::<f64>().min(100.0));
+            let used: Vec<u64> = pids
+                .iter()
+                .filter_map(|p| g.process_memory_bytes.get(p).copied())
+                .collect();
+            r.gpu_memory_bytes = (!used.is_empty()).then(|| used.iter().sum());
+            r.gpu_memory_total_bytes = g.memory_total_bytes;
         }
         r
     }
@@ -702,6 +714,46 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_gpu_clients_memory_is_its_processes_sum_beside_its_gpus_total() {
+        const GIB: u64 = 1 << 30;
+        let dir = tempfile::tempdir().unwrap();
+        let procfs = Procfs::new(dir.path());
+        let perf = PerfAccess::new(Arc::new(FakeOpener::default()), FdBudget::for_limit(1024));
+        let reading = GpuReading {
+            memory_total_bytes: Some(40 * GIB),
+            process_memory_bytes: BTreeMap::from([(10, 3 * GIB), (11, GIB), (99, 20 * GIB)]),
+            process_sm_util_pct: BTreeMap::from([(10, 30.0)]),
+            ..GpuReading::default()
+        };
+        let src = Sources {
+            procfs: &procfs,
+            perf_dir: None,
+            perf: &perf,
+            cpus: &[0],
+            resctrl: None,
+            gpu: Some(&reading),
+            scraped: None,
+        };
+        let mut t = silent();
+        let mut warn = Throttle::default();
+        let mut sample = |pids: &[u32]| {
+            let pids: BTreeSet<u32> = pids.iter().copied().collect();
+            t.sample(&src, "llm", &pids, 1.0, 100.0, &mut bw(), &mut warn)
+        };
+        let s = sample(&[10, 11, 12]);
+        assert_eq!(
+            s.gpu_memory_bytes,
+            Some((4 * GIB) as f64),
+            "pid 99 is another's"
+        );
+        assert_eq!(s.gpu_memory_total_bytes, Some((40 * GIB) as f64));
+        assert_eq!(s.gpu_util_pct, Some(30.0));
+        // None of its processes on the GPU: no reading of its memory, not zero.
+        let s = sample(&[12]);
+        assert_eq!((s.gpu_memory_bytes, s.gpu_util_pct), (None, None));
     }
 
     #[test]

@@ -1171,6 +1171,7 @@ impl OraclePolicy {
                 mba_pct: be_mba,
                 gpu_mps_pct: self.pool_gpu(),
             },
+            gpu_memory_mib: Default::default(),
         }
     }
 
@@ -2396,6 +2397,7 @@ mod tests {
                 mba_pct: cap.mba_min_pct,
                 gpu_mps_pct: None,
             },
+            gpu_memory_mib: Default::default(),
         };
         let n = loads.len();
         let (_, t) = tm.evaluate(&best, &loads, &vec![None; n], &vec![0.0; n]);

@@ -318,6 +318,7 @@ mod tests {
                 ("elsewhere".to_string(), a(50)),
             ]),
             best_effort: a(20),
+            gpu_memory_mib: Default::default(),
         };
         let obs = obs_of(
             vec![
@@ -339,6 +340,7 @@ mod tests {
             Plan {
                 services: BTreeMap::new(),
                 best_effort: a(100),
+                gpu_memory_mib: Default::default(),
             },
         );
         assert_eq!(

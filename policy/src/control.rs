@@ -1,5 +1,10 @@
 //! The control loop: collect, decide, apply the difference, record.
 //!
+//! Whatever the policy, the plan gets each GPU client's pinned device-memory limit by one
+//! rule ([`crate::gpu_memory`]) before it is applied and recorded; a plan that changes only
+//! those limits is still handed to the host (with no changes), which keeps them for the
+//! clients' next start.
+//!
 //! The loop is the same for the simulator and a real host: it only sees the
 //! [`Collector`] and [`Actuator`] traits. A rejected plan is recorded as the record's
 //! [`ApplyOutcome`] and the host keeps its last good state; the loop goes on.
@@ -8,7 +13,7 @@ use std::time::Instant;
 
 use cohabit_core::{Actuator, ApplyOutcome, Collector, DecisionRecord, DECISION_SCHEMA_VERSION};
 
-use crate::Policy;
+use crate::{gpu_memory, Policy};
 
 /// A host the loop can drive: anything that collects and applies.
 pub trait ControlledHost: Collector + Actuator {}
@@ -40,10 +45,11 @@ pub fn step<H: ControlledHost>(
     let started = Instant::now();
     let decision = policy.decide(&observation, observation.t_ms);
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
-    let mut changes = observation.current.diff(&decision.plan);
-    let mut plan = decision.plan;
+    // Every policy's plan gets the GPU clients' pinned-memory limits by one rule.
+    let mut plan = gpu_memory::with_pinned_plan(decision.plan, &observation);
+    let mut changes = observation.current.diff(&plan);
     let mut apply = None;
-    if changes.is_empty() {
+    if changes.is_empty() && plan.gpu_memory_mib == observation.current.gpu_memory_mib {
         // Nothing to write.
     } else if dry_run {
         apply = Some(ApplyOutcome::DryRun);
@@ -96,12 +102,18 @@ mod tests {
     use super::*;
     use crate::{Decision, StaticPolicy};
 
+    const GIB: f64 = (1u64 << 30) as f64;
+
     /// A host that refuses plans beyond its capacity, as a real one does.
     struct Host {
         cap: HostCapacity,
         spec: ServiceSpec,
         plan: Plan,
         t_ms: u64,
+        /// Device memory the service is measured using on a 40 GiB GPU.
+        gpu_memory_bytes: Option<f64>,
+        /// Plans applied.
+        applies: u32,
     }
 
     impl Collector for Host {
@@ -114,6 +126,8 @@ mod tests {
                     spec: self.spec.clone(),
                     sample: Sample {
                         p99_ms: Some(0.5),
+                        gpu_memory_bytes: self.gpu_memory_bytes,
+                        gpu_memory_total_bytes: self.gpu_memory_bytes.map(|_| 40.0 * GIB),
                         ..Sample::default()
                     },
                     gpu_mps_effective_pct: None,
@@ -128,6 +142,7 @@ mod tests {
         fn apply(&mut self, plan: &Plan, _: &[cohabit_core::Change]) -> Result<(), CoreError> {
             plan.validate(&self.cap, std::slice::from_ref(&self.spec))?;
             self.plan = plan.clone();
+            self.applies += 1;
             Ok(())
         }
     }
@@ -162,6 +177,8 @@ mod tests {
             spec: ctx.specs[0].clone(),
             plan: initial.clone(),
             t_ms: 0,
+            gpu_memory_bytes: None,
+            applies: 0,
         };
         assert!(matches!(
             host.spec.class,
@@ -185,5 +202,40 @@ mod tests {
             let rejected = matches!(&r.apply, Some(ApplyOutcome::Refused { error }) if error.contains("cores"));
             assert_eq!(rejected, k % 2 == 1, "tick {k}: {:?}", r.apply);
         }
+    }
+
+    #[test]
+    fn the_plan_carries_gpu_clients_pinned_limits_and_a_change_of_them_reaches_the_host() {
+        let ctx = crate::tests::ctx(1, false, false, 1);
+        let mut policy = StaticPolicy::new(ctx.clone());
+        let initial = policy.initial().plan;
+        let mut host = Host {
+            cap: ctx.host.clone(),
+            spec: ctx.specs[0].clone(),
+            plan: initial,
+            t_ms: 0,
+            gpu_memory_bytes: Some(8.0 * GIB),
+            applies: 0,
+        };
+        let first = step(&mut host, &mut policy, false).unwrap();
+        // 8 GiB measured + 25 % headroom.
+        assert_eq!(first.plan.gpu_memory_mib.get("lc0"), Some(&10_240));
+        assert!(first.changes.is_empty(), "no allocation changed");
+        assert_eq!(host.applies, 1, "a change of limits alone reaches the host");
+        assert_eq!(host.plan.gpu_memory_mib, first.plan.gpu_memory_mib);
+        // Less memory used now: the limit in force stays, and nothing is applied again.
+        host.gpu_memory_bytes = Some(GIB);
+        let second = step(&mut host, &mut policy, false).unwrap();
+        assert_eq!(
+            second.observation.current.gpu_memory_mib,
+            first.plan.gpu_memory_mib
+        );
+        assert_eq!(second.plan.gpu_memory_mib, first.plan.gpu_memory_mib);
+        assert_eq!((host.applies, second.apply.clone()), (1, None));
+        // More: the new limit is planned; a dry run records it without applying.
+        host.gpu_memory_bytes = Some(16.0 * GIB);
+        let third = step(&mut host, &mut policy, true).unwrap();
+        assert_eq!(third.plan.gpu_memory_mib.get("lc0"), Some(&20_480));
+        assert_eq!((host.applies, third.apply), (1, Some(ApplyOutcome::DryRun)));
     }
 }

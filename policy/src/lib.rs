@@ -26,6 +26,7 @@ use cohabit_models::Model;
 mod clite;
 pub mod control;
 mod explore;
+pub mod gpu_memory;
 mod kind;
 mod ml;
 mod parties;
@@ -332,6 +333,7 @@ pub fn layout(ctx: &HostContext, shares: &BTreeMap<String, Share>, be_mba_pct: u
             mba_pct: be_mba_pct,
             gpu_mps_pct: be_gpu,
         },
+        gpu_memory_mib: Default::default(),
     }
 }
 

@@ -601,9 +601,11 @@ fn measure_windowed(
         llc_occupancy_bytes,
         mem_bw_bytes_per_s,
         cpu_busy_cores,
-        // The simulator does not model memory footprints.
+        // The simulator does not model memory footprints, on the host or on a GPU.
         memory_bytes: None,
         gpu_util_pct,
+        gpu_memory_bytes: None,
+        gpu_memory_total_bytes: None,
         p99_ms,
         p99_intervals: p99_ms.and(p99_intervals),
         requests_per_s: read(
@@ -654,6 +656,7 @@ mod tests {
                 )
                 .filter(|p| *p > 0),
             },
+            gpu_memory_mib: Default::default(),
         }
     }
 
@@ -833,6 +836,7 @@ model = "stream"
                 mba_pct: 100,
                 gpu_mps_pct: None,
             },
+            gpu_memory_mib: Default::default(),
         };
         let key = RunsUnder::new(&plan, "kv", None, false);
         for requests in [1000.0, 1050.0, 960.0] {

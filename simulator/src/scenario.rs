@@ -1089,6 +1089,7 @@ model = "stream"
                 llc_ways: WayRange::new(ways, cap.llc_ways - ways),
                 ..lc
             },
+            gpu_memory_mib: Default::default(),
         }
     }
 

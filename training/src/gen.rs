@@ -236,6 +236,7 @@ impl SceneKind for CpuScenes<'_> {
                 mba_pct: 100,
                 gpu_mps_pct: None,
             },
+            gpu_memory_mib: Default::default(),
         };
         let mut way = 0;
         let mut cores = 0;

@@ -173,6 +173,7 @@ impl SceneKind for GpuScenes<'_> {
                 mba_pct: 100,
                 gpu_mps_pct: (!rng.gen_bool(0.2)).then(|| random_share(rng)),
             },
+            gpu_memory_mib: Default::default(),
         };
         let mut cores = 0;
         for (k, s) in sc

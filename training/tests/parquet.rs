@@ -104,6 +104,15 @@ fn as_on_a_real_host(mut r: DecisionRecord) -> DecisionRecord {
     r.observation.services[0].sample.p99_intervals = Some(3);
     r.observation.services[0].sample.ipc = None;
     r.observation.services[0].gpu_mps_effective_pct = Some(40);
+    // A GPU client's memory, and the pinned limits in force and planned.
+    let gib = f64::from(1u32 << 30);
+    r.observation.services[0].sample.gpu_memory_bytes = Some(8.0 * gib);
+    r.observation.services[0].sample.gpu_memory_total_bytes = Some(40.0 * gib);
+    r.observation
+        .current
+        .gpu_memory_mib
+        .insert(first.clone(), 9_000);
+    r.plan.gpu_memory_mib.insert(first.clone(), 10_240);
     let mut ghost = r.plan.best_effort;
     ghost.gpu_mps_pct = Some(25);
     r.plan.services.insert("ghost".into(), ghost);
@@ -223,12 +232,93 @@ fn jsonl_logs_exported_to_parquet_read_back_as_the_same_records_nulls_included()
         .values()
         .any(|c| c.resources.values().any(|c| c.unmanaged().is_some())));
     assert!(real.plan.services.contains_key("ghost") && !real.from_pods.is_empty());
+    assert!(
+        !real.plan.gpu_memory_mib.is_empty() && !real.observation.current.gpu_memory_mib.is_empty()
+    );
+    assert!(real.observation.services[0]
+        .sample
+        .gpu_memory_bytes
+        .is_some());
     assert!(back[0].header.is_none() && back[3].header.as_ref().unwrap().tunables["margin"] == 0.9);
     assert!(back[5].record.truth.is_some());
     // A Parquet export of the Parquet export is the same file's records again.
     let again = dir.path().join("again.parquet");
     columnar::export(std::slice::from_ref(&out), &again).unwrap();
     assert_eq!(columnar::read_parquet(&again).unwrap(), back);
+}
+
+/// The columns layout 2 added.
+const LAYOUT_2_COLUMNS: [&str; 4] = [
+    "gpu_memory_bytes",
+    "gpu_memory_total_bytes",
+    "current_gpu_memory_mib",
+    "plan_gpu_memory_mib",
+];
+
+#[test]
+fn a_layout_1_file_reads_with_the_columns_added_since_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, _, _) = fleet_logs(dir.path());
+    let out = dir.path().join("fleet.parquet");
+    columnar::export(&paths, &out).unwrap();
+    // The same rows as layout 1 wrote them: without the four columns, marked layout 1.
+    let old = dir.path().join("layout-1.parquet");
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+            columnar::LAYOUT_KEY.to_string(),
+            "1".to_string(),
+        )]))
+        .build();
+    let mut writer = None;
+    for batch in batches(&out) {
+        let keep: Vec<usize> = (0..batch.num_columns())
+            .filter(|&i| !LAYOUT_2_COLUMNS.contains(&batch.schema().field(i).name().as_str()))
+            .collect();
+        let batch = batch.project(&keep).unwrap();
+        let w = writer.get_or_insert_with(|| {
+            parquet::arrow::ArrowWriter::try_new(
+                std::fs::File::create(&old).unwrap(),
+                batch.schema(),
+                Some(props.clone()),
+            )
+            .unwrap()
+        });
+        w.write(&batch).unwrap();
+    }
+    writer.unwrap().close().unwrap();
+    let back = columnar::read_parquet(&old).unwrap();
+    let mut expected = read_jsonl(&paths);
+    for e in &mut expected {
+        let r = &mut e.record;
+        r.plan.gpu_memory_mib.clear();
+        r.observation.current.gpu_memory_mib.clear();
+        for s in &mut r.observation.services {
+            (s.sample.gpu_memory_bytes, s.sample.gpu_memory_total_bytes) = (None, None);
+        }
+    }
+    assert_eq!(back.len(), expected.len());
+    for (got, want) in back.iter().zip(&expected) {
+        assert_eq!(got, want, "{}:{}", want.source, want.line);
+    }
+    // A layout newer than this build's is refused, naming it.
+    let newer = dir.path().join("layout-99.parquet");
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+            columnar::LAYOUT_KEY.to_string(),
+            "99".to_string(),
+        )]))
+        .build();
+    let first = batches(&out).remove(0);
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&newer).unwrap(),
+        first.schema(),
+        Some(props),
+    )
+    .unwrap();
+    w.write(&first).unwrap();
+    w.close().unwrap();
+    let e = columnar::read_parquet(&newer).unwrap_err().to_string();
+    assert!(e.contains("layout 99 is newer"), "{e}");
 }
 
 #[test]

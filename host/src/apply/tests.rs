@@ -117,6 +117,7 @@ fn plan(kv_cores: u32, kv_ways: u32, pool_cores: u32) -> Plan {
     Plan {
         services: [("kv".to_string(), a(kv_cores, 0, kv_ways))].into(),
         best_effort: a(pool_cores, kv_ways, 12 - kv_ways),
+        gpu_memory_mib: Default::default(),
     }
 }
 
@@ -890,6 +891,7 @@ fn growing_a_service_between_two_others_never_makes_them_share_a_cpu() {
     let plan = |b| Plan {
         services: [("a".into(), a(1)), ("b".into(), a(b)), ("c".into(), a(1))].into(),
         best_effort: a(5 - (b - 1)),
+        gpu_memory_mib: Default::default(),
     };
     let w = |p: &Plan| layout::layout(p, &h.facts, &specs, &BTreeSet::new()).unwrap();
     let mut record = Record::default();
@@ -1074,6 +1076,7 @@ fn a_regrouping_at_the_exact_closid_budget_applies_at_once() {
     let plan_of = |web: Allocation| Plan {
         services: [("kv".to_string(), a(0, 4)), ("web".to_string(), web)].into(),
         best_effort: a(4, 8),
+        gpu_memory_mib: Default::default(),
     };
     let layout_of = |p: &Plan| layout::layout(p, &h.facts, &specs, &BTreeSet::new()).unwrap();
     let t = targets(&h, &[50], Placement::InPlace);

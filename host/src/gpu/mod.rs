@@ -38,9 +38,11 @@
 //! A refusal of the control program is logged with its words and the previous share stays
 //! in force (the apply fails and is undone).
 //!
-//! GPU memory ([`plan_pinned_limits`]): each client's pinned device-memory limit is planned
-//! from its measured use with headroom, latency-critical clients first, so a best-effort
-//! job cannot push a latency-critical one out of memory.
+//! GPU memory: each client's pinned device-memory limit is part of the plan (planned by the
+//! control loop, `cohabit_policy::gpu_memory`, latency-critical clients first, so a
+//! best-effort job cannot push a latency-critical one out of memory). The actuator keeps the
+//! plan's limits ([`GpuActuator::set_pinned`]) and writes each into the client's
+//! environment file with its next share; it applies from the client's next start.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,7 +61,6 @@ use crate::spec::{GpuClient, ManagedService};
 
 mod envfile;
 mod mechanism;
-mod memory;
 #[cfg(test)]
 mod tests;
 
@@ -67,7 +68,6 @@ use self::envfile::*;
 pub use self::envfile::{check_env_files, restore_file, MANAGED};
 use self::mechanism::*;
 pub use self::mechanism::{mechanism_for, RestartHook, ShareMechanism, V3Dynamic};
-pub use self::memory::{plan_pinned_limits, MemoryUse, MEM_HEADROOM};
 
 /// Why a GPU share could not be published or taken back.
 #[derive(Debug, thiserror::Error)]
@@ -135,9 +135,7 @@ struct Client {
     hook: Option<Running>,
     /// A restarted client not yet seen back among MPS clients: its share and since when.
     awaiting: Option<(Option<u8>, Instant)>,
-    /// Most device memory its processes were seen using, bytes.
-    peak_bytes: Option<u64>,
-    /// Its planned pinned device-memory limit (`<gpu>=<MiB>M`), from [`plan_pinned_limits`].
+    /// Its pinned device-memory limit in the plan in force (`<gpu>=<MiB>M`).
     pinned: Option<String>,
 }
 
@@ -176,7 +174,6 @@ impl GpuActuator {
                         original: None,
                         hook: None,
                         awaiting: None,
-                        peak_bytes: None,
                         pinned: None,
                     },
                 ))
@@ -206,43 +203,18 @@ impl GpuActuator {
         self
     }
 
-    /// Notes each client's device memory (`used_bytes`: the sum over its processes, from
-    /// NVML) and plans every client's pinned limit per GPU by [`plan_pinned_limits`]
-    /// (`totals[i]`: GPU `i`'s memory; `latency_critical`: which services are). The limits
-    /// go into each client's environment file with its next share, and apply from its next
-    /// start. Returns the limits planned, `<gpu>=<MiB>M` by service.
-    pub fn guard_memory(
-        &mut self,
-        used_bytes: &BTreeMap<String, u64>,
-        totals: &[Option<u64>],
-        latency_critical: &dyn Fn(&str) -> bool,
-    ) -> BTreeMap<String, String> {
+    /// Keeps the plan's pinned device-memory limits, MiB by client (see [`Plan`]'s
+    /// `gpu_memory_mib`): each goes into the client's environment file with its next share,
+    /// as `<gpu>=<MiB>M`, and applies from its next start. A client without one keeps the
+    /// configured default (`mps.pinned_mem_limit`), if any.
+    ///
+    /// [`Plan`]: cohabit_core::Plan
+    pub fn set_pinned(&mut self, limits_mib: &BTreeMap<String, u64>) {
         for (name, c) in &mut self.clients {
-            if let Some(&u) = used_bytes.get(name) {
-                c.peak_bytes = Some(c.peak_bytes.map_or(u, |p| p.max(u)));
-            }
+            c.pinned = limits_mib
+                .get(name)
+                .map(|mib| format!("{}={mib}M", c.cfg.index));
         }
-        let mut planned = BTreeMap::new();
-        for (gpu, total) in totals.iter().enumerate() {
-            let Some(total) = *total else { continue };
-            let uses: Vec<MemoryUse> = self
-                .clients
-                .iter()
-                .filter(|(_, c)| c.cfg.index as usize == gpu)
-                .map(|(name, c)| MemoryUse {
-                    service: name.clone(),
-                    latency_critical: latency_critical(name),
-                    peak_bytes: c.peak_bytes,
-                })
-                .collect();
-            for (name, mib) in plan_pinned_limits(&uses, total) {
-                planned.insert(name, format!("{gpu}={mib}M"));
-            }
-        }
-        for (name, c) in &mut self.clients {
-            c.pinned = planned.get(name).cloned();
-        }
-        planned
     }
 
     /// What a share change costs on this host.

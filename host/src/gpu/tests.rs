@@ -1,6 +1,5 @@
 use std::os::unix::fs::PermissionsExt;
 
-use super::memory::MEM_BE_MIN_MIB;
 use super::*;
 use crate::hook::tests::live_members;
 use crate::spec::Matcher;
@@ -389,74 +388,26 @@ fn a_client_that_never_reconnects_keeps_its_previous_share() {
 }
 
 #[test]
-fn pinned_limits_reserve_what_latency_critical_clients_use_before_best_effort() {
-    const GIB: u64 = 1 << 30;
-    let uses = [
-        MemoryUse {
-            service: "llm".into(),
-            latency_critical: true,
-            peak_bytes: Some(20 * GIB),
-        },
-        MemoryUse {
-            service: "resnet".into(),
-            latency_critical: true,
-            peak_bytes: Some(GIB),
-        },
-        MemoryUse {
-            service: "train".into(),
-            latency_critical: false,
-            peak_bytes: Some(30 * GIB),
-        },
-    ];
-    let l = plan_pinned_limits(&uses, 40 * GIB);
-    // llm: 20 GiB + 25 % = 25600 MiB; resnet: 1 GiB + 512 MiB (more than 25 %).
-    assert_eq!(l["llm"], 25_600);
-    assert_eq!(l["resnet"], 1_536);
-    // train: 40 GiB less 3 % less both = 39731.2 - 27136 -> 12595 MiB, far below the
-    // 30 GiB it has used: it cannot push the others out.
-    assert_eq!(l["train"], 12_595);
-    assert!(l.values().sum::<u64>() <= 40 * 1024);
-    // A latency-critical client not measured yet gets no limit; best effort still
-    // gets at least the minimum when latency-critical use fills the GPU.
-    let full = [
-        MemoryUse {
-            service: "llm".into(),
-            latency_critical: true,
-            peak_bytes: Some(39 * GIB),
-        },
-        MemoryUse {
-            service: "new".into(),
-            latency_critical: true,
-            peak_bytes: None,
-        },
-        MemoryUse {
-            service: "train".into(),
-            latency_critical: false,
-            peak_bytes: None,
-        },
-    ];
-    let l = plan_pinned_limits(&full, 40 * GIB);
-    assert!(!l.contains_key("new"));
-    assert_eq!(l["train"], MEM_BE_MIN_MIB);
-    assert_eq!(l["llm"], 40 * 1024, "never above the GPU");
-}
-
-#[test]
-fn measured_memory_sets_each_clients_pinned_limit_in_its_env_file() {
-    const GIB: u64 = 1 << 30;
+fn the_plans_pinned_limit_goes_into_the_clients_env_file() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = GpuActuator::new(&[service(dir.path(), "true", 0, 1000)], None);
-    let used = BTreeMap::from([("llm".to_string(), 8 * GIB)]);
-    let planned = g.guard_memory(&used, &[Some(40 * GIB)], &|_| true);
-    assert_eq!(planned["llm"], "0=10240M");
-    // A smaller reading later does not shrink the limit (the peak is kept).
-    let used = BTreeMap::from([("llm".to_string(), GIB)]);
-    g.guard_memory(&used, &[Some(40 * GIB)], &|_| true);
+    g.set_pinned(&BTreeMap::from([
+        ("llm".to_string(), 10_240),
+        ("not-a-client".to_string(), 1),
+    ]));
     g.publish("llm", 30, Some("0=8G")).unwrap();
     let env = std::fs::read_to_string(dir.path().join("llm.env")).unwrap();
     assert!(
         env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"),
         "the planned limit wins over the configured default: {env}"
+    );
+    // A plan without a limit for it: the configured default is written with the next share.
+    g.set_pinned(&BTreeMap::new());
+    g.publish("llm", 40, Some("0=8G")).unwrap();
+    let env = std::fs::read_to_string(dir.path().join("llm.env")).unwrap();
+    assert!(
+        env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G"),
+        "{env}"
     );
     g.restore();
 }

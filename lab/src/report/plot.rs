@@ -650,6 +650,7 @@ mod tests {
         let plan = Plan {
             services: [("kv".to_string(), a)].into(),
             best_effort: a,
+            gpu_memory_mib: Default::default(),
         };
         let records = (0..40u32)
             .map(|k| DecisionRecord {

@@ -1214,6 +1214,7 @@ mod tests {
         let current = Plan {
             services: BTreeMap::from([("a".into(), alloc(2, 0, 40))]),
             best_effort: alloc(32, 1, 60),
+            gpu_memory_mib: Default::default(),
         };
         let services = specs
             .iter()
@@ -1353,6 +1354,7 @@ mod tests {
                 ("b".into(), alloc(2, 1, 30)),
             ]),
             best_effort: alloc(32, 2, 40),
+            gpu_memory_mib: Default::default(),
         };
         let over = Sample {
             p99_ms: Some(40.0),

@@ -74,7 +74,12 @@ impl<T: ArrowPrimitiveType> Kind for Opt<T> {
     fn array<'a>(values: impl Iterator<Item = &'a Self::Value>) -> ArrayRef {
         Arc::new(values.copied().collect::<PrimitiveArray<T>>())
     }
+    /// A nullable column a file lacks reads as nulls: the file was written by a layout
+    /// before the column was added (columns are only ever added nullable).
     fn get(batch: &RecordBatch, name: &str) -> Result<Vec<Self::Value>, String> {
+        if batch.column_by_name(name).is_none() {
+            return Ok(vec![None; batch.num_rows()]);
+        }
         Ok(column::<PrimitiveArray<T>>(batch, name)?.iter().collect())
     }
 }

@@ -90,6 +90,8 @@ flat_columns! {
     cpu_busy_cores: OptF64,
     memory_bytes: OptF64,
     gpu_util_pct: OptF64,
+    gpu_memory_bytes: OptF64,
+    gpu_memory_total_bytes: OptF64,
     p99_ms: OptF64,
     requests_per_s: OptF64,
     p99_intervals: OptU32,
@@ -101,11 +103,13 @@ flat_columns! {
     current_llc_ways: OptU32,
     current_mba_pct: OptU8,
     current_gpu_mps_pct: OptU8,
+    current_gpu_memory_mib: OptU64,
     plan_cores: OptU32,
     plan_llc_first: OptU32,
     plan_llc_ways: OptU32,
     plan_mba_pct: OptU8,
     plan_gpu_mps_pct: OptU8,
+    plan_gpu_memory_mib: OptU64,
     reason_path: OptText,
     reason_text: OptText,
     pred_log_qos_ratio: OptF64,
@@ -273,6 +277,8 @@ fn service_row(base: &Flat, rec: &DecisionRecord, service: &str, group: &str, cl
         );
         row.plan_gpu_mps_pct = a.gpu_mps_pct;
     }
+    row.current_gpu_memory_mib = rec.observation.current.gpu_memory_mib.get(service).copied();
+    row.plan_gpu_memory_mib = rec.plan.gpu_memory_mib.get(service).copied();
     if let Some(reason) = rec.reasons.get(group) {
         row.reason_path = Some(reason.path.name().to_string());
         row.reason_text = Some(reason.text.clone());
@@ -321,6 +327,8 @@ fn observation_columns(row: &mut Flat, s: &ServiceObservation) {
     row.cpu_busy_cores = m.cpu_busy_cores;
     row.memory_bytes = m.memory_bytes;
     row.gpu_util_pct = m.gpu_util_pct;
+    row.gpu_memory_bytes = m.gpu_memory_bytes;
+    row.gpu_memory_total_bytes = m.gpu_memory_total_bytes;
     row.p99_ms = m.p99_ms;
     row.requests_per_s = m.requests_per_s;
     row.p99_intervals = m.p99_intervals;
@@ -388,10 +396,12 @@ pub(super) fn unflatten(rows: &[Flat]) -> Result<LoggedRecord, Bad> {
     let current = Plan {
         services: parts.current,
         best_effort: current_pool,
+        gpu_memory_mib: parts.current_gpu_memory_mib,
     };
     let plan = Plan {
         services: parts.plan,
         best_effort: plan_pool,
+        gpu_memory_mib: parts.plan_gpu_memory_mib,
     };
     let truth = first.truth_be_throughput.map(|be_throughput| GroundTruth {
         p99_ms: parts.truth_p99_ms,
@@ -432,6 +442,9 @@ struct Parts {
     services: Vec<ServiceObservation>,
     current: BTreeMap<String, Allocation>,
     plan: BTreeMap<String, Allocation>,
+    /// Pinned GPU-memory limits in force and planned, by client.
+    current_gpu_memory_mib: BTreeMap<String, u64>,
+    plan_gpu_memory_mib: BTreeMap<String, u64>,
     /// The pool's allocation in force and planned.
     pool: Option<(Allocation, Allocation)>,
     reasons: BTreeMap<String, Reason>,
@@ -466,6 +479,12 @@ impl Parts {
         }
         if row.from_pod {
             self.from_pods.insert(row.service.clone());
+        }
+        if let Some(m) = row.current_gpu_memory_mib {
+            self.current_gpu_memory_mib.insert(row.service.clone(), m);
+        }
+        if let Some(m) = row.plan_gpu_memory_mib {
+            self.plan_gpu_memory_mib.insert(row.service.clone(), m);
         }
         if class != POOL {
             if let Some(p) = prediction(row) {
@@ -556,6 +575,8 @@ fn observed(row: &Flat) -> Result<ServiceObservation, Bad> {
             cpu_busy_cores: row.cpu_busy_cores,
             memory_bytes: row.memory_bytes,
             gpu_util_pct: row.gpu_util_pct,
+            gpu_memory_bytes: row.gpu_memory_bytes,
+            gpu_memory_total_bytes: row.gpu_memory_total_bytes,
             p99_ms: row.p99_ms,
             requests_per_s: row.requests_per_s,
             p99_intervals: row.p99_intervals,

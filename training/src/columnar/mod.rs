@@ -47,8 +47,10 @@ use crate::logs::ReadLosses;
 
 /// The key-value metadata key of cohabit's layout; its value is [`LAYOUT_VERSION`].
 pub const LAYOUT_KEY: &str = "cohabit_decision_log_parquet";
-/// Version of the flat layout this build writes and the newest it reads.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version of the flat layout this build writes and the newest it reads. Layout 2 added
+/// the nullable columns of GPU memory (`gpu_memory_bytes`, `gpu_memory_total_bytes`,
+/// `current_gpu_memory_mib`, `plan_gpu_memory_mib`); a layout-1 file reads them as nulls.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Rows per Arrow batch, written and read.
 const BATCH_ROWS: usize = 8192;

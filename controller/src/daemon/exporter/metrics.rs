@@ -627,6 +627,7 @@ pub(super) mod tests {
         let plan = Plan {
             services: [("kv".to_string(), a)].into(),
             best_effort: a,
+            gpu_memory_mib: Default::default(),
         };
         DecisionRecord {
             schema_version: 1,

@@ -255,6 +255,23 @@ const LAYOUT_2_COLUMNS: [&str; 4] = [
     "plan_gpu_memory_mib",
 ];
 
+/// Writes `batches` to `path` as a file of Parquet layout `layout`.
+fn write_layout(path: &Path, batches: &[RecordBatch], layout: &str) {
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+            columnar::LAYOUT_KEY.to_string(),
+            layout.to_string(),
+        )]))
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(file, batches[0].schema(), Some(props)).unwrap();
+    for b in batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+}
+
 #[test]
 fn a_layout_1_file_reads_with_the_columns_added_since_null() {
     let dir = tempfile::tempdir().unwrap();
@@ -263,29 +280,16 @@ fn a_layout_1_file_reads_with_the_columns_added_since_null() {
     columnar::export(&paths, &out).unwrap();
     // The same rows as layout 1 wrote them: without the four columns, marked layout 1.
     let old = dir.path().join("layout-1.parquet");
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
-            columnar::LAYOUT_KEY.to_string(),
-            "1".to_string(),
-        )]))
-        .build();
-    let mut writer = None;
-    for batch in batches(&out) {
-        let keep: Vec<usize> = (0..batch.num_columns())
-            .filter(|&i| !LAYOUT_2_COLUMNS.contains(&batch.schema().field(i).name().as_str()))
-            .collect();
-        let batch = batch.project(&keep).unwrap();
-        let w = writer.get_or_insert_with(|| {
-            parquet::arrow::ArrowWriter::try_new(
-                std::fs::File::create(&old).unwrap(),
-                batch.schema(),
-                Some(props.clone()),
-            )
-            .unwrap()
-        });
-        w.write(&batch).unwrap();
-    }
-    writer.unwrap().close().unwrap();
+    let layout_1: Vec<RecordBatch> = batches(&out)
+        .iter()
+        .map(|batch| {
+            let keep: Vec<usize> = (0..batch.num_columns())
+                .filter(|&i| !LAYOUT_2_COLUMNS.contains(&batch.schema().field(i).name().as_str()))
+                .collect();
+            batch.project(&keep).unwrap()
+        })
+        .collect();
+    write_layout(&old, &layout_1, "1");
     let back = columnar::read_parquet(&old).unwrap();
     let mut expected = read_jsonl(&paths);
     for e in &mut expected {
@@ -302,21 +306,7 @@ fn a_layout_1_file_reads_with_the_columns_added_since_null() {
     }
     // A layout newer than this build's is refused, naming it.
     let newer = dir.path().join("layout-99.parquet");
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
-            columnar::LAYOUT_KEY.to_string(),
-            "99".to_string(),
-        )]))
-        .build();
-    let first = batches(&out).remove(0);
-    let mut w = parquet::arrow::ArrowWriter::try_new(
-        std::fs::File::create(&newer).unwrap(),
-        first.schema(),
-        Some(props),
-    )
-    .unwrap();
-    w.write(&first).unwrap();
-    w.close().unwrap();
+    write_layout(&newer, &batches(&out), "99");
     let e = columnar::read_parquet(&newer).unwrap_err().to_string();
     assert!(e.contains("layout 99 is newer"), "{e}");
 }

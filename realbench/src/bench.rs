@@ -138,6 +138,9 @@ pub struct Options {
     /// Also run the services alone and each batch job alone (without them the batch
     /// job's relative throughput is unknown).
     pub baselines: bool,
+    /// The policies' runs without a batch job: each policy controls the services alone
+    /// (issue 45's "memcached alone"), instead of beside each batch job.
+    pub alone: bool,
     /// Rounds of the co-located runs: every batch job under every policy once per round,
     /// interleaved, so that a host whose noise drifts over minutes weighs on every policy
     /// alike; the table then adds each policy's sums over the rounds.
@@ -178,6 +181,7 @@ impl Options {
                 epochs: 60,
             },
             baselines: true,
+            alone: false,
             rounds: 1,
         }
     }
@@ -489,7 +493,17 @@ fn all_runs(
     let rounds = ctx.opts.rounds.max(1);
     for round in 1..=rounds {
         ctx.round = (rounds > 1).then_some(round);
-        for (&scenario, baseline) in ctx.opts.scenarios.iter().zip(&baselines) {
+        let co_located: Vec<(Option<Scenario>, &[Throughput])> = if ctx.opts.alone {
+            vec![(None, &[])]
+        } else {
+            ctx.opts
+                .scenarios
+                .iter()
+                .zip(&baselines)
+                .map(|(&s, b)| (Some(s), b.as_slice()))
+                .collect()
+        };
+        for (scenario, baseline) in co_located {
             for &policy in &ctx.opts.policies {
                 if policy == Policy::MlHost && ctx.host_model.is_none() {
                     continue;
@@ -498,7 +512,7 @@ fn all_runs(
                     ctx,
                     lab,
                     RunKind::Colocated,
-                    Some(scenario),
+                    scenario,
                     policy,
                     baseline,
                 )?);
@@ -1014,6 +1028,7 @@ mod tests {
             label(RunKind::ServicesAlone, None, Policy::None),
             "services-alone"
         );
+        assert_eq!(label(RunKind::Colocated, None, Policy::Ml), "ml", "--alone");
         assert_eq!(
             label(RunKind::Explore, Some(Scenario::Cpu), Policy::Ml),
             "cpu-explore"

@@ -75,6 +75,10 @@ struct Cli {
     /// Skip the runs of the services alone and of each batch job alone.
     #[arg(long)]
     no_baselines: bool,
+    /// Run each policy with the services alone, no batch job, instead of beside each
+    /// batch job (the batch jobs alone still run as baselines unless --no-baselines).
+    #[arg(long)]
+    alone: bool,
     /// Rounds of the co-located runs, interleaved (the table adds each policy's sums).
     #[arg(long)]
     rounds: Option<u32>,
@@ -114,6 +118,7 @@ fn options(cli: Cli) -> Options {
     o.cohabit_train = cli.cohabit_train;
     o.train.epochs = cli.train_epochs.unwrap_or(o.train.epochs).max(1);
     o.baselines = !cli.no_baselines;
+    o.alone = cli.alone;
     o.rounds = cli.rounds.unwrap_or(o.rounds);
     o
 }

@@ -462,6 +462,24 @@ mod tests {
             assert_eq!(c.best_effort_cpus, pool, "{policy}");
             services_read_as_meant(&c, policy);
         }
+        // `--alone`: no batch job, the services alone under the policy.
+        let text = cohabit_toml(&CohabitConfig {
+            policy: "parties",
+            interval_ms: 1000,
+            model: None,
+            log: Path::new("/tmp/run/decisions.jsonl"),
+            state_dir: Path::new("/tmp/run/cohabit-state"),
+            services: &services,
+            batch_names: &[],
+            batch_user: RunAs::Uid(1000),
+            probe_rate_hz: 200,
+            probe_timeout_ms: 100,
+            best_effort_cpus: None,
+            ml: &[],
+            explore_walk: false,
+        });
+        let c = DaemonConfig::parse(&text, "realbench").unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(c.services.len(), 2, "the two services and no batch job: {text}");
     }
 
     #[test]

@@ -479,7 +479,11 @@ mod tests {
             explore_walk: false,
         });
         let c = DaemonConfig::parse(&text, "realbench").unwrap_or_else(|e| panic!("{e}\n{text}"));
-        assert_eq!(c.services.len(), 2, "the two services and no batch job: {text}");
+        assert_eq!(
+            c.services.len(),
+            2,
+            "the two services and no batch job: {text}"
+        );
     }
 
     #[test]

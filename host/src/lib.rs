@@ -606,15 +606,7 @@ impl RealHost {
         let (targets, placements) = self.targets();
         if targets != self.record.targets {
             let writes = self.record.writes.clone();
-            let pinned = self.spec.mps.pinned_mem_limit.clone();
-            if let Err(e) = apply::apply(
-                &self.kernel,
-                &mut self.record,
-                writes,
-                &targets,
-                &mut self.gpu,
-                pinned.as_deref(),
-            ) {
+            if let Err(e) = self.write(writes, &targets) {
                 if self.warn.allow("reapply") {
                     tracing::warn!(error = %e, "the values in force could not be written to a service's new cgroups (logged once a minute)");
                 }
@@ -699,6 +691,20 @@ impl RealHost {
         layout::layout(plan, &self.facts, &self.specs(), &gpu_clients)
     }
 
+    /// Writes `writes` for `targets` through the journal (see [`apply::apply`]); a GPU
+    /// client without a planned pinned-memory limit gets the configured default.
+    fn write(&mut self, writes: HostWrites, targets: &Targets) -> Result<(), HostError> {
+        let pinned = self.spec.mps.pinned_mem_limit.clone();
+        apply::apply(
+            &self.kernel,
+            &mut self.record,
+            writes,
+            targets,
+            &mut self.gpu,
+            pinned.as_deref(),
+        )
+    }
+
     fn apply_plan(&mut self, plan: &Plan) -> Result<(), HostError> {
         if self.dry_run {
             return Ok(());
@@ -710,16 +716,8 @@ impl RealHost {
             }
         }
         let (targets, _) = self.targets();
-        let pinned = self.spec.mps.pinned_mem_limit.clone();
         self.gpu.set_pinned(&plan.gpu_memory_mib);
-        if let Err(e) = apply::apply(
-            &self.kernel,
-            &mut self.record,
-            writes,
-            &targets,
-            &mut self.gpu,
-            pinned.as_deref(),
-        ) {
+        if let Err(e) = self.write(writes, &targets) {
             self.gpu.set_pinned(&self.plan.gpu_memory_mib);
             return Err(e);
         }

@@ -2,6 +2,7 @@
 //! that reads commands on stdin like the real one. No GPU, driver or root needed: NVML is
 //! reported absent, cgroups are pointed away, and the GPU count comes from the config.
 
+use cohabit_host::testing::running;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -191,24 +192,6 @@ fn live_members(pgid: u32) -> Vec<u32> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-}
-
-/// Processes of group `pgid` running now.
-fn running(pgid: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            let rest: Vec<&str> = stat
-                .rsplit_once(')')
-                .map(|(_, r)| r.split_whitespace().collect())
-                .unwrap_or_default();
-            rest.len() > 2 && rest[0] != "Z" && rest[2] == pgid.to_string()
-        })
-        .collect()
 }
 
 #[test]

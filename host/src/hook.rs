@@ -321,6 +321,7 @@ impl Capture {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::testing::running;
 
     fn hook(command: &str, timeout_ms: u64) -> Hook {
         Hook {
@@ -343,25 +344,6 @@ pub(crate) mod tests {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    /// Processes of group `pgid` running now.
-    fn running(pgid: u32) -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                    return false;
-                };
-                // After the ")" that ends comm: state, ppid, pgrp.
-                let rest: Vec<&str> = stat
-                    .rsplit_once(')')
-                    .map(|(_, r)| r.split_whitespace().collect())
-                    .unwrap_or_default();
-                rest.len() > 2 && rest[0] != "Z" && rest[2] == pgid.to_string()
-            })
-            .collect()
     }
 
     #[test]

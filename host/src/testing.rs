@@ -100,3 +100,22 @@ pub fn mute_endpoint() -> u16 {
     });
     port
 }
+
+/// Processes of group `pgid` running now (not zombies), from this machine's `/proc`.
+pub fn running(pgid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // After the ")" that ends comm: state, ppid, pgrp.
+            let rest: Vec<&str> = stat
+                .rsplit_once(')')
+                .map(|(_, r)| r.split_whitespace().collect())
+                .unwrap_or_default();
+            rest.len() > 2 && rest[0] != "Z" && rest[2] == pgid.to_string()
+        })
+        .collect()
+}

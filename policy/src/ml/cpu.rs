@@ -304,8 +304,13 @@ impl MlPolicy {
     fn note_tick(&mut self, v: &CpuView, name: &str) -> Noted {
         let costs = self.costs();
         let margin = self.cfg.margin;
+        let requests = v
+            .sample
+            .requests_per_s
+            .map(|r| r * self.interval_s)
+            .filter(|n| *n > 0.0);
         let st = self.state.entry(name.to_string()).or_default();
-        let tick = st.begin_tick(v.measured, v.sample.requests_per_s);
+        let tick = st.begin_tick(v.measured, v.sample.requests_per_s, requests);
         // Busy cores for the give-back floor (step 4), read every tick so a bridged reading
         // is never older than the ticks it bridges.
         let busy = st.busy_cores(v.sample.cpu_busy_cores, v.sample.requests_per_s);

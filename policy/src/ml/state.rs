@@ -14,6 +14,12 @@ use super::MlConfig;
 /// Smallest measurement noise assumed (ln units).
 const NOISE_FLOOR: f64 = 0.02;
 
+/// Sampling variance of ln p99 times the requests it rests on: for an exponential tail,
+/// the p99 of `n` requests has a standard error in ln units of about
+/// `sqrt(0.99 / (0.01 n)) / ln 100`, so `SAMPLING_VAR / n` is its variance (0.15² for 200
+/// requests, 0.05² for about 1,900).
+const SAMPLING_VAR: f64 = 0.99 / 0.01 / (4.605_170_185_988_091 * 4.605_170_185_988_091);
+
 /// Busy fraction of its cores above which a service counts as saturated.
 const SATURATED_UTIL: f64 = 0.9;
 
@@ -95,6 +101,9 @@ pub(super) struct ServiceState {
     /// Intervals the last reading's p99 rested on (its latency window, at least 1).
     pub(super) window: u32,
     pub(super) misses: u32,
+    /// Readings this service has had since the policy started ([`super::MlPolicy`]'s
+    /// step 1: the prediction anchored on the first teaches nothing).
+    pub(super) readings_seen: u32,
     pub(super) last: Option<LastPrediction>,
     /// A reading the glitch check held on, with the prediction it would correct: learnt
     /// from when the next reading confirms it ([`ServiceState::learn`]).
@@ -241,6 +250,7 @@ impl Default for ServiceState {
             noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
             window: 1,
             misses: 0,
+            readings_seen: 0,
             last: None,
             unconfirmed: None,
             fallback_until_ms: None,
@@ -365,10 +375,20 @@ impl ServiceState {
     /// prediction (anchored on the reading, except past saturation: queues growing,
     /// timeouts, where the model's differences mean little and its levels are used) and
     /// remembers the reading for the next tick.
-    pub(super) fn begin_tick(&mut self, measured: Option<f64>, rps: Option<f64>) -> Tick {
+    pub(super) fn begin_tick(
+        &mut self,
+        measured: Option<f64>,
+        rps: Option<f64>,
+        requests: Option<f64>,
+    ) -> Tick {
         self.scored.clear();
         let new_service = !self.seen;
         self.seen = true;
+        // The first reading sets the prior noise no lower than its own sampling error: the
+        // p99 of `requests` requests (see [`SAMPLING_VAR`]).
+        if let (true, Some(n)) = (new_service, requests) {
+            self.noise2 = self.noise2.max((SAMPLING_VAR / n).min(1.0));
+        }
         self.basis = self.basis_for(measured.filter(|q| *q <= SATURATED.ln()));
         let prev = self.prev_reading;
         let reading = measured.map(|q| Reading { log_q: q, rps });
@@ -1232,13 +1252,13 @@ mod tests {
     #[test]
     fn a_tick_anchors_on_the_reading_unless_it_is_past_saturation() {
         let mut st = ServiceState::default();
-        let t = st.begin_tick(Some(0.5), Some(10.0));
+        let t = st.begin_tick(Some(0.5), Some(10.0), None);
         assert!(t.new_service);
         assert_eq!(t.basis.anchor, Some(0.5));
         assert_eq!(t.prev, None);
         // p99 at 2.5 × the target (ln 2.5 > ln 2): the model's level is used.
         let q = 2.5f64.ln();
-        let t = st.begin_tick(Some(q), Some(10.0));
+        let t = st.begin_tick(Some(q), Some(10.0), None);
         assert!(!t.new_service);
         assert_eq!(t.basis.anchor, None);
         assert_eq!(t.prev.map(|r| r.log_q), Some(0.5));
@@ -1261,6 +1281,33 @@ mod tests {
         // A reading within the target ends the run.
         st.correct(&last(-0.2, 0.1, true), -0.1, (1, 1), &cfg);
         assert_eq!(st.misses, 0);
+    }
+
+    #[test]
+    fn the_first_reading_sets_the_prior_noise_no_lower_than_its_sampling_error() {
+        // The p99 of 200 requests: about 0.15 in ln units, three times the prior's 0.05.
+        let mut st = ServiceState::default();
+        st.begin_tick(Some(-1.0), Some(200.0), Some(200.0));
+        assert!(
+            (st.noise2.sqrt() - 0.153).abs() < 0.002,
+            "{}",
+            st.noise2.sqrt()
+        );
+        // Only the first reading sets it: later ones are the noise estimate's to learn.
+        st.begin_tick(Some(-1.0), Some(20.0), Some(20.0));
+        assert!(
+            (st.noise2.sqrt() - 0.153).abs() < 0.002,
+            "{}",
+            st.noise2.sqrt()
+        );
+        // 100,000 requests sample the p99 finer than the prior noise: the prior stays.
+        let mut busy = ServiceState::default();
+        busy.begin_tick(Some(-1.0), Some(1e5), Some(1e5));
+        assert_eq!(busy.noise2, ServiceState::default().noise2);
+        // Without a request count nothing is assumed.
+        let mut unknown = ServiceState::default();
+        unknown.begin_tick(Some(-1.0), None, None);
+        assert_eq!(unknown.noise2, ServiceState::default().noise2);
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //!    the first errors, then exponentially weighted); errors for an unchanged allocation
 //!    estimate the measurement noise, errors after a change recalibrate the model's spread
 //!    for this service. A measured violation more than the tolerance above the prediction
-//!    is a miss.
+//!    is a miss. The prediction anchored on a service's first reading (the interval the
+//!    daemon started in) teaches nothing, and that reading sets the measurement noise no
+//!    lower than its own sampling error.
 //! 2. **Predict, anchored.** A candidate is predicted as the measured value of the
 //!    allocation in force plus the ensemble's predicted *change* to the candidate (and the
 //!    bias); its spread is the members' disagreement on that change, calibrated

@@ -42,15 +42,9 @@ use cohabit_models::log_qos_ratio;
 use cohabit_sim::Scenario;
 
 /// Seed offsets `ml` runs with (added to the scenario's own seed): `0, 101, 202`, or as many
-/// as `FOREIGN_SEEDS` says (QoS over a run is a knife-edge count: a few seeds can miss a run
-/// that sticks over a target, which twenty show).
+/// as `FOREIGN_SEEDS` says ([`simulate::seeds_from_env`]).
 fn seeds() -> Vec<u64> {
-    let n: u64 = std::env::var("FOREIGN_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(3);
-    (0..n).map(|k| k * 101).collect()
+    simulate::seeds_from_env("FOREIGN_SEEDS", 3)
 }
 
 /// Simulated milliseconds per row of the table.

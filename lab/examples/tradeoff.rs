@@ -35,16 +35,10 @@ use cohabit_models::Model;
 use cohabit_policy::MlConfig;
 use cohabit_sim::Scenario;
 
-/// Seeds each setting is run with: `0, 101, 202, …`, ten of them, or `TRADEOFF_SEEDS` (a
-/// knife-edge count such as "runs meeting QoS in 99 % of intervals" moves by a few runs
-/// with any change; more seeds tell such a move from the seeds' own spread).
+/// Seeds each setting is run with: `0, 101, 202, …`, ten of them, or `TRADEOFF_SEEDS`
+/// ([`simulate::seeds_from_env`]).
 fn seeds() -> Vec<u64> {
-    let n: u64 = std::env::var("TRADEOFF_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(10);
-    (0..n).map(|k| k * 101).collect()
+    simulate::seeds_from_env("TRADEOFF_SEEDS", 10)
 }
 
 /// Best effort against the oracle's that item 4 asks of every scenario.

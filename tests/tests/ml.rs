@@ -413,17 +413,11 @@ fn on_a_host_without_any_rdt_ml_takes_the_model_path_on_the_shared_llc() {
 fn opt_in_exploration_cuts_calm_services_and_gains_best_effort() {
     // `explore_step` (off by default) cuts a calm service's cores to learn its cliff, but
     // only where the model's mean stays within the margin, and never more than that share
-    // of its cores. On the Gold `parties-mix` at 0.15 it raises best effort by 3 % over
-    // four seeds of the measurement noise (6.7 %, 2.1 %, 1.0 % and 3.1 %), QoS at least
-    // 0.99 in each. One seed is too few to judge it by: on the scenario's own seed it
-    // gained 2.0 %, and lost 0.9 % under a learning rule tried since (not learning from the
-    // start-up reading; docs/EXPERIMENTS.md, "The start-up reading"), which on seeds 0–505
-    // gave 1.4–7.5 % on five and -7.4 % on one (over ten seeds of every CPU scenario
-    // exploration trades runs meeting QoS for best effort, docs/RESULTS.md). Since give-backs stop
-    // short of saturation and take 0.75 of the model's spread, one noisy reading no longer
-    // holds a service or the pool's MBA limit, and a throttle that buys nothing is lifted
-    // on a tie, there is little left for it (rounds before it gained 14 % on the Gold
-    // `few-closids`, where it now gains nothing).
+    // of its cores. Its gain is small and one seed's noise can hide it, so it is judged on
+    // the sum over four seeds of the measurement noise on the Gold `parties-mix`, with QoS
+    // held in each run (figures: docs/EXPERIMENTS.md, "The start-up reading"; over ten
+    // seeds of every CPU scenario it trades runs meeting QoS for best effort,
+    // docs/RESULTS.md).
     let sc = Scenario::load("parties-mix")
         .and_then(|s| s.on_platform("xeon-gold-6338"))
         .unwrap();

@@ -245,9 +245,10 @@ fn run_setting(
             run.summary.actuations,
         ))
     })?;
+    let name_misses = std::env::var("TRADEOFF_MISSES").is_ok();
     let mut out: BTreeMap<String, Vec<RunFigures>> = BTreeMap::new();
     for (&(h, seed), f) in work.iter().zip(figures) {
-        if std::env::var("TRADEOFF_MISSES").is_ok() && f.0 < 0.99 {
+        if name_misses && f.0 < 0.99 {
             println!(
                 "  under 0.99: {} seed {seed}: QoS {:.3}",
                 key(&hosts[h]),

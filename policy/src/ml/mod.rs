@@ -874,7 +874,7 @@ impl MlPolicy {
     ) -> (Plan, BTreeMap<String, Reason>) {
         let mut shares: BTreeMap<String, Share> = BTreeMap::new();
         let mut reasons = BTreeMap::new();
-        for (p, (c, w)) in plans.iter().zip(&packing.alloc) {
+        for (i, (p, (c, w))) in plans.iter().zip(&packing.alloc).enumerate() {
             shares.insert(
                 p.name.clone(),
                 Share {
@@ -885,7 +885,12 @@ impl MlPolicy {
                 },
             );
             let mut why = p.reason.clone();
-            if packing.degraded {
+            if packing.given_up.contains(&i) {
+                why.text.push_str(
+                    "; given up: needs exceed the host, and the others meet their targets \
+                     on what it would take (overload rule)",
+                );
+            } else if packing.degraded {
                 why.text
                     .push_str("; needs exceed the host: growth limited to what is free");
             }

@@ -192,8 +192,11 @@ pub(super) struct Packing {
     pub(super) alloc: Vec<(u32, u32)>,
     /// The needs did not all fit: the degrade rule decided.
     pub(super) degraded: bool,
-    /// The demands that gave to others in the degrade rule's triage ([`triage`]).
+    /// The demands that gave to others in the degrade rule's triage ([`triage`]) or were
+    /// given up by the triage by the count ([`serve_most`]).
     pub(super) yielded: Vec<usize>,
+    /// The demands given up by the triage by the count ([`serve_most`]).
+    pub(super) given_up: Vec<usize>,
 }
 
 /// A partial packing in the dynamic programme: (cost, cores used, (cores, ways) so far).
@@ -214,15 +217,195 @@ pub(super) fn pack(room: Room, costs: &Costs, demands: &[Demand]) -> Packing {
                 alloc,
                 degraded: false,
                 yielded: Vec::new(),
+                given_up: Vec::new(),
             };
         }
     }
     let (alloc, yielded) = degrade(room, costs, demands);
+    // The triage by the count stands where it serves more services than the degrade rule.
+    if let Some((most, given_up)) = serve_most(room, costs, demands) {
+        if served_score(demands, &most) > served_score(demands, &alloc) {
+            return Packing {
+                alloc: most,
+                degraded: true,
+                yielded: given_up.clone(),
+                given_up,
+            };
+        }
+    }
     Packing {
         alloc,
         degraded: true,
         yielded,
+        given_up: Vec::new(),
     }
+}
+
+/// Weight of one served service at each priority: `(n + 1)^rank`, rank 0 the lowest
+/// priority present, so that one service more at a priority outweighs every service below
+/// it (the overload rule's lexicographic order).
+fn priority_weights(demands: &[Demand]) -> Vec<u64> {
+    let mut levels: Vec<i32> = demands.iter().map(|d| d.priority).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let base = demands.len() as u64 + 1;
+    demands
+        .iter()
+        .map(|d| {
+            let rank = levels.iter().position(|&p| p == d.priority).unwrap_or(0);
+            base.saturating_pow(u32::try_from(rank).unwrap_or(u32::MAX))
+        })
+        .collect()
+}
+
+/// The services `alloc` serves (not [`short`]), weighed by [`priority_weights`].
+fn served_score(demands: &[Demand], alloc: &[(u32, u32)]) -> u64 {
+    priority_weights(demands)
+        .iter()
+        .zip(demands.iter().zip(alloc))
+        .filter(|(_, (d, a))| !short(d, **a))
+        .map(|(w, _)| *w)
+        .sum()
+}
+
+/// A service the triage by the count ([`serve_most`]) may give up: saturated
+/// ([`Demand::saturated`]: at twice its target or more for a while, it misses whatever a
+/// step gives it), or given up recently ([`Demand::yielded`]) and still over its target, so
+/// that one that dips under twice its target for a tick is not served again at once (on
+/// the crowded E5, moses, which no allocation within the host serves, came back every few
+/// intervals and took the ways specjbb and sphinx then lost). A service merely over its
+/// target is not: giving up every service persistently over its target cost the diurnal
+/// crowd on the Gold 0.28 services per interval, one service given up for good where
+/// misses had rotated between three.
+fn hopeless(d: &Demand) -> bool {
+    d.saturated() || (d.yielded && d.violating)
+}
+
+/// The triage by the count (the overload rule's "fewest violations", searched jointly):
+/// one option per service, or giving it up, that serves the most services in overload
+/// order ([`priority_weights`]), then cuts the fewest below what they hold, then costs the
+/// least ([`total_cost`]'s terms). Only a [`hopeless`] service, or one of lower priority
+/// than one, may be given up; it then keeps what it holds or drops to a floor (a core and a
+/// way; a core on the pool's ways for a service sharing them). A service meeting its target
+/// is served, at any point of its own options (the model vouches for each), so ways can
+/// move between the services served, which the degrade rule, keeping what each holds,
+/// never does. Those given up then grow from what they were left toward their cheapest
+/// needs with what is free, in growth order (latency-critical before best effort).
+/// A dynamic programme over services whose state is (ways used, score, cuts), keeping the
+/// cheapest partial packing per state: `services × ways × levels × points` at most.
+/// Returns the allocation and the services given up, or `None` when no service may be
+/// given up or even giving up all that may does not fit.
+fn serve_most(
+    room: Room,
+    costs: &Costs,
+    demands: &[Demand],
+) -> Option<(Vec<(u32, u32)>, Vec<usize>)> {
+    let top_over = demands
+        .iter()
+        .filter(|d| hopeless(d))
+        .map(|d| d.priority)
+        .max()?;
+    let may_give_up = |d: &Demand| hopeless(d) || d.priority < top_over;
+    let weights = priority_weights(demands);
+    let w_total = room.ways as usize;
+    // State: (ways used, score, services cut below what they hold) -> (cost, cores,
+    // choices, given up).
+    type Entry = (f64, u32, Vec<(u32, u32)>, Vec<usize>);
+    type Key = (usize, u64, usize);
+    let mut dp: std::collections::BTreeMap<Key, Entry> = std::collections::BTreeMap::new();
+    dp.insert((0, 0, 0), (0.0, 0, vec![], vec![]));
+    for (i, d) in demands.iter().enumerate() {
+        // (point, served, cut below what it holds)
+        let mut opts: Vec<((u32, u32), bool, bool)> = d
+            .options(false)
+            .into_iter()
+            .map(|o| (o, true, false))
+            .collect();
+        for o in d.keep.into_iter().chain(d.stay) {
+            if !opts.iter().any(|(p, _, _)| *p == o) {
+                opts.push((o, true, false));
+            }
+        }
+        if may_give_up(d) {
+            let floor = if d.shares_pool_ways { (1, 0) } else { (1, 1) };
+            opts.push((d.current, false, false));
+            if floor != d.current {
+                opts.push((floor, false, true));
+            }
+        }
+        let cur = d.current;
+        let mut next: std::collections::BTreeMap<Key, Entry> = std::collections::BTreeMap::new();
+        for (&(u, score, cuts), (cst, cores, ch, gave)) in &dp {
+            for &((c, w), served, cut) in &opts {
+                let dw = if d.shares_pool_ways { 0 } else { w as usize };
+                let u2 = u + dw;
+                if u2 > w_total || cores + c > room.cores {
+                    continue;
+                }
+                let used = u32::try_from(u).unwrap_or(u32::MAX);
+                if d.shares_pool_ways && served && w > pool_ways(room, used) {
+                    continue;
+                }
+                let changes = u32::from(c != cur.0) + u32::from(w != cur.1);
+                let c2 = cst + d.cost(costs, c, w) + CHANGE_COST * f64::from(changes);
+                let key = (
+                    u2,
+                    score + if served { weights[i] } else { 0 },
+                    cuts + usize::from(cut),
+                );
+                if next.get(&key).is_none_or(|(b, _, _, _)| c2 < *b) {
+                    let mut ch2 = ch.clone();
+                    ch2.push((c, w));
+                    let mut gave2 = gave.clone();
+                    if !served {
+                        gave2.push(i);
+                    }
+                    next.insert(key, (c2, cores + c, ch2, gave2));
+                }
+            }
+        }
+        dp = next;
+    }
+    // The most served, then the fewest cut, then the least cost.
+    let (_, (_, _, mut out, given_up)) =
+        dp.into_iter()
+            .max_by(|((_, sa, ka), a), ((_, sb, kb), b)| {
+                sa.cmp(sb).then(kb.cmp(ka)).then(b.0.total_cmp(&a.0))
+            })?;
+    // Those given up grow toward their cheapest needs with what is free.
+    let cheapest: Vec<(u32, u32)> = demands
+        .iter()
+        .map(|d| {
+            d.options(false)
+                .into_iter()
+                .min_by(|a, b| d.cost(costs, a.0, a.1).total_cmp(&d.cost(costs, b.0, b.1)))
+                .unwrap_or(d.current)
+        })
+        .collect();
+    let lc_ways: u32 = out
+        .iter()
+        .zip(demands)
+        .filter(|(_, d)| !d.shares_pool_ways)
+        .map(|(x, _)| x.1)
+        .sum();
+    let mut free = (
+        room.cores.saturating_sub(out.iter().map(|x| x.0).sum()),
+        room.ways.saturating_sub(lc_ways),
+    );
+    for &i in growth_order(costs, demands, &cheapest, &out)
+        .iter()
+        .filter(|i| given_up.contains(i))
+    {
+        let d = &demands[i];
+        let base = out[i];
+        let pick = grow_toward(d, cheapest[i], base, free.0, free.1);
+        free.0 = (free.0 + base.0).saturating_sub(pick.0);
+        if !d.shares_pool_ways {
+            free.1 = (free.1 + base.1).saturating_sub(pick.1);
+        }
+        out[i] = pick;
+    }
+    Some((out, given_up))
 }
 
 /// The dynamic programme: the cheapest choice of one option per demand that fits `room`,
@@ -709,6 +892,7 @@ mod tests {
                 alloc: vec![(6, 8), (3, 9)],
                 degraded: false,
                 yielded: vec![],
+                given_up: vec![],
             }
         );
     }
@@ -811,6 +995,7 @@ mod tests {
                 alloc: vec![(12, 10), (20, 4)],
                 degraded: false,
                 yielded: vec![],
+                given_up: vec![],
             }
         );
     }
@@ -1016,6 +1201,80 @@ mod tests {
         let a_new = violating(fixed((6, 4), 10, 4));
         let p = pack(ROOM, &COSTS, &[a_new, b, c]);
         assert_eq!(p.alloc, vec![(8, 4), (20, 10), (8, 4)]);
+    }
+
+    #[test]
+    fn the_triage_by_the_count_gives_up_a_hopeless_service_and_moves_ways_between_the_others() {
+        // 36 cores, 19 ways. k meets its target on (6, 10), or on (9, 2); s needs (5, 9);
+        // m needs (30, 10), out of reach. s and m have been at 20 times their targets for
+        // a while. The degrade rule keeps k on its ten ways, so s cannot have nine and only
+        // k meets its target. Moving k to (9, 2) serves s too, with m kept on what it holds
+        // (nothing need be cut); m then grows with what is free.
+        let saturated = |d: Demand| Demand {
+            persistent: true,
+            slack: Some(-19.0),
+            ..violating(d)
+        };
+        let k = Demand {
+            keep: Some((6, 10)),
+            ..frontier((6, 10), &[(6, 10), (9, 2)])
+        };
+        let s = saturated(frontier((2, 2), &[(5, 9)]));
+        let m = saturated(fixed((10, 5), 30, 10));
+        let p = pack(ROOM, &COSTS, &[k.clone(), s.clone(), m.clone()]);
+        assert!(p.degraded);
+        assert_eq!(p.alloc, vec![(9, 2), (5, 9), (22, 8)]);
+        assert_eq!(unmet(&[k.clone(), s.clone(), m.clone()], &p.alloc), 1);
+        assert_eq!(p.given_up, vec![2]);
+        assert_eq!(p.yielded, vec![2]);
+        // Over its target but not hopeless (a third over it, and not given up lately): m
+        // is not given up, and the degrade rule decides (k keeps its ten ways).
+        let m_near = Demand {
+            slack: Some(-0.3),
+            ..m.clone()
+        };
+        let p = pack(ROOM, &COSTS, &[k.clone(), s.clone(), m_near.clone()]);
+        assert!(p.given_up.is_empty());
+        assert_eq!(p.alloc[0], (6, 10));
+        // Given up lately and still over its target, it may be given up again.
+        let m_gave = Demand {
+            yielded: true,
+            ..m_near
+        };
+        let p = pack(ROOM, &COSTS, &[k, s, m_gave]);
+        assert_eq!(p.given_up, vec![2]);
+        assert_eq!(p.alloc[..2], [(9, 2), (5, 9)]);
+    }
+
+    #[test]
+    fn the_triage_by_the_count_cuts_a_hopeless_service_to_its_floor_where_it_must() {
+        // As above, but m holds 25 cores: k on (9, 2) and s on (5, 9) leave it 22, so it
+        // drops to its floor (a core and a way) and grows back with what is free.
+        let saturated = |d: Demand| Demand {
+            persistent: true,
+            slack: Some(-19.0),
+            ..violating(d)
+        };
+        let k = Demand {
+            keep: Some((6, 10)),
+            ..frontier((6, 10), &[(6, 10), (9, 2)])
+        };
+        let s = saturated(frontier((2, 2), &[(5, 9)]));
+        let m = saturated(fixed((25, 5), 30, 10));
+        let p = pack(ROOM, &COSTS, &[k, s, m]);
+        assert_eq!(p.alloc, vec![(9, 2), (5, 9), (22, 8)]);
+        assert_eq!(p.given_up, vec![2]);
+    }
+
+    #[test]
+    fn a_higher_priority_service_outweighs_any_number_below_it_in_the_count() {
+        let d = |p: i32| Demand {
+            priority: p,
+            ..frontier((1, 1), &[(1, 1)])
+        };
+        let w = priority_weights(&[d(0), d(0), d(5), d(0)]);
+        assert_eq!(w, vec![1, 1, 5, 1]);
+        assert!(w[2] > w[0] + w[1] + w[3]);
     }
 
     #[test]

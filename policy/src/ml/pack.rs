@@ -60,6 +60,8 @@
 //!
 //! Cost: `services × ways × points` for the programme (points ≤ way counts searched).
 
+use std::collections::BTreeMap;
+
 use super::predict::SATURATED;
 
 /// Cost of changing one resource of one service in the packer (a fraction of the host).
@@ -223,14 +225,9 @@ pub(super) fn pack(room: Room, costs: &Costs, demands: &[Demand]) -> Packing {
     }
     let (alloc, yielded) = degrade(room, costs, demands);
     // The triage by the count stands where it serves more services than the degrade rule.
-    if let Some((most, given_up)) = serve_most(room, costs, demands) {
-        if served_score(demands, &most) > served_score(demands, &alloc) {
-            return Packing {
-                alloc: most,
-                degraded: true,
-                yielded: given_up.clone(),
-                given_up,
-            };
+    if let Some(most) = serve_most(room, costs, demands) {
+        if served_score(demands, &most.alloc) > served_score(demands, &alloc) {
+            return most;
         }
     }
     Packing {
@@ -293,13 +290,9 @@ fn hopeless(d: &Demand) -> bool {
 /// needs with what is free, in growth order (latency-critical before best effort).
 /// A dynamic programme over services whose state is (ways used, score, cuts), keeping the
 /// cheapest partial packing per state: `services × ways × levels × points` at most.
-/// Returns the allocation and the services given up, or `None` when no service may be
-/// given up or even giving up all that may does not fit.
-fn serve_most(
-    room: Room,
-    costs: &Costs,
-    demands: &[Demand],
-) -> Option<(Vec<(u32, u32)>, Vec<usize>)> {
+/// Returns the packing (with those given up), or `None` when no service may be given up or
+/// even giving up all that may does not fit.
+fn serve_most(room: Room, costs: &Costs, demands: &[Demand]) -> Option<Packing> {
     let top_over = demands
         .iter()
         .filter(|d| hopeless(d))
@@ -312,7 +305,7 @@ fn serve_most(
     // choices, given up).
     type Entry = (f64, u32, Vec<(u32, u32)>, Vec<usize>);
     type Key = (usize, u64, usize);
-    let mut dp: std::collections::BTreeMap<Key, Entry> = std::collections::BTreeMap::new();
+    let mut dp: BTreeMap<Key, Entry> = BTreeMap::new();
     dp.insert((0, 0, 0), (0.0, 0, vec![], vec![]));
     for (i, d) in demands.iter().enumerate() {
         // (point, served, cut below what it holds)
@@ -334,7 +327,7 @@ fn serve_most(
             }
         }
         let cur = d.current;
-        let mut next: std::collections::BTreeMap<Key, Entry> = std::collections::BTreeMap::new();
+        let mut next: BTreeMap<Key, Entry> = BTreeMap::new();
         for (&(u, score, cuts), (cst, cores, ch, gave)) in &dp {
             for &((c, w), served, cut) in &opts {
                 let dw = if d.shares_pool_ways { 0 } else { w as usize };
@@ -375,23 +368,9 @@ fn serve_most(
     // Those given up grow toward their cheapest needs with what is free.
     let cheapest: Vec<(u32, u32)> = demands
         .iter()
-        .map(|d| {
-            d.options(false)
-                .into_iter()
-                .min_by(|a, b| d.cost(costs, a.0, a.1).total_cmp(&d.cost(costs, b.0, b.1)))
-                .unwrap_or(d.current)
-        })
+        .map(|d| cheapest_of(costs, d, d.options(false)).unwrap_or(d.current))
         .collect();
-    let lc_ways: u32 = out
-        .iter()
-        .zip(demands)
-        .filter(|(_, d)| !d.shares_pool_ways)
-        .map(|(x, _)| x.1)
-        .sum();
-    let mut free = (
-        room.cores.saturating_sub(out.iter().map(|x| x.0).sum()),
-        room.ways.saturating_sub(lc_ways),
-    );
+    let mut free = free_after(room, demands, &out);
     for &i in growth_order(costs, demands, &cheapest, &out)
         .iter()
         .filter(|i| given_up.contains(i))
@@ -405,7 +384,12 @@ fn serve_most(
         }
         out[i] = pick;
     }
-    Some((out, given_up))
+    Some(Packing {
+        alloc: out,
+        degraded: true,
+        yielded: given_up.clone(),
+        given_up,
+    })
 }
 
 /// The dynamic programme: the cheapest choice of one option per demand that fits `room`,
@@ -461,6 +445,27 @@ fn below(a: (u32, u32), b: (u32, u32)) -> bool {
     a.0 <= b.0 && a.1 <= b.1
 }
 
+/// The cheapest of `opts` for `d`, if any.
+fn cheapest_of(costs: &Costs, d: &Demand, opts: Vec<(u32, u32)>) -> Option<(u32, u32)> {
+    opts.into_iter()
+        .min_by(|a, b| d.cost(costs, a.0, a.1).total_cmp(&d.cost(costs, b.0, b.1)))
+}
+
+/// The (cores, ways) of `room` that `alloc` leaves free (services sharing the pool's ways
+/// use none of the latency-critical ways).
+fn free_after(room: Room, demands: &[Demand], alloc: &[(u32, u32)]) -> (u32, u32) {
+    let lc_ways: u32 = alloc
+        .iter()
+        .zip(demands)
+        .filter(|(_, d)| !d.shares_pool_ways)
+        .map(|(x, _)| x.1)
+        .sum();
+    (
+        room.cores.saturating_sub(alloc.iter().map(|x| x.0).sum()),
+        room.ways.saturating_sub(lc_ways),
+    )
+}
+
 /// The degrade rule (see the module docs). Returns (cores, ways) per demand, and the
 /// demands that gave in the triage.
 pub(super) fn degrade(
@@ -468,10 +473,6 @@ pub(super) fn degrade(
     costs: &Costs,
     demands: &[Demand],
 ) -> (Vec<(u32, u32)>, Vec<usize>) {
-    let cheapest_of = |d: &Demand, opts: Vec<(u32, u32)>| {
-        opts.into_iter()
-            .min_by(|a, b| d.cost(costs, a.0, a.1).total_cmp(&d.cost(costs, b.0, b.1)))
-    };
     // A service saturated for a while outranks the hysteresis of those of no higher
     // priority: they go to their needs at once where those are smaller.
     let top_saturated = demands
@@ -483,7 +484,7 @@ pub(super) fn degrade(
         .iter()
         .map(|d| {
             let yields = top_saturated.is_some_and(|p| d.priority <= p) && !d.saturated();
-            cheapest_of(d, d.options(!yields)).unwrap_or(d.current)
+            cheapest_of(costs, d, d.options(!yields)).unwrap_or(d.current)
         })
         .collect();
     let mut out: Vec<(u32, u32)> = cheapest
@@ -491,16 +492,7 @@ pub(super) fn degrade(
         .zip(demands)
         .map(|(n, d)| if below(*n, d.current) { *n } else { d.current })
         .collect();
-    let lc_ways: u32 = out
-        .iter()
-        .zip(demands)
-        .filter(|(_, d)| !d.shares_pool_ways)
-        .map(|(x, _)| x.1)
-        .sum();
-    let mut free = (
-        room.cores.saturating_sub(out.iter().map(|x| x.0).sum()),
-        room.ways.saturating_sub(lc_ways),
-    );
+    let mut free = free_after(room, demands, &out);
     let order = growth_order(costs, demands, &cheapest, &out);
     for &i in &order {
         let d = &demands[i];
@@ -508,7 +500,7 @@ pub(super) fn degrade(
         let pool = d.shares_pool_ways;
         let reach = |&(c, w): &(u32, u32)| c <= base.0 + free.0 && (pool || w <= base.1 + free.1);
         let within: Vec<(u32, u32)> = d.options(false).into_iter().filter(reach).collect();
-        let pick = match cheapest_of(d, within) {
+        let pick = match cheapest_of(costs, d, within) {
             Some(p) => p,
             None => match take_from_lower(demands, &mut out, i, cheapest[i], &mut free) {
                 Some(p) => p,

@@ -11,9 +11,8 @@
 //!    the first errors, then exponentially weighted); errors for an unchanged allocation
 //!    estimate the measurement noise, errors after a change recalibrate the model's spread
 //!    for this service. A measured violation more than the tolerance above the prediction
-//!    is a miss. The prediction anchored on a service's first reading (the interval the
-//!    daemon started in) teaches nothing, and that reading sets the measurement noise no
-//!    lower than its own sampling error.
+//!    is a miss. A service's first reading sets the measurement noise no lower than its own
+//!    sampling error (the p99 of the requests it rests on).
 //! 2. **Predict, anchored.** A candidate is predicted as the measured value of the
 //!    allocation in force plus the ensemble's predicted *change* to the candidate (and the
 //!    bias); its spread is the members' disagreement on that change, calibrated
@@ -768,29 +767,10 @@ impl MlPolicy {
                     st.learn(&held, &self.cfg);
                 }
             }
-            // The first reading rests on the interval the daemon started in (its own start,
-            // the first placement, the probe's first connections): a prediction anchored on
-            // it teaches nothing but the cliff it may show. On the project's VM one such
-            // reading, 1.55 ms where the next read 0.29, set the bias to -1.52 and, through
-            // it, the posterior's constant to +0.50 for a hundred ticks (docs/EXPERIMENTS.md,
-            // "Why `ml` held both CPUs on the VM").
-            let anchored_on_first = st.readings_seen == 1;
-            if reading.is_some() {
-                st.readings_seen = st.readings_seen.saturating_add(1);
-            }
             let Some(last) = st.last.take() else { continue };
             let Some(measured) = reading.filter(|_| in_force(&last.alloc)) else {
                 continue;
             };
-            if anchored_on_first {
-                st.note_outcome(
-                    &last,
-                    measured,
-                    o.sample.requests_per_s,
-                    self.cfg.margin.ln(),
-                );
-                continue;
-            }
             let measurement = Measurement {
                 last,
                 measured,
@@ -1517,13 +1497,10 @@ pub(super) mod tests {
         let levels_planned = |readings: &[f64]| {
             let mut ml = MlPolicy::new(c.clone(), model.clone(), MlConfig::default());
             let mut plan = ml.initial().plan;
-            // The first reading teaches nothing (the start-up interval); from the second on
-            // the pool's levels are learnt.
             plan = ml.decide(&beside(&plan, 10, 0.5), 1_000).plan;
-            plan = ml.decide(&beside(&plan, 10, 0.5), 2_000).plan;
-            plan = ml.decide(&beside(&plan, 30, 0.95), 3_000).plan;
+            plan = ml.decide(&beside(&plan, 30, 0.95), 2_000).plan;
             let mut why = String::new();
-            for (i, r) in (4..).zip(readings) {
+            for (i, r) in (3..).zip(readings) {
                 let d = ml.decide(&beside(&plan, 30, *r), i * 1_000);
                 why = pool_reason(&d).to_string();
                 plan = d.plan;
@@ -1958,13 +1935,11 @@ pub(super) mod tests {
         let model = linear_model(&[(0.0, &w), (0.0, &w)]);
         let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
         let initial = ml.initial().plan;
-        // Past the start-up reading, which teaches nothing.
-        let start = ml.decide(&observe(&c, &initial, &sample(Some(0.5))), 1_000);
-        let first = ml.decide(&observe(&c, &start.plan, &sample(Some(0.5))), 2_000);
+        let first = ml.decide(&observe(&c, &initial, &sample(Some(0.5))), 1_000);
         let placed = first.plan.services["lc0"];
         // 3 × the target after 0.5, same load, 2 of its 8 cores busy: wait.
         let saturated = sample(Some(3.0));
-        let second = ml.decide(&observe(&c, &first.plan, &saturated), 3_000);
+        let second = ml.decide(&observe(&c, &first.plan, &saturated), 2_000);
         assert_eq!(
             second.reasons["lc0"],
             Reason::new(
@@ -1975,7 +1950,7 @@ pub(super) mod tests {
         assert_eq!(second.plan.services["lc0"], placed);
         // Confirmed a tick later: acted on (the model's level, corrected by the miss, wants
         // more cores).
-        let third = ml.decide(&observe(&c, &second.plan, &saturated), 4_000);
+        let third = ml.decide(&observe(&c, &second.plan, &saturated), 3_000);
         assert!(!third.reasons["lc0"].text.contains("unconfirmed"));
         assert!(third.plan.services["lc0"].cores > placed.cores);
     }
@@ -2005,46 +1980,6 @@ pub(super) mod tests {
         assert_eq!(after.noise2, before.noise2);
         assert_eq!(after.z2, before.z2);
         assert_eq!(after.misses, before.misses);
-    }
-
-    #[test]
-    fn the_prediction_anchored_on_the_first_reading_teaches_nothing() {
-        // The first reading rests on the interval the daemon started in: 1.5 × the target,
-        // then 0.5. The prediction made from the first is off by about ln 3; it must not
-        // reach the bias, the noise, the spread factor or the posterior. The next one does.
-        let c = ctx(1, 16);
-        let w = [(col("cores_cand"), -1.8)];
-        let model = linear_model(&[(0.0, &w), (0.0, &w)]);
-        let mut ml = MlPolicy::new(c.clone(), Arc::new(model), MlConfig::default());
-        let mut plan = ml.initial().plan;
-        plan = ml
-            .decide(&observe(&c, &plan, &sample(Some(1.5))), 1_000)
-            .plan;
-        let fresh = ml.state["lc0"].clone();
-        assert!(
-            fresh.last.is_some(),
-            "a prediction anchored on the first reading"
-        );
-        let learnt = |st: &ServiceState| {
-            (
-                st.bias,
-                st.bias_samples,
-                st.noise2,
-                st.z2,
-                st.posterior.as_ref().map(Blr::samples),
-            )
-        };
-        plan = ml
-            .decide(&observe(&c, &plan, &sample(Some(0.5))), 2_000)
-            .plan;
-        assert_eq!(learnt(&ml.state["lc0"]), learnt(&fresh));
-        ml.decide(&observe(&c, &plan, &sample(Some(0.6))), 3_000);
-        let st = &ml.state["lc0"];
-        assert_eq!(
-            st.bias_samples, 1,
-            "the second reading's prediction teaches"
-        );
-        assert!(st.bias != 0.0);
     }
 
     /// `ticks` decisions for one service whose model says a core more is -0.05 in

@@ -101,9 +101,6 @@ pub(super) struct ServiceState {
     /// Intervals the last reading's p99 rested on (its latency window, at least 1).
     pub(super) window: u32,
     pub(super) misses: u32,
-    /// Readings this service has had since the policy started ([`super::MlPolicy`]'s
-    /// step 1: the prediction anchored on the first teaches nothing).
-    pub(super) readings_seen: u32,
     pub(super) last: Option<LastPrediction>,
     /// A reading the glitch check held on, with the prediction it would correct: learnt
     /// from when the next reading confirms it ([`ServiceState::learn`]).
@@ -250,7 +247,6 @@ impl Default for ServiceState {
             noise2: MEASUREMENT_SIGMA * MEASUREMENT_SIGMA,
             window: 1,
             misses: 0,
-            readings_seen: 0,
             last: None,
             unconfirmed: None,
             fallback_until_ms: None,

@@ -305,12 +305,13 @@ fn serve_most(room: Room, costs: &Costs, demands: &[Demand]) -> Option<Packing> 
     let may_give_up = |d: &Demand| hopeless(d) || d.priority < top_over;
     let weights = priority_weights(demands);
     let w_total = room.ways as usize;
-    // State: (ways used, score, services cut below what they hold) -> (cost, cores,
-    // choices, given up).
-    type Entry = (f64, u32, Vec<(u32, u32)>, Vec<usize>);
+    // State: (ways used, score, services cut below what they hold); per state the cheapest
+    // partial packing, as (cost, cores, the state before, this service's point, served).
     type Key = (usize, u64, usize);
-    let mut dp: BTreeMap<Key, Entry> = BTreeMap::new();
-    dp.insert((0, 0, 0), (0.0, 0, vec![], vec![]));
+    type Node = (f64, u32, Key, (u32, u32), bool);
+    let mut layers: Vec<BTreeMap<Key, Node>> = Vec::with_capacity(demands.len());
+    let mut dp: BTreeMap<Key, Node> = BTreeMap::new();
+    dp.insert((0, 0, 0), (0.0, 0, (0, 0, 0), (0, 0), true));
     for (i, d) in demands.iter().enumerate() {
         // (point, served, cut below what it holds); a hopeless service given up lately is
         // not served again while it stays hopeless.
@@ -331,8 +332,8 @@ fn serve_most(room: Room, costs: &Costs, demands: &[Demand]) -> Option<Packing> 
             }
         }
         let cur = d.current;
-        let mut next: BTreeMap<Key, Entry> = BTreeMap::new();
-        for (&(u, score, cuts), (cst, cores, ch, gave)) in &dp {
+        let mut next: BTreeMap<Key, Node> = BTreeMap::new();
+        for (&(u, score, cuts), &(cst, cores, _, _, _)) in &dp {
             for &((c, w), served, cut) in &opts {
                 let dw = if d.shares_pool_ways { 0 } else { w as usize };
                 let u2 = u + dw;
@@ -350,25 +351,30 @@ fn serve_most(room: Room, costs: &Costs, demands: &[Demand]) -> Option<Packing> 
                     score + if served { weights[i] } else { 0 },
                     cuts + usize::from(cut),
                 );
-                if next.get(&key).is_none_or(|(b, _, _, _)| c2 < *b) {
-                    let mut ch2 = ch.clone();
-                    ch2.push((c, w));
-                    let mut gave2 = gave.clone();
-                    if !served {
-                        gave2.push(i);
-                    }
-                    next.insert(key, (c2, cores + c, ch2, gave2));
+                if next.get(&key).is_none_or(|n| c2 < n.0) {
+                    next.insert(key, (c2, cores + c, (u, score, cuts), (c, w), served));
                 }
             }
         }
-        dp = next;
+        layers.push(std::mem::replace(&mut dp, next));
     }
     // The most served, then the fewest cut, then the least cost.
-    let (_, (_, _, mut out, given_up)) =
-        dp.into_iter()
-            .max_by(|((_, sa, ka), a), ((_, sb, kb), b)| {
-                sa.cmp(sb).then(kb.cmp(ka)).then(b.0.total_cmp(&a.0))
-            })?;
+    let (key, _) = dp.iter().max_by(|((_, sa, ka), a), ((_, sb, kb), b)| {
+        sa.cmp(sb).then(kb.cmp(ka)).then(b.0.total_cmp(&a.0))
+    })?;
+    let mut key = *key;
+    layers.push(dp);
+    let mut out = vec![(0, 0); demands.len()];
+    let mut given_up = Vec::new();
+    for i in (0..demands.len()).rev() {
+        let (_, _, prev, pick, served) = layers[i + 1][&key];
+        out[i] = pick;
+        if !served {
+            given_up.push(i);
+        }
+        key = prev;
+    }
+    given_up.reverse();
     // Those given up grow toward their cheapest needs with what is free.
     let cheapest: Vec<(u32, u32)> = demands
         .iter()
@@ -1203,6 +1209,15 @@ mod tests {
         assert_eq!(p.alloc, vec![(8, 4), (20, 10), (8, 4)]);
     }
 
+    /// Over its target for a while, at 20 times it: hopeless ([`hopeless`]).
+    fn saturated(d: Demand) -> Demand {
+        Demand {
+            persistent: true,
+            slack: Some(-19.0),
+            ..violating(d)
+        }
+    }
+
     #[test]
     fn the_triage_by_the_count_gives_up_a_hopeless_service_and_moves_ways_between_the_others() {
         // 36 cores, 19 ways. k meets its target on (6, 10) at 0.9 of it (no way to spare on
@@ -1211,11 +1226,6 @@ mod tests {
         // a while. The degrade rule keeps k on its ten ways, so s cannot have nine and only
         // k meets its target. Moving k to (9, 2) serves s too, with m kept on what it holds
         // (nothing need be cut); m then grows with what is free.
-        let saturated = |d: Demand| Demand {
-            persistent: true,
-            slack: Some(-19.0),
-            ..violating(d)
-        };
         let k = Demand {
             keep: Some((6, 10)),
             slack: Some(0.1),
@@ -1252,11 +1262,6 @@ mod tests {
     fn the_triage_by_the_count_cuts_a_hopeless_service_to_its_floor_where_it_must() {
         // As above, but m holds 25 cores: k on (9, 2) and s on (5, 9) leave it 22, so it
         // drops to its floor (a core and a way) and grows back with what is free.
-        let saturated = |d: Demand| Demand {
-            persistent: true,
-            slack: Some(-19.0),
-            ..violating(d)
-        };
         let k = Demand {
             keep: Some((6, 10)),
             slack: Some(0.1),
@@ -1276,11 +1281,6 @@ mod tests {
         // the cheaper. b was given up last tick: the count serves a again and leaves b
         // given up (it grows into a free way), rather than the two trading places every
         // tick; had b not been given up lately, it would be served in a's place.
-        let saturated = |d: Demand| Demand {
-            persistent: true,
-            slack: Some(-19.0),
-            ..violating(d)
-        };
         let k = Demand {
             keep: Some((32, 2)),
             slack: Some(0.1),

@@ -887,8 +887,8 @@ impl MlPolicy {
             let mut why = p.reason.clone();
             if packing.given_up.contains(&i) {
                 why.text.push_str(
-                    "; given up: needs exceed the host, and the others meet their targets \
-                     on what it would take (overload rule)",
+                    "; given up: needs exceed the host, and what it would take serves more \
+                     of the others (overload rule)",
                 );
             } else if packing.degraded {
                 why.text

@@ -268,12 +268,11 @@ fn served_score(demands: &[Demand], alloc: &[(u32, u32)]) -> u64 {
 /// A service the triage by the count ([`serve_most`]) may give up: saturated
 /// ([`Demand::saturated`]: at twice its target or more for a while, it misses whatever a
 /// step gives it), or given up recently ([`Demand::yielded`]) and still over its target, so
-/// that one that dips under twice its target for a tick is not served again at once (on
-/// the crowded E5, moses, which no allocation within the host serves, came back every few
-/// intervals and took the ways specjbb and sphinx then lost). A service merely over its
-/// target is not: giving up every service persistently over its target cost the diurnal
-/// crowd on the Gold 0.28 services per interval, one service given up for good where
-/// misses had rotated between three.
+/// that one that dips under twice its target for a tick does not come back at once and
+/// take the ways just given to others. A service merely over its target is not: given up
+/// at a floor it would stay over its target there, and so stay given up, where misses
+/// could otherwise rotate among several services (docs/EXPERIMENTS.md, "A triage by the
+/// count").
 fn hopeless(d: &Demand) -> bool {
     d.saturated() || (d.yielded && d.violating)
 }
@@ -287,11 +286,10 @@ fn hopeless(d: &Demand) -> bool {
 /// is served, at any point of its own options (the model vouches for each), so ways can
 /// move between the services served, which the degrade rule, keeping what each holds,
 /// never does. A hopeless service given up lately is not served again while it stays
-/// hopeless: two hopeless services each served by a fallback step from what they were
-/// left (the one at its floor the cheaper to serve) traded places every tick, 1,100
-/// actuations in a 300-interval run on the crowded E5 where this makes 400, for 0.06
-/// services per interval over twenty seeds. Those given up then grow from what they were left toward their cheapest
-/// needs with what is free, in growth order (latency-critical before best effort).
+/// hopeless: else two of them, each "served" by a fallback step from what it was left (the
+/// one at its floor always the cheaper), trade places every tick. Those given up then grow
+/// from what they were left toward their cheapest needs with what is free, in growth
+/// order (latency-critical before best effort).
 /// A dynamic programme over services whose state is (ways used, score, cuts), keeping the
 /// cheapest partial packing per state: `services × ways × levels × points` at most.
 /// Returns the packing (with those given up), or `None` when no service may be given up or
@@ -388,11 +386,7 @@ fn serve_most(room: Room, costs: &Costs, demands: &[Demand]) -> Option<Packing> 
         let d = &demands[i];
         let base = out[i];
         let pick = grow_toward(d, cheapest[i], base, free.0, free.1);
-        free.0 = (free.0 + base.0).saturating_sub(pick.0);
-        if !d.shares_pool_ways {
-            free.1 = (free.1 + base.1).saturating_sub(pick.1);
-        }
-        out[i] = pick;
+        settle(&mut free, &mut out, i, pick, d.shares_pool_ways);
     }
     Some(Packing {
         alloc: out,
@@ -453,6 +447,23 @@ fn cheapest_fit(
 /// `a` is at most `b` in every resource.
 fn below(a: (u32, u32), b: (u32, u32)) -> bool {
     a.0 <= b.0 && a.1 <= b.1
+}
+
+/// Moves demand `i` from what it holds in `out` to `pick`, `free` taking back the
+/// difference (the ways too, unless it shares the pool's).
+fn settle(
+    free: &mut (u32, u32),
+    out: &mut [(u32, u32)],
+    i: usize,
+    pick: (u32, u32),
+    shares_pool_ways: bool,
+) {
+    let base = out[i];
+    free.0 = (free.0 + base.0).saturating_sub(pick.0);
+    if !shares_pool_ways {
+        free.1 = (free.1 + base.1).saturating_sub(pick.1);
+    }
+    out[i] = pick;
 }
 
 /// The cheapest of `opts` for `d`, if any.
@@ -517,11 +528,7 @@ pub(super) fn degrade(
                 None => grow_toward(d, cheapest[i], base, free.0, free.1),
             },
         };
-        free.0 = (free.0 + base.0).saturating_sub(pick.0);
-        if !pool {
-            free.1 = (free.1 + base.1).saturating_sub(pick.1);
-        }
-        out[i] = pick;
+        settle(&mut free, &mut out, i, pick, pool);
     }
     let yielded = triage(demands, &cheapest, &order, &mut out, &mut free);
     lend_ways(demands, &cheapest, &mut out, free.0);
@@ -560,14 +567,9 @@ fn triage(
             .filter(|&j| j != i && demands[j].priority <= d.priority)
             .filter(|&j| demands[j].persistent && short(&demands[j], out[j]))
             .collect();
-        let base = out[i];
         let before = out.to_vec();
         if let Some(pick) = take_from(demands, out, i, cheapest[i], free, donors) {
-            free.0 = (free.0 + base.0).saturating_sub(pick.0);
-            if !d.shares_pool_ways {
-                free.1 = (free.1 + base.1).saturating_sub(pick.1);
-            }
-            out[i] = pick;
+            settle(free, out, i, pick, d.shares_pool_ways);
             gave.extend((0..out.len()).filter(|&j| j != i && out[j] != before[j]));
         }
     }
@@ -730,11 +732,9 @@ fn grow_toward(
 }
 
 /// A borrower within this share over its target may take a way on measurements alone
-/// ([`measured_donor`]). At 0.25 (and a donor at 0.7 of its target), moses on the crowded
-/// Gold sat at 1.42 times its target on one way and 26 cores for good, beside img-dnn at
-/// 0.7 of its own on six ways (the oracle gives moses seven); 0.5 and 0.2 took `ml` on that
-/// host from 4.77 to 5.02 services per interval over twenty seeds (the diurnal Gold 5.19 to
-/// 5.37, the E5 5.71 to 5.67; the built-ins over forty seeds unchanged).
+/// ([`measured_donor`]): a service starved of ways some way over its target (moses on the
+/// crowded Gold, on one way and most of the cores) is no worse off for one way a tick, read
+/// back each time (the settings compared: docs/EXPERIMENTS.md, "A triage by the count").
 const LEND_NEAR: f64 = 0.5;
 
 /// A donor on measurements alone reads at most `1 - LEND_SLACK` of its target.
@@ -1218,20 +1218,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_triage_by_the_count_gives_up_a_hopeless_service_and_moves_ways_between_the_others() {
-        // 36 cores, 19 ways. k meets its target on (6, 10) at 0.9 of it (no way to spare on
-        // measurements alone), or on (9, 2); s needs (5, 9);
-        // m needs (30, 10), out of reach. s and m have been at 20 times their targets for
-        // a while. The degrade rule keeps k on its ten ways, so s cannot have nine and only
-        // k meets its target. Moving k to (9, 2) serves s too, with m kept on what it holds
-        // (nothing need be cut); m then grows with what is free.
+    /// k meets its target on (6, 10) at 0.9 of it (no way to spare on measurements alone),
+    /// or on (9, 2); s, hopeless, needs (5, 9).
+    fn ways_held_by_k() -> (Demand, Demand) {
         let k = Demand {
             keep: Some((6, 10)),
             slack: Some(0.1),
             ..frontier((6, 10), &[(6, 10), (9, 2)])
         };
-        let s = saturated(frontier((2, 2), &[(5, 9)]));
+        (k, saturated(frontier((2, 2), &[(5, 9)])))
+    }
+
+    #[test]
+    fn the_triage_by_the_count_gives_up_a_hopeless_service_and_moves_ways_between_the_others() {
+        // 36 cores, 19 ways; k and s as in [`ways_held_by_k`]; m, hopeless too, needs
+        // (30, 10), out of reach. The degrade rule keeps k on its ten ways, so s cannot
+        // have nine and only k meets its target. Moving k to (9, 2) serves s too, with m
+        // kept on what it holds (nothing need be cut); m then grows with what is free.
+        let (k, s) = ways_held_by_k();
         let m = saturated(fixed((10, 5), 30, 10));
         let p = pack(ROOM, &COSTS, &[k.clone(), s.clone(), m.clone()]);
         assert!(p.degraded);
@@ -1262,12 +1266,7 @@ mod tests {
     fn the_triage_by_the_count_cuts_a_hopeless_service_to_its_floor_where_it_must() {
         // As above, but m holds 25 cores: k on (9, 2) and s on (5, 9) leave it 22, so it
         // drops to its floor (a core and a way) and grows back with what is free.
-        let k = Demand {
-            keep: Some((6, 10)),
-            slack: Some(0.1),
-            ..frontier((6, 10), &[(6, 10), (9, 2)])
-        };
-        let s = saturated(frontier((2, 2), &[(5, 9)]));
+        let (k, s) = ways_held_by_k();
         let m = saturated(fixed((25, 5), 30, 10));
         let p = pack(ROOM, &COSTS, &[k, s, m]);
         assert_eq!(p.alloc, vec![(9, 2), (5, 9), (22, 8)]);

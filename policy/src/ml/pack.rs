@@ -194,12 +194,18 @@ pub(super) struct Packing {
     pub(super) alloc: Vec<(u32, u32)>,
     /// The needs did not all fit: the degrade rule decided.
     pub(super) degraded: bool,
-    /// The demands that gave to others in the degrade rule's triage ([`triage`]) or were
-    /// given up by the triage by the count ([`serve_most`]).
+    /// The demands whose hold on taking (re)starts: those that gave to others in the
+    /// degrade rule's triage ([`triage`]), and those the triage by the count
+    /// ([`serve_most`]) gave up, but for one given up again while held and near its
+    /// target ([`holds_restarting`]).
     pub(super) yielded: Vec<usize>,
     /// The demands given up by the triage by the count ([`serve_most`]).
     pub(super) given_up: Vec<usize>,
 }
+
+/// How far over its target (as a share of it) a service given up while held may be, and
+/// still be tried again when its hold lapses ([`serve_most`]).
+const RETRY_NEAR: f64 = 0.25;
 
 /// A partial packing in the dynamic programme: (cost, cores used, (cores, ways) so far).
 type Partial = (f64, u32, Vec<(u32, u32)>);
@@ -287,7 +293,8 @@ fn hopeless(d: &Demand) -> bool {
 /// move between the services served, which the degrade rule, keeping what each holds,
 /// never does. A hopeless service given up lately is not served again while it stays
 /// hopeless: else two of them, each "served" by a fallback step from what it was left (the
-/// one at its floor always the cheaper), trade places every tick. Those given up then grow
+/// one at its floor always the cheaper), trade places every tick; one near its target is
+/// tried again once its hold lapses ([`holds_restarting`]). Those given up then grow
 /// from what they were left toward their cheapest needs with what is free, in growth
 /// order (latency-critical before best effort).
 /// A dynamic programme over services whose state is (ways used, score, cuts), keeping the
@@ -388,12 +395,31 @@ fn serve_most(room: Room, costs: &Costs, demands: &[Demand]) -> Option<Packing> 
         let pick = grow_toward(d, cheapest[i], base, free.0, free.1);
         settle(&mut free, &mut out, i, pick, d.shares_pool_ways);
     }
+    let yielded = holds_restarting(demands, &given_up);
     Some(Packing {
         alloc: out,
         degraded: true,
-        yielded: given_up.clone(),
+        yielded,
         given_up,
     })
+}
+
+/// Which of the services `given_up` by [`serve_most`] start a hold on taking
+/// ([`Packing::yielded`]): one given up afresh, or given up again while held and saturated
+/// or more than [`RETRY_NEAR`] over its target (a step would not serve it). One given up
+/// again while held and nearer its target keeps the hold it has and is tried again when
+/// that lapses: else, hopeless because held, it would stay given up for good however
+/// little it lacks (docs/EXPERIMENTS.md, "A service given up near its target is tried
+/// again").
+fn holds_restarting(demands: &[Demand], given_up: &[usize]) -> Vec<usize> {
+    given_up
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let d = &demands[i];
+            !d.yielded || d.saturated() || d.slack.is_none_or(|s| s < -RETRY_NEAR)
+        })
+        .collect()
 }
 
 /// The dynamic programme: the cheapest choice of one option per demand that fits `room`,
@@ -1297,6 +1323,50 @@ mod tests {
         let p = serve_most(ROOM, &COSTS, &[k, a, fresh]).expect("two hopeless");
         assert_eq!(p.alloc, vec![(32, 2), (2, 3), (2, 1)]);
         assert_eq!(p.given_up, vec![1]);
+    }
+
+    #[test]
+    fn a_service_given_up_near_its_target_is_tried_again_when_its_hold_lapses() {
+        // k holds most of the host and meets its target; a, b and c, each over its target
+        // and given up lately, keep what they hold. The hold is renewed for b (a third over
+        // its target) and c (saturated), not for a (a tenth over): a is tried again when its
+        // hold lapses.
+        let k = Demand {
+            keep: Some((27, 2)),
+            slack: Some(0.1),
+            ..frontier((27, 2), &[(27, 2)])
+        };
+        let held = |slack: f64| Demand {
+            yielded: true,
+            persistent: true,
+            slack: Some(slack),
+            ..violating(fixed((3, 2), 8, 4))
+        };
+        let (a, b) = (held(-0.1), held(-0.3));
+        let c = Demand {
+            yielded: true,
+            ..saturated(fixed((3, 2), 8, 4))
+        };
+        assert!(hopeless(&a) && hopeless(&b) && !b.saturated() && c.saturated());
+        let p = serve_most(ROOM, &COSTS, &[k, a.clone(), b, c.clone()]).expect("hopeless");
+        // All grow into the free ways toward their needs; no core is free.
+        assert_eq!(p.alloc, vec![(27, 2), (3, 4), (3, 4), (3, 4)]);
+        assert_eq!(p.given_up, vec![1, 2, 3]);
+        assert_eq!(p.yielded, vec![2, 3]);
+        // Given up afresh (below c's priority, so that it may be; k holding three cores
+        // more, so that a's need does not fit), a starts a hold.
+        let fresh = Demand {
+            yielded: false,
+            priority: -1,
+            ..a
+        };
+        let k = Demand {
+            keep: Some((30, 2)),
+            ..frontier((30, 2), &[(30, 2)])
+        };
+        let p = serve_most(ROOM, &COSTS, &[k, fresh, c]).expect("hopeless");
+        assert_eq!(p.given_up, vec![1, 2]);
+        assert_eq!(p.yielded, vec![1, 2]);
     }
 
     #[test]

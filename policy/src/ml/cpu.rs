@@ -287,11 +287,13 @@ impl MlPolicy {
         if !safe && !new_service {
             points = search::never_fewer_ways(points, current.1);
         }
+        let climb = search::climb_floor(v.measured, prev, in_force.0, busy, cfg.give_back_headroom);
+        let (points, text) = search::sized_for_climb(points, text, climb);
         ServicePlan {
             name: name.to_string(),
             need: Need::Frontier { points },
-            keep: h.keep.then_some(current),
-            stay: (safe && !h.keep && !new_service).then_some(current),
+            keep: (h.keep && climb.is_none()).then_some(current),
+            stay: (safe && !h.keep && !new_service && climb.is_none()).then_some(current),
             reason: Reason::new(DecisionPath::Model, text),
             gpu_pct: None,
             predictable: true,

@@ -16,6 +16,7 @@
 //! returns only as far as the predictions are.
 
 use super::predict::Pred;
+use super::state::Reading;
 
 /// Core counts scored first, as multiples of the cores in force (up to twice them: the
 /// trust region of the training data).
@@ -214,9 +215,98 @@ pub(super) fn short_of_saturation(
     out
 }
 
+/// p99/target past which a climbing p99 on cores nearly all busy is sized up before it
+/// crosses its target ([`climb_floor`]).
+pub(super) const CLIMB_WATCH: f64 = 0.8;
+
+/// The cores a service holding `cores` should have now, when its p99 is climbing toward
+/// saturation: two readings in a row past [`CLIMB_WATCH`] of its target, the newer
+/// (`measured`, ln(p99/target)) above the older (`prev`), with the cores in force under
+/// the saturation floor `busy + headroom * sqrt(busy)` of [`short_of_saturation`]. Then
+/// the floor's whole cores; else `None`.
+///
+/// Why: the floor keeps a give-back short of saturation, but a load that drifts up after
+/// one finds the service on the steep part of its queueing curve, where the p99 climbs a
+/// tenth of the target a tick and each reading (resting on the last few intervals) lags it.
+/// Held there until a reading crosses the margin, the next reading is over the target, and
+/// the model, which draws the cliff as a slope, predicts the allocation in force just under
+/// it (docs/EXPERIMENTS.md, "A p99 climbing on busy cores is sized up before it crosses").
+pub(super) fn climb_floor(
+    measured: Option<f64>,
+    prev: Option<Reading>,
+    cores: u32,
+    busy: Option<f64>,
+    headroom: f64,
+) -> Option<u32> {
+    let (q, p) = (measured?, prev?.log_q);
+    let busy = busy.filter(|b| b.is_finite() && *b >= 0.0 && headroom >= 0.0)?;
+    let floor = busy + headroom * busy.sqrt();
+    let watch = CLIMB_WATCH.ln();
+    (p > watch && q > p && floor > f64::from(cores))
+        .then(|| u32::try_from(cohabit_core::whole(floor.ceil())).unwrap_or(cores))
+}
+
+/// `points` with at least `cores` cores each, sorted and distinct.
+pub(super) fn at_least_cores(points: Vec<(u32, u32)>, cores: u32) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = points.into_iter().map(|(c, w)| (c.max(cores), w)).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A frontier and its reason after [`climb_floor`]'s answer `climb`: with it,
+/// every point lifted to its cores and the reason saying so.
+pub(super) fn sized_for_climb(
+    points: Vec<(u32, u32)>,
+    text: String,
+    climb: Option<u32>,
+) -> (Vec<(u32, u32)>, String) {
+    match climb {
+        Some(floor) => (
+            at_least_cores(points, floor),
+            format!("{text}; p99 climbing with its cores nearly all busy: at least {floor} cores"),
+        ),
+        None => (points, text),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_p99_climbing_on_busy_cores_is_sized_to_the_saturation_floor() {
+        let ln = f64::ln;
+        let reading = |q: f64| {
+            Some(Reading {
+                log_q: q.ln(),
+                rps: None,
+            })
+        };
+        // nginx on 4 cores, 3.9 busy (floor 4.89): 0.82 then 0.88 of its target.
+        let climbing =
+            |q: f64, p: f64, busy: f64| climb_floor(Some(ln(q)), reading(p), 4, Some(busy), 0.5);
+        assert_eq!(climbing(0.88, 0.82, 3.9), Some(5));
+        // Falling, or the older reading not yet past the watch: held.
+        assert_eq!(climbing(0.82, 0.88, 3.9), None);
+        assert_eq!(climbing(0.88, 0.78, 3.9), None);
+        // Cores to spare (2.5 busy: floor 3.29 under 4): held.
+        assert_eq!(climbing(0.88, 0.82, 2.5), None);
+        // No busy reading, no reading, or the headroom off: held.
+        assert_eq!(
+            climb_floor(Some(ln(0.88)), reading(0.82), 4, None, 0.5),
+            None
+        );
+        assert_eq!(climb_floor(None, reading(0.82), 4, Some(3.9), 0.5), None);
+        assert_eq!(
+            climb_floor(Some(ln(0.88)), reading(0.82), 4, Some(3.9), -1.0),
+            None
+        );
+        assert_eq!(
+            at_least_cores(vec![(3, 4), (4, 2), (6, 1)], 5),
+            vec![(5, 2), (5, 4), (6, 1)]
+        );
+    }
 
     #[test]
     fn only_a_flat_frontier_offers_the_pools_ways() {

@@ -288,7 +288,7 @@ impl MlPolicy {
             points = search::never_fewer_ways(points, current.1);
         }
         let climb = search::climb_floor(v.measured, prev, in_force.0, busy, cfg.give_back_headroom);
-        let (points, text) = search::sized_for_climb(points, text, climb);
+        let (points, text) = search::sized_for_climb(points, text, climb, in_force.1);
         ServicePlan {
             name: name.to_string(),
             need: Need::Frontier { points },

@@ -246,24 +246,31 @@ pub(super) fn climb_floor(
         .then(|| u32::try_from(cohabit_core::whole(floor.ceil())).unwrap_or(cores))
 }
 
-/// `points` with at least `cores` cores each, sorted and distinct.
-pub(super) fn at_least_cores(points: Vec<(u32, u32)>, cores: u32) -> Vec<(u32, u32)> {
-    let mut out: Vec<(u32, u32)> = points.into_iter().map(|(c, w)| (c.max(cores), w)).collect();
+/// `points` with at least `cores` cores and `ways` ways each, sorted and distinct.
+pub(super) fn at_least(points: Vec<(u32, u32)>, cores: u32, ways: u32) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = points
+        .into_iter()
+        .map(|(c, w)| (c.max(cores), w.max(ways)))
+        .collect();
     out.sort_unstable();
     out.dedup();
     out
 }
 
-/// A frontier and its reason after [`climb_floor`]'s answer `climb`: with it,
-/// every point lifted to its cores and the reason saying so.
+/// A frontier and its reason after [`climb_floor`]'s answer `climb` for a service holding
+/// `ways`: with it, every point lifted to its cores and to the ways held (a climbing
+/// service gives nothing back: lifted in cores alone, the cheapest point traded ways for
+/// the core, docs/EXPERIMENTS.md, "A p99 climbing on busy cores is sized up before it
+/// crosses"), and the reason saying so.
 pub(super) fn sized_for_climb(
     points: Vec<(u32, u32)>,
     text: String,
     climb: Option<u32>,
+    ways: u32,
 ) -> (Vec<(u32, u32)>, String) {
     match climb {
         Some(floor) => (
-            at_least_cores(points, floor),
+            at_least(points, floor, ways),
             format!("{text}; p99 climbing with its cores nearly all busy: at least {floor} cores"),
         ),
         None => (points, text),
@@ -303,9 +310,15 @@ mod tests {
             None
         );
         assert_eq!(
-            at_least_cores(vec![(3, 4), (4, 2), (6, 1)], 5),
-            vec![(5, 2), (5, 4), (6, 1)]
+            at_least(vec![(3, 4), (4, 2), (6, 1)], 5, 2),
+            vec![(5, 2), (5, 4), (6, 2)]
         );
+        // A climbing service's frontier gives no way back.
+        let (points, text) = sized_for_climb(vec![(9, 3), (10, 1)], "hold".into(), Some(10), 3);
+        assert_eq!(points, vec![(10, 3)]);
+        assert!(text.contains("at least 10 cores"), "{text}");
+        let (points, _) = sized_for_climb(vec![(9, 3), (10, 1)], "hold".into(), None, 3);
+        assert_eq!(points, vec![(9, 3), (10, 1)]);
     }
 
     #[test]

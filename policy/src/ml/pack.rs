@@ -1235,6 +1235,16 @@ mod tests {
         assert_eq!(p.alloc, vec![(8, 4), (20, 10), (8, 4)]);
     }
 
+    /// A service meeting its target (slack 0.1) on `held`, kept there, with no other
+    /// option.
+    fn holding(held: (u32, u32)) -> Demand {
+        Demand {
+            keep: Some(held),
+            slack: Some(0.1),
+            ..frontier(held, &[held])
+        }
+    }
+
     /// Over its target for a while, at 20 times it: hopeless ([`hopeless`]).
     fn saturated(d: Demand) -> Demand {
         Demand {
@@ -1306,11 +1316,7 @@ mod tests {
         // the cheaper. b was given up last tick: the count serves a again and leaves b
         // given up (it grows into a free way), rather than the two trading places every
         // tick; had b not been given up lately, it would be served in a's place.
-        let k = Demand {
-            keep: Some((32, 2)),
-            slack: Some(0.1),
-            ..frontier((32, 2), &[(32, 2)])
-        };
+        let k = holding((32, 2));
         let a = saturated(fixed((2, 2), 3, 3));
         let fresh = saturated(fixed((1, 1), 2, 1));
         let b = Demand {
@@ -1331,11 +1337,7 @@ mod tests {
         // and given up lately, keep what they hold. The hold is renewed for b (a third over
         // its target) and c (saturated), not for a (a tenth over): a is tried again when its
         // hold lapses.
-        let k = Demand {
-            keep: Some((27, 2)),
-            slack: Some(0.1),
-            ..frontier((27, 2), &[(27, 2)])
-        };
+        let k = holding((27, 2));
         let held = |slack: f64| Demand {
             yielded: true,
             persistent: true,
@@ -1360,10 +1362,7 @@ mod tests {
             priority: -1,
             ..a
         };
-        let k = Demand {
-            keep: Some((30, 2)),
-            ..frontier((30, 2), &[(30, 2)])
-        };
+        let k = holding((30, 2));
         let p = serve_most(ROOM, &COSTS, &[k, fresh, c]).expect("hopeless");
         assert_eq!(p.given_up, vec![1, 2]);
         assert_eq!(p.yielded, vec![1, 2]);

@@ -192,10 +192,9 @@ pub(super) fn short_of_saturation(
     busy: Option<f64>,
     headroom: f64,
 ) -> Vec<(u32, u32)> {
-    let Some(busy) = busy.filter(|b| b.is_finite() && *b >= 0.0 && headroom >= 0.0) else {
+    let Some(floor) = saturation_floor(busy, headroom) else {
         return points;
     };
-    let floor = busy + headroom * busy.sqrt();
     let mut out: Vec<(u32, u32)> = points
         .into_iter()
         .map(|(c, w)| {
@@ -215,9 +214,17 @@ pub(super) fn short_of_saturation(
     out
 }
 
+/// The cores a queue with `busy` cores busy needs to stay short of saturation,
+/// `busy + headroom * sqrt(busy)` (square-root staffing); `None` without a plausible busy
+/// reading or with a negative `headroom` (off).
+fn saturation_floor(busy: Option<f64>, headroom: f64) -> Option<f64> {
+    let busy = busy.filter(|b| b.is_finite() && *b >= 0.0 && headroom >= 0.0)?;
+    Some(busy + headroom * busy.sqrt())
+}
+
 /// p99/target past which a climbing p99 on cores nearly all busy is sized up before it
 /// crosses its target ([`climb_floor`]).
-pub(super) const CLIMB_WATCH: f64 = 0.8;
+const CLIMB_WATCH: f64 = 0.8;
 
 /// The cores a service holding `cores` should have now, when its p99 is climbing toward
 /// saturation: two readings in a row past [`CLIMB_WATCH`] of its target, the newer
@@ -226,8 +233,8 @@ pub(super) const CLIMB_WATCH: f64 = 0.8;
 /// the floor's whole cores; else `None`.
 ///
 /// Why: the floor keeps a give-back short of saturation, but a load that drifts up after
-/// one finds the service on the steep part of its queueing curve, where the p99 climbs a
-/// tenth of the target a tick and each reading (resting on the last few intervals) lags it.
+/// one finds the service on the steep part of its queueing curve, where the p99 climbs
+/// fast and each reading (resting on the last few intervals) lags it.
 /// Held there until a reading crosses the margin, the next reading is over the target, and
 /// the model, which draws the cliff as a slope, predicts the allocation in force just under
 /// it (docs/EXPERIMENTS.md, "A p99 climbing on busy cores is sized up before it crosses").
@@ -239,15 +246,14 @@ pub(super) fn climb_floor(
     headroom: f64,
 ) -> Option<u32> {
     let (q, p) = (measured?, prev?.log_q);
-    let busy = busy.filter(|b| b.is_finite() && *b >= 0.0 && headroom >= 0.0)?;
-    let floor = busy + headroom * busy.sqrt();
+    let floor = saturation_floor(busy, headroom)?;
     let watch = CLIMB_WATCH.ln();
     (p > watch && q > p && floor > f64::from(cores))
         .then(|| u32::try_from(cohabit_core::whole(floor.ceil())).unwrap_or(cores))
 }
 
 /// `points` with at least `cores` cores and `ways` ways each, sorted and distinct.
-pub(super) fn at_least(points: Vec<(u32, u32)>, cores: u32, ways: u32) -> Vec<(u32, u32)> {
+fn at_least(points: Vec<(u32, u32)>, cores: u32, ways: u32) -> Vec<(u32, u32)> {
     let mut out: Vec<(u32, u32)> = points
         .into_iter()
         .map(|(c, w)| (c.max(cores), w.max(ways)))

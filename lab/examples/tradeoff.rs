@@ -23,7 +23,8 @@
 //! half a minute a setting for the five CPU scenarios on a 2-CPU machine).
 //! `TRADEOFF_SETTINGS=N` runs only the first `N` settings (`1`: `ml` as built);
 //! `TRADEOFF_SEEDS=N` runs `N` seeds (`0, 101, 202, …`) instead of ten; `TRADEOFF_MISSES=1`
-//! names every run under 0.99.
+//! names every run under 0.99; `TRADEOFF_PER_SCENARIO=1` prints each scenario and platform's
+//! mean best effort against the oracle's and mean QoS.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -278,6 +279,12 @@ fn print_row(name: &str, runs: &BTreeMap<String, Vec<RunFigures>>, hosts: usize)
         })
         .collect();
     let reach = means.iter().filter(|(_, m)| *m >= ITEM_4).count();
+    if std::env::var("TRADEOFF_PER_SCENARIO").is_ok() {
+        for (k, m) in &means {
+            let qos = runs[*k].iter().map(|r| r.0).sum::<f64>() / runs[*k].len().max(1) as f64;
+            println!("  {k:<40} be/or {m:.3}  qos {qos:.4}");
+        }
+    }
     let worst =
         means
             .iter()

@@ -22,6 +22,23 @@ use super::state::{
 use super::{MlPolicy, ServicePlan};
 use crate::{fair_shares, slack, Share};
 
+/// How a fallback reason starts when the model vouches for no candidate because its spread
+/// is too wide ([`no_candidate`]).
+const UNSURE: &str = "model unsure";
+
+/// Share of its cores (at least one) that a service the model is unsure of gives back,
+/// measured, once it has been held calm (under `explore_below` of its target for
+/// `shrink_after` intervals): the exploration rule's cut, undone at once when the next
+/// reading is past the margin, whose cliff then holds at that load
+/// ([`super::state::ServiceState::explore`]). A quarter, as the fallback's step up.
+///
+/// Why: the fallback's steps only grow, so a service that the model cannot vouch for
+/// kept whatever it was once given for as long as the model stayed unsure: on the
+/// project's VM, memcached on both CPUs for whole runs where `parties`, which gives back
+/// on measured slack, showed one was enough; in the simulator, memcached after a load
+/// step down (docs/EXPERIMENTS.md, "The fallback gives back, measured").
+const FALLBACK_GIVE_BACK: f64 = 0.25;
+
 /// What the planner knows of one CPU service at this tick.
 #[derive(Debug, Clone)]
 struct CpuView {
@@ -128,7 +145,9 @@ impl MlPolicy {
     }
 
     /// Steps 2–4 for one CPU service, then the safe exploration of its cliff
-    /// ([`super::state::ServiceState::explore`]) when the plan holds what is in force.
+    /// ([`super::state::ServiceState::explore`]) when the plan holds what is in force: by
+    /// `explore_step` where it is on, and by the fallback's measured give-back
+    /// ([`FALLBACK_GIVE_BACK`]) where the model vouches for no candidate.
     pub(super) fn plan_cpu_service(
         &mut self,
         obs: &Observation,
@@ -149,6 +168,8 @@ impl MlPolicy {
                     cores: current.0,
                     ways: current.1,
                 });
+        let unsure =
+            plan.reason.path == DecisionPath::Fallback && plan.reason.text.starts_with(UNSURE);
         let x = ExploreInput {
             current,
             measured: o
@@ -159,17 +180,37 @@ impl MlPolicy {
             busy_cores: o.sample.cpu_busy_cores,
             held: held && plan.reason.path != DecisionPath::Explore,
             limit: self.cfg.margin.ln(),
-            calm: self.cfg.explore_below.ln(),
+            // `validate` keeps `explore_below` under the margin only while exploring; the
+            // fallback's give-back reads it always.
+            calm: self.cfg.explore_below.min(self.cfg.margin).ln(),
             after: self.cfg.shrink_after,
-            step: self.cfg.explore_step,
+            step: if unsure {
+                self.cfg.explore_step.max(FALLBACK_GIVE_BACK)
+            } else {
+                self.cfg.explore_step
+            },
+            fallback: unsure,
         };
         let Some(st) = self.state.get_mut(name) else {
             return plan;
         };
-        let (to, text) = match st.explore(&x) {
+        let by_fallback = st.probe.is_some_and(|p| p.fallback);
+        let (to, path, text) = match st.explore(&x) {
             ExploreStep::Stay => return plan,
+            ExploreStep::Revert(to) if by_fallback => (
+                to,
+                DecisionPath::Fallback,
+                format!(
+                    "the give-back to {} cores went past the margin (p99/target {:.2}); \
+                     back to {}, cliff remembered",
+                    current.0,
+                    x.measured.map_or(f64::NAN, f64::exp),
+                    to.0
+                ),
+            ),
             ExploreStep::Revert(to) => (
                 to,
+                DecisionPath::Explore,
                 format!(
                     "explore: the cut to {} cores went past the margin (p99/target {:.2}); \
                      back to {}, cliff remembered",
@@ -178,21 +219,36 @@ impl MlPolicy {
                     to.0
                 ),
             ),
-            ExploreStep::Cut(to) if !predicted_within(&st.scored, to, x.limit) => {
-                // The model's mean already puts the cut past the margin: not worth a
-                // violation to learn (the calm count restarts).
+            // The model's mean already puts the cut past the margin: not worth a violation
+            // to learn (the calm count restarts). Not asked where the model vouches for no
+            // candidate: its mean is what it is unsure of, and the reading judges the cut.
+            ExploreStep::Cut(to) if !unsure && !predicted_within(&st.scored, to, x.limit) => {
                 st.probe = None;
                 return plan;
             }
+            ExploreStep::Cut(to) if unsure => (
+                to,
+                DecisionPath::Fallback,
+                format!(
+                    "{}; give back {} -> {} cores, measured (p99/target under {:.2} for {} \
+                     intervals)",
+                    plan.reason.text.split("; ").next().unwrap_or(UNSURE),
+                    current.0,
+                    to.0,
+                    self.cfg.explore_below,
+                    self.cfg.shrink_after
+                ),
+            ),
             ExploreStep::Cut(to) => (
                 to,
+                DecisionPath::Explore,
                 format!(
                     "explore: {} -> {} cores (p99/target under {:.2} for {} intervals)",
                     current.0, to.0, self.cfg.explore_below, self.cfg.shrink_after
                 ),
             ),
         };
-        let reason = Reason::new(DecisionPath::Explore, text);
+        let reason = Reason::new(path, text);
         ServicePlan::fixed(name, to.0, to.1, reason, plan.predictable)
     }
 
@@ -607,7 +663,7 @@ fn model_reason(new_service: bool, h: Hysteresis, safe: bool, relaxed: bool, now
 /// the model is unsure, or nothing meets the target.
 fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> String {
     if best.1 > unsure_sigma {
-        format!("model unsure (sigma {:.2})", best.1)
+        format!("{UNSURE} (sigma {:.2})", best.1)
     } else {
         format!(
             "no allocation within reach meets the target (best p99/target {:.2})",
@@ -680,8 +736,10 @@ fn known_good(
 /// The fallback's feedback step from `cur` (cores, ways) given the measured slack:
 /// (cores, ways, what was done).
 ///
-/// Grow-only: cuts are the model's job once it can be trusted again, so a service on the
-/// fallback never walks into a latency cliff. A violating service (slack under 0.05) gets a
+/// The step only grows or holds: a cut on the fallback is measured instead, one at a time,
+/// from an allocation held calm, and undone at the first reading past the margin
+/// ([`FALLBACK_GIVE_BACK`]), so a service on the fallback never walks into a latency cliff
+/// on a guess. A violating service (slack under 0.05) gets a
 /// step proportional to how far off, a quarter of the current cores at most; past
 /// saturation (p99 at twice the target or more, a reading the glitch check let through)
 /// the cores double. One more way when it has `own_ways`; a service sharing the pool's

@@ -22,12 +22,15 @@
 //!    by the posterior's mean on the change of the members' last hidden layer, and the
 //!    members' part of the spread is the posterior's, which narrows as the host shows how
 //!    changes land (step 1 teaches it the anchored prediction's error).
-//! 3. **Choose a path.** *Fallback* (grow-only feedback steps) when an input is more than
-//!    `z_limit` training standard deviations from the training mean, when no candidate is
-//!    admissible and certain (spread ≤ `unsure_sigma`), or for `fallback_hold_ms` after
+//! 3. **Choose a path.** *Fallback* (feedback steps that grow or hold) when an input is more
+//!    than `z_limit` training standard deviations from the training mean, when no candidate
+//!    is admissible and certain (spread ≤ `unsure_sigma`), or for `fallback_hold_ms` after
 //!    `misses_to_fallback` misses in a row; a service over its target with an allocation
 //!    measured safe at this load that the one in force does not cover goes back to it
-//!    instead of stepping. A sudden saturated reading with unchanged load and idle cores
+//!    instead of stepping. A service the model is unsure of, held calm for `shrink_after`
+//!    intervals, gives back a quarter of its cores (at least one), measured: undone at the
+//!    next reading past the margin, whose cliff then holds at that load (`cpu`'s
+//!    `FALLBACK_GIVE_BACK`, the exploration rule of step 8). A sudden saturated reading with unchanged load and idle cores
 //!    waits a tick for confirmation (counter glitches), and step 1 learns from it only
 //!    once the next reading confirms it.
 //! 4. **Search.** For each way count on a grid, the fewest cores whose pessimistic

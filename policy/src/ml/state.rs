@@ -146,11 +146,12 @@ pub(super) struct ServiceState {
 }
 
 /// An exploring cut: from the allocation that was safe to the one being tried, both
-/// (cores, ways).
+/// (cores, ways), and whether it is the fallback's give-back ([`ExploreInput::fallback`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Probe {
     pub(super) from: (u32, u32),
     pub(super) to: (u32, u32),
+    pub(super) fallback: bool,
 }
 
 /// Where a cut (exploring, or a give-back) went past the margin: (cores, ways) at `rps`
@@ -210,6 +211,9 @@ pub(super) struct ExploreInput {
     pub(super) after: u32,
     /// Fraction of the cores a cut takes.
     pub(super) step: f64,
+    /// The model vouches for no candidate and the fallback holds what is in force: the cut
+    /// is the fallback's measured give-back, at least one core whatever `step`.
+    pub(super) fallback: bool,
 }
 
 /// What the exploration rule says.
@@ -694,7 +698,8 @@ impl ServiceState {
 impl ServiceState {
     /// Safe exploration of the service's cliff, guarded by its measured margin: a service
     /// held for `after` intervals in a row measured under `calm` loses `step` of its cores,
-    /// rounded down (a service with fewer than `1 / step` cores is not probed); if the next
+    /// rounded down (a service with fewer than `1 / step` cores is not probed, except by
+    /// the fallback's give-back, which takes at least one core); if the next
     /// reading under the cut is past `limit` (or missing), the cut is undone at once and
     /// remembered as the service's cliff, under which no cut goes again while the load is at
     /// least [`CLIFF_LOAD`] of the cliff's (with no more ways than then), nor where its
@@ -715,7 +720,7 @@ impl ServiceState {
         }
         let calm = x.held && x.measured.is_some_and(|q| q <= x.calm);
         self.calm_ticks = if calm { self.calm_ticks + 1 } else { 0 };
-        if self.calm_ticks < x.after || x.step <= 0.0 {
+        if self.calm_ticks < x.after || (x.step <= 0.0 && !x.fallback) {
             return ExploreStep::Stay;
         }
         let (cores, ways) = x.current;
@@ -727,8 +732,9 @@ impl ServiceState {
         // is not probed (one core of four is a quarter of its capacity, and such cuts were
         // most of the exploration's violations: 10 of 10 E5 `few-closids` runs kept QoS
         // without them, 0 with).
-        let cut =
-            u32::try_from(cohabit_core::whole((f64::from(cores) * x.step).floor())).unwrap_or(0);
+        let cut = u32::try_from(cohabit_core::whole((f64::from(cores) * x.step).floor()))
+            .unwrap_or(0)
+            .max(u32::from(x.fallback));
         if cut == 0 {
             return ExploreStep::Stay;
         }
@@ -749,6 +755,7 @@ impl ServiceState {
         self.probe = Some(Probe {
             from: x.current,
             to: (to, ways),
+            fallback: x.fallback,
         });
         ExploreStep::Cut((to, ways))
     }
@@ -800,6 +807,7 @@ mod tests {
             calm: 0.75f64.ln(),
             after: 5,
             step: 0.15,
+            fallback: false,
         }
     }
 
@@ -894,6 +902,36 @@ mod tests {
                 ..explore_at((1, 2), 0.3f64.ln())
             };
             assert_eq!(st.explore(&one), ExploreStep::Stay);
+        }
+    }
+
+    #[test]
+    fn the_fallbacks_give_back_takes_at_least_a_core_and_is_undone_past_the_margin() {
+        // On 2 cores with 0.3 busy, a quarter is half a core: exploration cuts none, the
+        // fallback's give-back (the model vouching for nothing) one.
+        let at = |current: (u32, u32), q: f64, fallback: bool| ExploreInput {
+            busy_cores: Some(0.3),
+            step: 0.25,
+            fallback,
+            ..explore_at(current, q.ln())
+        };
+        let mut st = ServiceState::default();
+        for _ in 0..10 {
+            assert_eq!(st.explore(&at((2, 1), 0.5, false)), ExploreStep::Stay);
+        }
+        let mut st = ServiceState::default();
+        for _ in 0..4 {
+            assert_eq!(st.explore(&at((2, 1), 0.5, true)), ExploreStep::Stay);
+        }
+        assert_eq!(st.explore(&at((2, 1), 0.5, true)), ExploreStep::Cut((1, 1)));
+        assert!(st.probe.is_some_and(|p| p.fallback));
+        // Read past the margin on one core: back to two, and not tried again at this load.
+        assert_eq!(
+            st.explore(&at((1, 1), 0.95, true)),
+            ExploreStep::Revert((2, 1))
+        );
+        for _ in 0..10 {
+            assert_eq!(st.explore(&at((2, 1), 0.5, true)), ExploreStep::Stay);
         }
     }
 

@@ -235,7 +235,7 @@ impl MlPolicy {
                     plan.reason.text.split("; ").next().unwrap_or(UNSURE),
                     current.0,
                     to.0,
-                    self.cfg.explore_below,
+                    x.calm.exp(),
                     self.cfg.shrink_after
                 ),
             ),

@@ -29,8 +29,9 @@
 //!    measured safe at this load that the one in force does not cover goes back to it
 //!    instead of stepping. A service the model is unsure of, held calm for `shrink_after`
 //!    intervals, gives back a quarter of its cores (at least one), measured: undone at the
-//!    next reading past the margin, whose cliff then holds at that load (`cpu`'s
-//!    `FALLBACK_GIVE_BACK`, the exploration rule of step 8). A sudden saturated reading with unchanged load and idle cores
+//!    next reading past the margin, whose cliff then holds at that load for a while that
+//!    doubles with each such cliff (`cpu`'s `FALLBACK_GIVE_BACK`, the exploration rule of
+//!    step 8, [`state::FALLBACK_CLIFF_LAPSE`]). A sudden saturated reading with unchanged load and idle cores
 //!    waits a tick for confirmation (counter glitches), and step 1 learns from it only
 //!    once the next reading confirms it.
 //! 4. **Search.** For each way count on a grid, the fewest cores whose pessimistic

@@ -197,28 +197,24 @@ impl MlPolicy {
         let by_fallback = st.probe.is_some_and(|p| p.fallback);
         let (to, path, text) = match st.explore(&x) {
             ExploreStep::Stay => return plan,
-            ExploreStep::Revert(to) if by_fallback => (
-                to,
-                DecisionPath::Fallback,
-                format!(
-                    "the give-back to {} cores went past the margin (p99/target {:.2}); \
-                     back to {}, cliff remembered",
-                    current.0,
-                    x.measured.map_or(f64::NAN, f64::exp),
-                    to.0
-                ),
-            ),
-            ExploreStep::Revert(to) => (
-                to,
-                DecisionPath::Explore,
-                format!(
-                    "explore: the cut to {} cores went past the margin (p99/target {:.2}); \
-                     back to {}, cliff remembered",
-                    current.0,
-                    x.measured.map_or(f64::NAN, f64::exp),
-                    to.0
-                ),
-            ),
+            ExploreStep::Revert(to) => {
+                let (path, cut) = if by_fallback {
+                    (DecisionPath::Fallback, "the give-back")
+                } else {
+                    (DecisionPath::Explore, "explore: the cut")
+                };
+                (
+                    to,
+                    path,
+                    format!(
+                        "{cut} to {} cores went past the margin (p99/target {:.2}); back to \
+                         {}, cliff remembered",
+                        current.0,
+                        x.measured.map_or(f64::NAN, f64::exp),
+                        to.0
+                    ),
+                )
+            }
             // The model's mean already puts the cut past the margin: not worth a violation
             // to learn (the calm count restarts). Not asked where the model vouches for no
             // candidate: its mean is what it is unsure of, and the reading judges the cut.

@@ -31,9 +31,9 @@
 //!    intervals, gives back a quarter of its cores (at least one), measured: undone at the
 //!    next reading past the margin, whose cliff then holds at that load for a while that
 //!    doubles with each such cliff (`cpu`'s `FALLBACK_GIVE_BACK`, the exploration rule of
-//!    step 8, [`state::FALLBACK_CLIFF_LAPSE`]). A sudden saturated reading with unchanged load and idle cores
-//!    waits a tick for confirmation (counter glitches), and step 1 learns from it only
-//!    once the next reading confirms it.
+//!    step 8, [`state::FALLBACK_CLIFF_LAPSE`]). A sudden saturated reading with unchanged
+//!    load and idle cores waits a tick for confirmation (counter glitches), and step 1
+//!    learns from it only once the next reading confirms it.
 //! 4. **Search.** For each way count on a grid, the fewest cores whose pessimistic
 //!    prediction `mean + k_sigma * sigma` (`k_sigma_give_back` for a service within its
 //!    margin, which could only give back) is at most ln(`margin`), among core counts in a

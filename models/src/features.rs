@@ -118,13 +118,17 @@ impl Neighbours {
     }
 }
 
-/// The measured ln(p99 / target) as the model sees it (`log_qos_now`): clipped to ±3,
-/// `None` when the p99 or the target is missing or not positive.
+/// Where [`log_qos_ratio`] clips ln(p99 / target), either way: a p99 past 20 times its
+/// target reads as 20 times.
+pub const LOG_QOS_CLIP: f64 = 3.0;
+
+/// The measured ln(p99 / target) as the model sees it (`log_qos_now`): clipped to
+/// ±[`LOG_QOS_CLIP`], `None` when the p99 or the target is missing or not positive.
 pub fn log_qos_ratio(sample: &Sample, target_ms: f64) -> Option<f64> {
     sample
         .p99_ms
         .filter(|p| p.is_finite() && *p > 0.0 && target_ms > 0.0)
-        .map(|p| (p / target_ms).ln().clamp(-3.0, 3.0))
+        .map(|p| (p / target_ms).ln().clamp(-LOG_QOS_CLIP, LOG_QOS_CLIP))
 }
 
 /// The feature vector of one service under one candidate allocation.

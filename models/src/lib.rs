@@ -26,7 +26,7 @@ pub use artifact::{LoadRules, LoadedFiles, Model, ModelError, ModelMetadata};
 pub use builtin::{builtin, builtin_gpu, builtin_platforms};
 pub use features::{
     features, log_qos_ratio, present, target, Neighbours, FEATURE_NAMES, FEATURE_SCHEMA_VERSION,
-    N_FEATURES, PRESENCE_FLAGS,
+    LOG_QOS_CLIP, N_FEATURES, PRESENCE_FLAGS,
 };
 pub use gpu_features::{
     gpu_features, gpu_present, GpuCoRunners, GpuReadings, GPU_FEATURE_NAMES,

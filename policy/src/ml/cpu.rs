@@ -17,7 +17,8 @@ use super::pack::Need;
 use super::predict::{at_mba, out_of_range, Pred, Predictor, SATURATED};
 use super::search::{self, Search};
 use super::state::{
-    safe_to_keep, unconfirmed_saturation, ExploreInput, ExploreStep, Hysteresis, Tick,
+    safe_to_keep, unconfirmed_saturation, ExploreInput, ExploreStep, Hysteresis, Reading,
+    ServiceState, Tick,
 };
 use super::{MlPolicy, ServicePlan};
 use crate::{fair_shares, slack, Share};
@@ -194,6 +195,9 @@ impl MlPolicy {
         let Some(st) = self.state.get_mut(name) else {
             return plan;
         };
+        if let Some(plan) = judge_growth(st, name, &plan, &x) {
+            return plan;
+        }
         let by_fallback = st.probe.is_some_and(|p| p.fallback);
         let (to, path, text) = match st.explore(&x) {
             ExploreStep::Stay => return plan,
@@ -668,6 +672,62 @@ fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> String {
     }
 }
 
+/// The fallback's growths judged by their readings ([`super::growth`]): the undo of last
+/// growths that did not lower the p99, or a hold where the fallback would grow a service
+/// past such a growth's ceiling; otherwise `None`, noting a growth the fallback asks for.
+fn judge_growth(
+    st: &mut ServiceState,
+    name: &str,
+    plan: &ServicePlan,
+    x: &ExploreInput,
+) -> Option<ServicePlan> {
+    let current = x.current;
+    let reading = x.measured.map(|log_q| Reading { log_q, rps: x.rps });
+    if let Some(u) = st.growth.note(current, reading) {
+        st.probe = None;
+        st.calm_ticks = 0;
+        let text = format!(
+            "the fallback's growth {} -> {} cores did not lower the p99 (p99/target {:.2} \
+             before, {:.2} after, at the same load); back to {} cores, grown no further at \
+             this load for {} intervals",
+            u.to.0, u.from.0, u.before, u.after, u.to.0, u.ceiling_ticks
+        );
+        let reason = Reason::new(DecisionPath::Fallback, text);
+        return Some(ServicePlan::fixed(
+            name,
+            u.to.0,
+            u.to.1,
+            reason,
+            plan.predictable,
+        ));
+    }
+    if plan.reason.path != DecisionPath::Fallback {
+        return None;
+    }
+    let Need::Fixed { cores, .. } = plan.need else {
+        return None;
+    };
+    if cores <= current.0 {
+        return None;
+    }
+    if let Some(cap) = st.growth.ceiling(x.rps).filter(|&c| current.0 >= c) {
+        let text = format!(
+            "{}; hold: a growth past {cap} cores did not lower the p99 at this load",
+            plan.reason.text.split("; ").next().unwrap_or_default()
+        );
+        let reason = Reason::new(DecisionPath::Fallback, text);
+        return Some(ServicePlan::fixed(
+            name,
+            current.0,
+            current.1,
+            reason,
+            plan.predictable,
+        ));
+    }
+    st.growth.ask(current);
+    None
+}
+
 /// Holds the allocation in force, `current` (cores, ways) as the packer counts it, on the
 /// model path (not predicted: the reading is not to be trusted or missing).
 fn hold(name: &str, current: (u32, u32), text: String) -> ServicePlan {
@@ -786,6 +846,55 @@ fn predicted_within(scored: &[((u32, u32), Pred)], to: (u32, u32), limit: f64) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fallback_growth_that_did_not_help_is_undone_and_the_fallback_then_holds() {
+        let plan = |path, cores, text: &str| {
+            ServicePlan::fixed("m", cores, 1, Reason::new(path, text), true)
+        };
+        let step = "model unsure (sigma 0.90); +1 cores, the pool's ways (slack -0.30)";
+        let grow = plan(DecisionPath::Fallback, 2, step);
+        let held = plan(DecisionPath::Fallback, 1, "model unsure (sigma 0.90); hold");
+        let at = |cores, q: f64| ExploreInput {
+            current: (cores, 1),
+            measured: Some(q.ln()),
+            rps: Some(200.0),
+            busy_cores: None,
+            held: false,
+            limit: 0.9f64.ln(),
+            calm: 0.75f64.ln(),
+            after: 5,
+            step: 0.0,
+            fallback: true,
+        };
+        let mut st = ServiceState::default();
+        assert!(judge_growth(&mut st, "m", &held, &at(1, 0.8)).is_none());
+        assert!(judge_growth(&mut st, "m", &held, &at(1, 0.9)).is_none());
+        assert!(
+            judge_growth(&mut st, "m", &grow, &at(1, 1.3)).is_none(),
+            "asks"
+        );
+        assert!(judge_growth(&mut st, "m", &held, &at(2, 1.2)).is_none());
+        assert!(judge_growth(&mut st, "m", &held, &at(2, 1.4)).is_none());
+        let undo = judge_growth(&mut st, "m", &held, &at(2, 1.1)).expect("judged: no gain");
+        assert_eq!(undo.need, Need::Fixed { cores: 1, ways: 1 });
+        assert_eq!(undo.reason.path, DecisionPath::Fallback);
+        assert!(
+            undo.reason.text.contains("did not lower the p99"),
+            "{}",
+            undo.reason.text
+        );
+        // Back on one core and over the target: the fallback holds instead of growing.
+        let capped = judge_growth(&mut st, "m", &grow, &at(1, 1.3)).expect("capped");
+        assert_eq!(capped.need, Need::Fixed { cores: 1, ways: 1 });
+        assert!(capped
+            .reason
+            .text
+            .starts_with("model unsure (sigma 0.90); hold: a growth"));
+        // A growth on the model path is the model's to judge.
+        let model = plan(DecisionPath::Model, 2, "resize");
+        assert!(judge_growth(&mut st, "m", &model, &at(1, 1.3)).is_none());
+    }
 
     #[test]
     fn a_cut_is_explored_only_where_the_models_mean_stays_within_the_margin() {

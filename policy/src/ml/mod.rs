@@ -31,7 +31,10 @@
 //!    intervals, gives back a quarter of its cores (at least one), measured: undone at the
 //!    next reading past the margin, whose cliff then holds at that load for a while that
 //!    doubles with each such cliff (`cpu`'s `FALLBACK_GIVE_BACK`, the exploration rule of
-//!    step 8, [`state::FALLBACK_CLIFF_LAPSE`]). A sudden saturated reading with unchanged
+//!    step 8, [`state::FALLBACK_CLIFF_LAPSE`]). A growth the fallback made of a quarter
+//!    of the cores or more whose readings after it are no lower than before, at the same
+//!    load, is undone, and the fallback grows the service no further at that load for a
+//!    while ([`growth`]). A sudden saturated reading with unchanged
 //!    load and idle cores waits a tick for confirmation (counter glitches), and step 1
 //!    learns from it only once the next reading confirms it.
 //! 4. **Search.** For each way count on a grid, the fewest cores whose pessimistic
@@ -185,6 +188,7 @@ mod config;
 mod cpu;
 mod forecast;
 mod gpu;
+mod growth;
 mod mba;
 mod pack;
 mod posterior;

@@ -7,6 +7,7 @@ use cohabit_core::Allocation;
 use cohabit_models::posterior::Blr;
 
 use super::gpu::GpuModel;
+use super::growth::GrowthCheck;
 use super::posterior::{self, Regressor};
 use super::predict::{Basis, Pred, MEASUREMENT_SIGMA, SATURATED};
 use super::MlConfig;
@@ -147,6 +148,8 @@ pub(super) struct ServiceState {
     /// The service's posterior on this host ([`super::posterior`]): `None` until its prior
     /// is fitted (the first tick with an anchor), or when `ml` keeps none.
     pub(super) posterior: Option<Blr>,
+    /// What the fallback's growths showed ([`super::growth`]).
+    pub(super) growth: GrowthCheck,
 }
 
 /// An exploring cut: from the allocation that was safe to the one being tried, both
@@ -284,6 +287,7 @@ impl Default for ServiceState {
             pool_ways_cliff: None,
             busy: None,
             posterior: None,
+            growth: GrowthCheck::default(),
         }
     }
 }

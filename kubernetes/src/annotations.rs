@@ -305,11 +305,31 @@ mod tests {
     }
 
     #[test]
-    fn every_error_has_the_same_event_reason() {
-        let e = AnnotationError::BadPriority {
-            key: "k".into(),
-            value: "v".into(),
-        };
-        assert_eq!(e.reason(), "InvalidCohabitAnnotation");
+    fn every_kind_of_bad_annotation_gives_its_error_and_the_one_event_reason() {
+        let lc = ("cohabit.io/class", "latency-critical");
+        let cases: [(&[(&str, &str)], &str); 4] = [
+            (&[("cohabit.io/class", "gold")], "UnknownClass"),
+            (&[lc], "MissingTarget"),
+            (&[lc, ("cohabit.io/p99-target-ms", "-1")], "BadTarget"),
+            (
+                &[
+                    lc,
+                    ("cohabit.io/p99-target-ms", "5"),
+                    ("cohabit.io/priority", "high"),
+                ],
+                "BadPriority",
+            ),
+        ];
+        for (pairs, variant) in cases {
+            let e = classify(&ann(pairs), "cohabit.io").expect_err(variant);
+            let got = match &e {
+                AnnotationError::UnknownClass { .. } => "UnknownClass",
+                AnnotationError::MissingTarget { .. } => "MissingTarget",
+                AnnotationError::BadTarget { .. } => "BadTarget",
+                AnnotationError::BadPriority { .. } => "BadPriority",
+            };
+            assert_eq!(got, variant, "{pairs:?}: {e}");
+            assert_eq!(e.reason(), "InvalidCohabitAnnotation", "{variant}");
+        }
     }
 }

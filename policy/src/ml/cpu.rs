@@ -672,9 +672,10 @@ fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> String {
     }
 }
 
-/// The fallback's growths judged by their readings ([`super::growth`]): the undo of last
-/// growths that did not lower the p99, or a hold where the fallback would grow a service
-/// past such a growth's ceiling; otherwise `None`, noting a growth the fallback asks for.
+/// The fallback's growths judged by their readings ([`super::growth`]): the undo of a
+/// growth whose readings after it were no lower than before, or a hold where the fallback
+/// would grow a service past the ceiling such an undo set; otherwise `None`, noting a
+/// growth the fallback asks for so that the next ticks judge it.
 fn judge_growth(
     st: &mut ServiceState,
     name: &str,

@@ -33,11 +33,9 @@ const UNSURE: &str = "model unsure";
 /// reading is past the margin, whose cliff then holds at that load
 /// ([`super::state::ServiceState::explore`]). A quarter, as the fallback's step up.
 ///
-/// Why: the fallback's steps only grow, so a service that the model cannot vouch for
-/// kept whatever it was once given for as long as the model stayed unsure: on the
-/// project's VM, memcached on both CPUs for whole runs where `parties`, which gives back
-/// on measured slack, showed one was enough; in the simulator, memcached after a load
-/// step down (docs/EXPERIMENTS.md, "The fallback gives back, measured").
+/// Why: the fallback's steps only grow, so without this a service that the model cannot
+/// vouch for would keep whatever it was once given for as long as the model stays unsure
+/// (docs/EXPERIMENTS.md, "The fallback gives back, measured").
 const FALLBACK_GIVE_BACK: f64 = 0.25;
 
 /// What the planner knows of one CPU service at this tick.
@@ -691,13 +689,13 @@ fn judge_growth(
             "the fallback's growth {} -> {} cores did not lower the p99 (p99/target {:.2} \
              before, {:.2} after, at the same load); back to {} cores, grown no further at \
              this load for {} intervals",
-            u.to.0, u.from.0, u.before, u.after, u.to.0, u.ceiling_ticks
+            u.back_to.0, u.grown.0, u.before, u.after, u.back_to.0, u.ceiling_ticks
         );
         let reason = Reason::new(DecisionPath::Fallback, text);
         return Some(ServicePlan::fixed(
             name,
-            u.to.0,
-            u.to.1,
+            u.back_to.0,
+            u.back_to.1,
             reason,
             plan.predictable,
         ));

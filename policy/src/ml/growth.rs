@@ -33,14 +33,14 @@
 
 use cohabit_models::LOG_QOS_CLIP;
 
-use super::state::Reading;
+use super::state::{Lapse, Reading};
 
 /// Readings after a growth before it is judged, and readings before it remembered.
 pub(super) const JUDGED_AFTER: usize = 3;
 
-/// Growths of at least this factor in cores are judged: a smaller one (a core more of
-/// seventeen) lowers the p99 of a service that needs it by less than three readings' noise,
-/// so its readings cannot tell a gain from none.
+/// Growths of at least this factor in cores are judged: a smaller one can lower the p99 of
+/// a service that needs it by less than three readings' noise, so its readings cannot tell
+/// a gain from none.
 pub(super) const JUDGED_GROWTH: f64 = 1.25;
 
 /// A load this much higher than before a growth (or its ceiling) lets the growth stand and
@@ -63,21 +63,20 @@ struct Judging {
 }
 
 /// The most cores the fallback may grow the service to while its load stays within
-/// [`LOAD_RISE`] of `rps`, for `ticks_left` more ticks.
+/// [`LOAD_RISE`] of `rps`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Ceiling {
     cores: u32,
     rps: Option<f64>,
-    ticks_left: u32,
 }
 
 /// A growth judged not to have lowered the p99: back to `to`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Undo {
     /// (cores, ways) to go back to.
-    pub(super) to: (u32, u32),
+    pub(super) back_to: (u32, u32),
     /// (cores, ways) the growth gave.
-    pub(super) from: (u32, u32),
+    pub(super) grown: (u32, u32),
     /// Median p99/target before and after the growth.
     pub(super) before: f64,
     pub(super) after: f64,
@@ -95,8 +94,8 @@ pub(super) struct GrowthCheck {
     asked: Option<(u32, u32)>,
     judging: Option<Judging>,
     ceiling: Option<Ceiling>,
-    /// Ceilings the service has had.
-    ceilings: u32,
+    /// When the ceiling lapses.
+    lapse: Lapse,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -129,12 +128,8 @@ impl GrowthCheck {
     /// this reading completes the judgement of a growth the fallback asked for and it did
     /// not lower the p99.
     pub(super) fn note(&mut self, current: (u32, u32), reading: Option<Reading>) -> Option<Undo> {
-        if let Some(c) = &mut self.ceiling {
-            if c.ticks_left == 0 {
-                self.ceiling = None;
-            } else {
-                c.ticks_left -= 1;
-            }
+        if self.lapse.tick() {
+            self.ceiling = None;
         }
         let asked = self.asked.take();
         if self.at != Some(current) {
@@ -174,16 +169,14 @@ impl GrowthCheck {
         if after < j.before || !same_load(mean_rps(&j.after), j.rps) {
             return None;
         }
-        let ticks = CEILING_LAPSE.saturating_mul(1 << self.ceilings.min(10));
-        self.ceilings += 1;
+        let ticks = self.lapse.start(CEILING_LAPSE);
         self.ceiling = Some(Ceiling {
             cores: j.from.0,
             rps: j.rps,
-            ticks_left: ticks,
         });
         Some(Undo {
-            to: j.from,
-            from: j.to,
+            back_to: j.from,
+            grown: j.to,
             before: j.before.exp(),
             after: after.exp(),
             ceiling_ticks: ticks,
@@ -235,7 +228,7 @@ mod tests {
     fn a_growth_that_did_not_lower_the_p99_is_undone_and_caps_the_fallback_at_that_load() {
         let (g, undo) = grow(&[0.85, 0.93, 1.33], &[0.96, 1.3, 0.99]);
         let u = undo.expect("no gain: undone");
-        assert_eq!((u.to, u.from), ((1, 1), (2, 1)));
+        assert_eq!((u.back_to, u.grown), ((1, 1), (2, 1)));
         assert!((u.before - 0.93).abs() < 1e-9 && (u.after - 0.99).abs() < 1e-9);
         assert_eq!(u.ceiling_ticks, CEILING_LAPSE);
         assert_eq!(g.ceiling(Some(1000.0)), Some(1));

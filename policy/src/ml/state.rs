@@ -118,10 +118,8 @@ pub(super) struct ServiceState {
     pub(super) probe: Option<Probe>,
     /// The allocation an exploring cut found past the margin: the service's cliff.
     pub(super) cliff: Option<Cliff>,
-    /// Ticks left before a cliff found by the fallback's give-back lapses, and how many
-    /// such cliffs the service has had ([`FALLBACK_CLIFF_LAPSE`]).
-    pub(super) cliff_lapse: Option<u32>,
-    pub(super) fallback_cliffs: u32,
+    /// When a cliff found by the fallback's give-back lapses ([`FALLBACK_CLIFF_LAPSE`]).
+    pub(super) cliff_lapse: Lapse,
     /// Allocations measured not enough (a give-back past the margin, or any allocation
     /// over the target): no candidate at or under one goes while it binds
     /// ([`ServiceState::measured_floor`]). The newest [`MAX_MEASURED_CLIFFS`]; a weak one
@@ -243,12 +241,53 @@ pub(super) const CLIFF_LOAD: f64 = 0.9;
 
 /// Ticks after which the cliff a fallback give-back found lapses, doubling with each such
 /// cliff of the service ([`ServiceState::explore`]): a cliff read once, on a host whose
-/// readings are noisy enough that the model is unsure, is retried after a minute, then
-/// two, four…, so that one noisy reading does not end the give-backs for a whole run (on
-/// the project's VM it did: memcached back on both CPUs for the rest of the round;
-/// docs/EXPERIMENTS.md, "The fallback gives back, measured") while a true cliff costs a
-/// violation a doubling interval.
+/// readings are noisy enough that the model is unsure, is retried after a while, so that
+/// one noisy reading does not end the give-backs for a whole run, while a true cliff costs
+/// a violation a doubling interval (docs/EXPERIMENTS.md, "The fallback gives back,
+/// measured").
 pub(super) const FALLBACK_CLIFF_LAPSE: u32 = 60;
+
+/// A hold that lapses after a number of ticks that doubles each time one is started: a
+/// verdict read once on a noisy host is retried, later each time it is read again.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Lapse {
+    /// Ticks left, while a hold runs.
+    left: Option<u32>,
+    /// Holds started so far.
+    started: u32,
+}
+
+impl Lapse {
+    /// Starts a hold of `base` ticks, doubled for each hold started before (up to 2¹⁰
+    /// times); returns its length.
+    pub(super) fn start(&mut self, base: u32) -> u32 {
+        let ticks = base.saturating_mul(1 << self.started.min(10));
+        self.started += 1;
+        self.left = Some(ticks);
+        ticks
+    }
+
+    /// Ends the running hold, if any, without it counting as lapsed.
+    pub(super) fn stop(&mut self) {
+        self.left = None;
+    }
+
+    /// One tick: true at the tick the running hold lapses (`base` ticks after the one that
+    /// started it, doubled as [`Lapse::start`] says).
+    pub(super) fn tick(&mut self) -> bool {
+        match self.left {
+            Some(0) => {
+                self.left = None;
+                true
+            }
+            Some(n) => {
+                self.left = Some(n - 1);
+                false
+            }
+            None => false,
+        }
+    }
+}
 
 /// A cut never leaves the service's busy cores more than this fraction of its cores:
 /// queueing delay explodes toward saturation, so a cliff lies there whatever the service.
@@ -277,8 +316,7 @@ impl Default for ServiceState {
             calm_ticks: 0,
             probe: None,
             cliff: None,
-            cliff_lapse: None,
-            fallback_cliffs: 0,
+            cliff_lapse: Lapse::default(),
             measured_cliffs: Vec::new(),
             over_ticks: 0,
             yielded_until_ms: None,
@@ -726,13 +764,8 @@ impl ServiceState {
     /// reading, no cut). The model's spread near a cliff is what keeps it from cutting
     /// there; this learns the cliff of this service on this host instead.
     pub(super) fn explore(&mut self, x: &ExploreInput) -> ExploreStep {
-        match self.cliff_lapse {
-            Some(0) => {
-                self.cliff = None;
-                self.cliff_lapse = None;
-            }
-            Some(n) => self.cliff_lapse = Some(n - 1),
-            None => {}
+        if self.cliff_lapse.tick() {
+            self.cliff = None;
         }
         if let Some(p) = self.probe.take() {
             if x.current == p.to && x.measured.is_none_or(|q| q > x.limit) {
@@ -744,10 +777,11 @@ impl ServiceState {
                 // A cliff the fallback's give-back found lapses, later each time: where
                 // the model is unsure, readings are often noisy, and one of them must not
                 // end the give-backs for good.
-                self.cliff_lapse = p.fallback.then(|| {
-                    FALLBACK_CLIFF_LAPSE.saturating_mul(1 << self.fallback_cliffs.min(10))
-                });
-                self.fallback_cliffs += u32::from(p.fallback);
+                if p.fallback {
+                    self.cliff_lapse.start(FALLBACK_CLIFF_LAPSE);
+                } else {
+                    self.cliff_lapse.stop();
+                }
                 self.calm_ticks = 0;
                 return ExploreStep::Revert(p.from);
             }

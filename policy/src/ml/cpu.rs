@@ -23,9 +23,51 @@ use super::state::{
 use super::{MlPolicy, ServicePlan};
 use crate::{fair_shares, slack, Share};
 
-/// How a fallback reason starts when the model vouches for no candidate because its spread
-/// is too wide ([`no_candidate`]).
-const UNSURE: &str = "model unsure";
+/// Why the search found no admissible candidate: the fallback's reason, and whether the
+/// model was unsure ([`ServicePlan::unsure`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum NoCandidate {
+    /// The best candidate within reach had a spread wider than `unsure_sigma`.
+    Unsure { sigma: f64 },
+    /// The model is sure enough, but nothing within reach meets the target: the best
+    /// predicted p99/target.
+    Unmet { best: f64 },
+}
+
+impl NoCandidate {
+    /// The model was unsure ([`ServicePlan::unsure`]).
+    fn unsure(self) -> bool {
+        matches!(self, Self::Unsure { .. })
+    }
+
+    /// The fallback's plan for service `name` ([`fallback`]), this the reason, marked
+    /// unsure where the model was.
+    fn fallback(
+        self,
+        obs: &Observation,
+        name: &str,
+        shares_pool: bool,
+        known_good: Option<(u32, u32)>,
+    ) -> ServicePlan {
+        let plan = fallback(obs, name, &self.to_string(), true, shares_pool, known_good);
+        ServicePlan {
+            unsure: self.unsure(),
+            ..plan
+        }
+    }
+}
+
+impl std::fmt::Display for NoCandidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unsure { sigma } => write!(f, "model unsure (sigma {sigma:.2})"),
+            Self::Unmet { best } => write!(
+                f,
+                "no allocation within reach meets the target (best p99/target {best:.2})"
+            ),
+        }
+    }
+}
 
 /// Share of its cores (at least one) that a service the model is unsure of gives back,
 /// measured, once it has been held calm (under `explore_below` of its target for
@@ -167,8 +209,7 @@ impl MlPolicy {
                     cores: current.0,
                     ways: current.1,
                 });
-        let unsure =
-            plan.reason.path == DecisionPath::Fallback && plan.reason.text.starts_with(UNSURE);
+        let unsure = plan.unsure;
         let x = ExploreInput {
             current,
             measured: o
@@ -230,7 +271,7 @@ impl MlPolicy {
                 format!(
                     "{}; give back {} -> {} cores, measured (p99/target under {:.2} for {} \
                      intervals)",
-                    plan.reason.text.split("; ").next().unwrap_or(UNSURE),
+                    plan.reason.text.split("; ").next().unwrap_or_default(),
                     current.0,
                     to.0,
                     x.calm.exp(),
@@ -302,7 +343,7 @@ impl MlPolicy {
         let meeting = v.measured.is_some_and(|q| q <= 0.0);
         let found = match self.search(&predictor, held, meeting, &ways, v.cand_mba) {
             Ok(found) => found,
-            Err(why) => return fallback(obs, name, &why, true, v.shares_pool, known_good),
+            Err(none) => return none.fallback(obs, name, v.shares_pool, known_good),
         };
         let (cur_mean, cur_sigma) = Self::in_force_prediction(&found, &predictor, &v);
         // Measured safe; and when the plan grows a streaming pool, predicted safe beside
@@ -351,6 +392,7 @@ impl MlPolicy {
             reason: Reason::new(DecisionPath::Model, text),
             gpu_pct: None,
             predictable: true,
+            unsure: false,
         }
     }
 
@@ -533,7 +575,7 @@ impl MlPolicy {
         meeting: bool,
         ways: &[u32],
         mba: u8,
-    ) -> Result<Found, String> {
+    ) -> Result<Found, NoCandidate> {
         let cfg = &self.cfg;
         let max_cores = search::max_cores(p.current.cores, self.ctx.host.cores, held);
         let query = Search {
@@ -659,14 +701,11 @@ fn model_reason(new_service: bool, h: Hysteresis, safe: bool, relaxed: bool, now
 
 /// Why no candidate is admissible, from the `best` (mean, spread) prediction within reach:
 /// the model is unsure, or nothing meets the target.
-fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> String {
+fn no_candidate(best: (f64, f64), unsure_sigma: f64) -> NoCandidate {
     if best.1 > unsure_sigma {
-        format!("{UNSURE} (sigma {:.2})", best.1)
+        NoCandidate::Unsure { sigma: best.1 }
     } else {
-        format!(
-            "no allocation within reach meets the target (best p99/target {:.2})",
-            best.0.exp()
-        )
+        NoCandidate::Unmet { best: best.0.exp() }
     }
 }
 
@@ -972,9 +1011,13 @@ mod tests {
     #[test]
     fn no_candidate_says_whether_the_model_was_unsure_or_nothing_met_the_target() {
         // A spread of 0.8 > 0.7; then a best mean of 0.5: p99/target exp(0.5) = 1.6487.
-        assert_eq!(no_candidate((-1.0, 0.8), 0.7), "model unsure (sigma 0.80)");
+        let unsure = no_candidate((-1.0, 0.8), 0.7);
+        assert_eq!(unsure, NoCandidate::Unsure { sigma: 0.8 });
+        assert_eq!(unsure.to_string(), "model unsure (sigma 0.80)");
+        let unmet = no_candidate((0.5, 0.1), 0.7);
+        assert!(!unmet.unsure() && unsure.unsure());
         assert_eq!(
-            no_candidate((0.5, 0.1), 0.7),
+            unmet.to_string(),
             "no allocation within reach meets the target (best p99/target 1.65)"
         );
     }

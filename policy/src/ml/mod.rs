@@ -223,6 +223,10 @@ struct ServicePlan {
     /// The model's inputs were in range: its prediction for the final allocation is
     /// recorded (on the fallback too, so that its errors keep being measured).
     predictable: bool,
+    /// On the fallback because the model vouched for no candidate, its spread too wide
+    /// (not because nothing it predicts meets the target, nor for misses or inputs out of
+    /// range): such a service gives back measured once held calm (`cpu`'s give-back).
+    unsure: bool,
 }
 
 impl ServicePlan {
@@ -236,6 +240,7 @@ impl ServicePlan {
             reason,
             gpu_pct: None,
             predictable,
+            unsure: false,
         }
     }
 }

@@ -5,10 +5,18 @@
 //! Candidates may also change the neighbours' bandwidth (a throttled best-effort pool,
 //! [`super::mba`]): the change is then predicted from the allocation in force with the
 //! neighbours as measured to the candidate with the neighbours as planned.
+//!
+//! The prediction for the allocation each service is then given is recorded
+//! ([`MlPolicy::record_predictions`]): written into the decision log, and remembered as the
+//! service's last for step 1's correction at the next tick.
 
 use std::cell::OnceCell;
+use std::collections::BTreeMap;
 
-use cohabit_core::{Allocation, HostCapacity, Sample, WayRange};
+use cohabit_core::{
+    Allocation, Estimate, HostCapacity, Observation, Plan, PosteriorEstimate, Prediction, Sample,
+    WayRange,
+};
 use cohabit_models::artifact::CANDIDATE_FEATURES;
 use cohabit_models::posterior::Blr;
 use cohabit_models::{
@@ -17,6 +25,8 @@ use cohabit_models::{
 use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use super::posterior::{learnable_share, Regressor};
+use super::state::LastPrediction;
+use super::{MlPolicy, ServicePlan};
 
 /// Prior noise of one measured p99 (ln units), before the service's own is measured.
 pub(super) const MEASUREMENT_SIGMA: f64 = 0.05;
@@ -363,6 +373,110 @@ impl Predictor<'_> {
                     .collect()
             }
         }
+    }
+}
+
+impl MlPolicy {
+    /// Predictions for the CPU services whose inputs are in range (model path or fallback)
+    /// under `plan`, for the log and the next tick's correction.
+    pub(super) fn record_predictions(
+        &mut self,
+        obs: &Observation,
+        plans: &[ServicePlan],
+        plan: &Plan,
+    ) -> BTreeMap<String, Prediction> {
+        let mut predictions = BTreeMap::new();
+        for p in plans.iter().filter(|p| p.predictable) {
+            if let Some(pred) = self.record_prediction(obs, &p.name, plan) {
+                predictions.insert(p.name.clone(), pred);
+            }
+        }
+        predictions
+    }
+
+    /// The prediction for service `name` under `plan` (reused from the search when it was
+    /// scored there), remembered as its last.
+    pub(super) fn record_prediction(
+        &mut self,
+        obs: &Observation,
+        name: &str,
+        plan: &Plan,
+    ) -> Option<Prediction> {
+        let o = obs.services.iter().find(|o| o.spec.name == name)?;
+        let (Some(target), Some(cand)) = (o.spec.p99_target_ms(), plan.services.get(name).copied())
+        else {
+            return None;
+        };
+        let current = obs.current.services.get(name).copied().unwrap_or(cand);
+        let neighbours = Neighbours::observed(obs, name, &self.ctx.host);
+        let cand_neighbours = self.planned_neighbours(neighbours);
+        let basis = self.state.get(name).map(|s| s.basis).unwrap_or_default();
+        let known = self.state.get_mut(name).and_then(|st| {
+            let key = (cand.cores, cand.llc_ways.count);
+            let hit = (cand.mba_pct == st.scored_mba)
+                .then(|| st.scored.iter().find(|(k, _)| *k == key).map(|(_, p)| *p))
+                .flatten();
+            st.scored.clear();
+            hit
+        });
+        let posterior = self.state.get(name).and_then(|s| s.posterior.as_ref());
+        let samples = posterior.map(Blr::samples);
+        let predictor = Predictor {
+            model: &self.model,
+            host: &self.ctx.host,
+            target_ms: target,
+            sample: &o.sample,
+            current: &current,
+            neighbours: &neighbours,
+            cand_neighbours: &cand_neighbours,
+            basis,
+            // The planners' reference is the allocation in force: shared only when there is one.
+            reference_out: obs
+                .current
+                .services
+                .get(name)
+                .and(self.references.get(name)),
+            posterior,
+        };
+        let Pred {
+            mean,
+            sigma,
+            model_sigma,
+            prior,
+            regressor,
+            irreducible,
+        } = known.or_else(|| predictor.predict_many(&[cand]).first().copied())?;
+        let bias = basis.bias;
+        if let Some(st) = self.state.get_mut(name) {
+            st.last = Some(LastPrediction {
+                alloc: cand,
+                base: prior.0 - bias,
+                corrected: mean,
+                sigma,
+                model_sigma,
+                moved: cand != current,
+                shrank: cand.cores <= current.cores
+                    && cand.llc_ways.count <= current.llc_ways.count
+                    && (cand.cores, cand.llc_ways.count) != (current.cores, current.llc_ways.count),
+                anchored: basis.anchor.is_some(),
+                regressor,
+                prior_mean: prior.0,
+                irreducible,
+            });
+        }
+        let mut p = Prediction::new(mean, sigma);
+        if let (Some(samples), Some(_)) = (samples, regressor) {
+            p.prior = Some(Estimate {
+                log_qos_ratio: prior.0,
+                log_qos_sigma: prior.1,
+            });
+            p.posterior = Some(PosteriorEstimate {
+                log_qos_ratio: mean,
+                log_qos_sigma: sigma,
+                samples,
+            });
+        }
+        Some(p)
     }
 }
 

@@ -9,7 +9,7 @@
 use std::cell::OnceCell;
 
 use cohabit_core::{Allocation, HostCapacity, Sample, WayRange};
-use cohabit_models::artifact::CANDIDATE_FEATURES;
+use cohabit_models::features::CANDIDATE_FEATURES;
 use cohabit_models::posterior::Blr;
 use cohabit_models::{
     features, present, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES,

@@ -357,7 +357,13 @@ fn explore_config(margin: f64) -> Result<cohabit_policy::ExploreConfig> {
 
 /// `cohabit probe`: what this host offers, in `format`.
 fn probe_cmd(format: Format, out: &mut dyn Write) -> Result<()> {
-    let report = crate::daemon::probe::probe(&cohabit_collectors::HostPaths::standard());
+    // The pipe directory the MPS control program would use when run from this shell.
+    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from);
+    let report = crate::daemon::probe::probe(
+        &cohabit_collectors::HostPaths::standard(),
+        Path::new(crate::daemon::config::DEFAULT_MPS_CONTROL),
+        pipe,
+    );
     match format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
         Format::Table => write!(out, "{}", report.render())?,

@@ -369,10 +369,6 @@ pub struct LoadedFiles {
     pub weights_path: PathBuf,
 }
 
-/// Input columns that depend on the candidate allocation; the others describe the service
-/// and host as measured, and are shared by every candidate of one service at one tick.
-pub const CANDIDATE_FEATURES: [usize; 7] = [15, 16, 17, 18, 19, 20, 21];
-
 fn tensor_name(member: usize, layer: usize, part: &str) -> String {
     format!("m{member}.l{layer}.{part}")
 }
@@ -704,11 +700,11 @@ impl Model {
     }
 
     /// Predicted change of ln(p99 / target) from a `reference` row to each of `rows` (which
-    /// must equal the reference outside [`CANDIDATE_FEATURES`]: candidates of one service
-    /// at one tick), and
-    /// its calibrated spread: the members' disagreement on the *difference*, which is what
-    /// matters when the reference's outcome has been measured (members that share an
-    /// offset agree on differences even where their levels spread).
+    /// must equal the reference outside [`crate::features::CANDIDATE_FEATURES`]: candidates
+    /// of one service at one tick), and its calibrated spread: the members' disagreement on
+    /// the *difference*, which is what matters when the reference's outcome has been
+    /// measured (members that share an offset agree on differences even where their levels
+    /// spread).
     pub fn score_change(
         &self,
         reference: ArrayView1<'_, f32>,

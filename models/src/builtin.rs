@@ -1,6 +1,6 @@
 //! Models compiled into the binary, one per simulated platform, so `cohabit` needs no
 //! files beside it, and the GPU model ([`builtin_gpu`]) for the platforms with a GPU. Real
-//! hosts load a model file (`[model] path` in the daemon's config).
+//! hosts load a model file (the top-level `model = "..."` key of the daemon's config).
 
 use std::path::Path;
 

@@ -68,6 +68,10 @@ pub const FEATURE_NAMES: [&str; 24] = [
 /// Number of features.
 pub const N_FEATURES: usize = FEATURE_NAMES.len();
 
+/// Input columns that depend on the candidate allocation; the others describe the service
+/// and host as measured, and are shared by every candidate of one service at one tick.
+pub const CANDIDATE_FEATURES: [usize; 7] = [15, 16, 17, 18, 19, 20, 21];
+
 /// The readings that may be absent, each with its presence flag: (value, flag). A value
 /// whose flag is 0 was not measured (it is 0 in the vector).
 pub const PRESENCE_FLAGS: [(&str, &str); 5] = [
@@ -233,6 +237,26 @@ mod tests {
 
     fn get(f: &[f32; N_FEATURES], name: &str) -> f32 {
         f[CPU_SCHEMA.index(name).unwrap()]
+    }
+
+    #[test]
+    fn the_candidate_columns_are_the_candidate_allocation_and_its_ratios() {
+        let cand: Vec<&str> = CANDIDATE_FEATURES
+            .iter()
+            .map(|&i| FEATURE_NAMES[i])
+            .collect();
+        assert_eq!(
+            cand,
+            [
+                "cores_cand",
+                "ways_cand",
+                "mba_cand",
+                "gpu_cand",
+                "log_cores_ratio",
+                "log_ways_ratio",
+                "util_cand",
+            ]
+        );
     }
 
     #[test]

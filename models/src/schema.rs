@@ -9,8 +9,7 @@
 //! plausible range, is 0 with its flag 0 (`plausible`, then `flag`), and such a value is
 //! never compared with the training range ([`Schema::present`]).
 
-use crate::artifact::CANDIDATE_FEATURES;
-use crate::features::{FEATURE_NAMES, FEATURE_SCHEMA_VERSION, PRESENCE_FLAGS};
+use crate::features::{CANDIDATE_FEATURES, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, PRESENCE_FLAGS};
 use crate::gpu_features::{
     GPU_CANDIDATE_FEATURES, GPU_FEATURE_NAMES, GPU_FEATURE_SCHEMA_VERSION, GPU_PRESENCE_FLAGS,
     GPU_SCHEMA_NAME,

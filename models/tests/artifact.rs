@@ -102,7 +102,7 @@ fn truncated_or_missing_weights_are_errors_not_panics() {
 #[test]
 fn only_the_candidate_features_depend_on_the_candidate() {
     use cohabit_core::{Allocation, HostCapacity, Sample, WayRange};
-    use cohabit_models::artifact::CANDIDATE_FEATURES;
+    use cohabit_models::features::CANDIDATE_FEATURES;
     use cohabit_models::{features, Neighbours};
     let host = HostCapacity {
         name: "t".into(),
@@ -151,7 +151,7 @@ fn only_the_candidate_features_depend_on_the_candidate() {
 
 #[test]
 fn scoring_shared_rows_equals_scoring_them_in_full() {
-    use cohabit_models::artifact::CANDIDATE_FEATURES;
+    use cohabit_models::features::CANDIDATE_FEATURES;
     let m = Model::synthetic(3, &[16, 8], 5);
     let mut x = rows(12);
     // Rows equal outside the candidate columns, as candidates of one service are.

@@ -3,9 +3,11 @@
 //!
 //! A [`Policy`] receives an [`Observation`] and the time explicitly; it keeps its own state
 //! between ticks and does no I/O and reads no clock, so the simulator, the daemon and tests
-//! share one code path (docs/STYLE.md 4). This crate depends on `cohabit-core` and
-//! `cohabit-models` only: no simulator, no collectors, no async runtime, no filesystem
-//! (docs/DESIGN.md 2).
+//! share one code path (docs/STYLE.md 4). The one clock read in this crate is in
+//! [`control::step`], which times each `decide` call with `Instant` to record how long the
+//! decision took (the record's `decision_us`); no decision depends on it. This crate
+//! depends on `cohabit-core` and `cohabit-models` only: no simulator, no collectors, no
+//! async runtime, no filesystem (docs/DESIGN.md 2).
 //!
 //! - [`StaticPolicy`], [`PartiesPolicy`], [`ClitePolicy`], [`MlPolicy`]: the policies a
 //!   host can run, named by [`PolicyKind`], which also builds them.

@@ -301,6 +301,30 @@ mod tests {
         }
         let conf = nginx_conf(Path::new("/tmp/x"), 1234);
         assert!(conf.contains("listen 127.0.0.1:1234;"));
-        assert!(conf.contains("keepalive_requests 100000000;"));
+    }
+
+    #[test]
+    fn nginx_keeps_one_connection_open_for_every_request_of_the_longest_full_run() {
+        let conf = nginx_conf(Path::new("/tmp/x"), 1234);
+        let limit = conf
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("keepalive_requests "))
+            .and_then(|v| v.strip_suffix(';'))
+            .and_then(|v| v.parse::<u32>().ok())
+            .expect("the configuration sets keepalive_requests to a number");
+        let full = crate::bench::Options::full("/tmp/x".into());
+        let nginx = full
+            .services
+            .iter()
+            .find(|s| s.kind == Kind::Nginx)
+            .expect("the full benchmark loads nginx");
+        // The client sends from the start of the warm-up to the end of the run (an explore
+        // run lasts `explore_s`); a single connection may carry all of it.
+        let seconds = full.warmup_s + full.duration_s.max(full.explore_s);
+        let sent = nginx.rate_rps * f64::from(seconds);
+        assert!(
+            f64::from(limit) >= sent,
+            "keepalive_requests {limit} would close a connection before the {sent} requests of a run"
+        );
     }
 }

@@ -83,18 +83,11 @@ pub fn wake_latency(samples: usize) -> WakeLatency {
     }
 }
 
-/// Looks at the host under `paths`, with the MPS control program at its usual place.
-pub fn probe(paths: &HostPaths) -> ProbeReport {
-    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map(std::path::PathBuf::from);
-    probe_with(
-        paths,
-        std::path::Path::new("/usr/bin/nvidia-cuda-mps-control"),
-        pipe,
-    )
-}
-
-/// [`probe`] with the MPS control program at `control` (tests use a fake).
-pub fn probe_with(
+/// Looks at the host under `paths`, with the MPS control program at `control` and the
+/// control daemon's pipe directory `pipe` (`None`: the program's default), as the caller
+/// found them (`cohabit probe`: [`DEFAULT_MPS_CONTROL`](super::config::DEFAULT_MPS_CONTROL)
+/// and `CUDA_MPS_PIPE_DIRECTORY`; tests: a fake).
+pub fn probe(
     paths: &HostPaths,
     control: &std::path::Path,
     pipe: Option<std::path::PathBuf>,
@@ -351,7 +344,7 @@ mod tests {
         std::fs::write(pipe.path().join("named_servers"), "llm\n").unwrap();
         std::fs::write(pipe.path().join("static"), "8\n").unwrap();
         let paths = HostPaths::under(root.path());
-        let r = probe_with(&paths, &fake_control(), Some(pipe.path().to_path_buf()));
+        let r = probe(&paths, &fake_control(), Some(pipe.path().to_path_buf()));
         let text = r.render();
         assert!(text.contains("13.2 (protocol v3)"), "{text}");
         assert!(
@@ -363,7 +356,7 @@ mod tests {
         // A v2 daemon: percentages only, and the refused v3 command in the program's words.
         std::fs::remove_file(pipe.path().join("protocol")).unwrap();
         std::fs::remove_file(pipe.path().join("static")).unwrap();
-        let text = probe_with(&paths, &fake_control(), Some(pipe.path().to_path_buf())).render();
+        let text = probe(&paths, &fake_control(), Some(pipe.path().to_path_buf())).render();
         assert!(text.contains("(protocol v2)"), "{text}");
         assert!(!text.contains("dynamic adjustment"), "{text}");
         assert!(
@@ -371,7 +364,7 @@ mod tests {
             "{text}"
         );
         // No control program: said so, nothing probed.
-        let r = probe_with(&paths, &root.path().join("none"), None);
+        let r = probe(&paths, &root.path().join("none"), None);
         assert!(r.mps.is_none());
         assert!(r.render().contains("is not installed"));
         // No cgroup mount under the fixture root: no idle class, and said so.

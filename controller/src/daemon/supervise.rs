@@ -262,12 +262,20 @@ mod tests {
         let Some(ApplyOutcome::Refused { error }) = &rec.apply else {
             panic!("applied: {:?}", rec.apply);
         };
-        assert!(
-            error.starts_with("plan refused before applying: plan.kv.cores"),
-            "{error}"
-        );
-        assert!(error.contains("at least one core"), "{error}");
         assert_eq!(rec.plan, fair, "the last good plan stays in force");
+        assert_eq!(host.host().applied, 0, "nothing reached the host");
+        // The refusal is the check's, for the starved service's cores, and the record
+        // carries its message.
+        let starved = policy.decide(&rec.observation, rec.observation.t_ms).plan;
+        let Err(refusal) = host.apply(&starved, &[]) else {
+            panic!("a plan with no core for kv was applied");
+        };
+        let ApplyError::Invalid(CoreError::Invalid { field, problem }) = &refusal else {
+            panic!("refused by the host, not by the check: {refusal}");
+        };
+        assert_eq!(field, "plan.kv.cores");
+        assert!(problem.contains("at least one core"), "{problem}");
+        assert_eq!(error, &refusal.to_string());
         assert_eq!(host.host().applied, 0, "nothing reached the host");
         // A plan that fits goes through.
         let mut fine = StaticPolicy::new(ctx.clone());

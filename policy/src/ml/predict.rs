@@ -17,7 +17,7 @@ use cohabit_core::{
     Allocation, Estimate, HostCapacity, Observation, Plan, PosteriorEstimate, Prediction, Sample,
     WayRange,
 };
-use cohabit_models::artifact::CANDIDATE_FEATURES;
+use cohabit_models::features::CANDIDATE_FEATURES;
 use cohabit_models::posterior::Blr;
 use cohabit_models::{
     features, present, Model, ModelMetadata, Neighbours, FEATURE_NAMES, N_FEATURES,

@@ -41,8 +41,9 @@ pub(super) struct MpsFile {
     pinned_mem_limit: Option<String>,
 }
 
-/// `nvidia-cuda-mps-control` when `[mps] control` is not given.
-const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
+/// `nvidia-cuda-mps-control` when `[mps] control` is not given (and where `cohabit probe`
+/// looks for it).
+pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
 impl TryFrom<MpsFile> for MpsSpec {
     type Error = ConfigError;

@@ -109,6 +109,7 @@ use cohabit_policy::{ExploreConfig, MlConfig, PolicyKind};
 use serde::Deserialize;
 
 pub use self::error::{ConfigError, Problem};
+pub use self::gpu::DEFAULT_MPS_CONTROL;
 pub use self::kubernetes::{KubernetesConfig, DEFAULT_KUBELET_DIR, DEFAULT_POD_SOCKET_DIR};
 pub use self::latency::{DEFAULT_PROBE_RATE_HZ, DEFAULT_PROBE_TIMEOUT_MS};
 pub use self::ml::ml_settings;

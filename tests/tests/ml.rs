@@ -124,59 +124,72 @@ fn every_ml_plan_is_valid_with_disjoint_way_ranges_and_says_why() {
 fn on_a_12_way_host_cache_insensitive_services_run_on_the_pools_ways_at_full_bandwidth() {
     // Five services and a graph job on the Gold's 12 ways. The services to which ways do
     // not matter go to the pool's ways (in groups of their own, so at full bandwidth
-    // however the pool is throttled), and the graph job gains: 0.121 of the host against
-    // 0.110 without the option (before this round's packer fixes, the ways they left went
-    // to moses, which then needed fewer cores; now moses holds 7.2 ways with the option
-    // and 7.4 without, 16.8 cores and 15.6, and the gain comes from the services moved).
-    // The same run without the option is the reference. `few-closids` on the Gold, with the
-    // Gold's 16 CLOSIDs instead of the scenario's 4 (under which three of the services share
-    // the pool's group whatever the option says).
-    let sc = {
+    // however the pool is throttled), and the graph job gains. The same runs without the
+    // option are the reference, over four seeds of the measurement noise: one run's
+    // trajectory (who held which ways when the host first filled) can decide its best effort
+    // either way, the mean over seeds is what the option does. `few-closids` on the Gold,
+    // with the Gold's 16 CLOSIDs instead of the scenario's 4 (under which three of the
+    // services share the pool's group whatever the option says).
+    let base = {
         let mut sc = Scenario::load("few-closids")
             .unwrap()
             .on_platform("xeon-gold-6338")
             .unwrap();
         sc.host.capacity.closids = 16;
-        Arc::new(sc)
+        sc
     };
-    let c = ctx(&sc);
-    let run_with = |cfg: MlConfig| {
-        let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
-        run(&sc, &mut MlPolicy::new(c.clone(), model, cfg), 600)
-    };
-    let on = run_with(MlConfig::default());
-    let off = run_with(MlConfig {
-        pool_ways_for_insensitive: false,
-        ..MlConfig::default()
-    });
+    let c = ctx(&base);
+    let model = Arc::new(simulate::builtin_model(base.host.preset).unwrap());
     let mut on_pool = 0;
-    for r in &on {
-        r.plan.validate(sc.capacity(), &sc.specs()).unwrap();
-        let pool = r.plan.best_effort;
-        for (n, a) in &r.plan.services {
-            if a.llc_ways == pool.llc_ways && !c.shares_pool_group(n) {
-                on_pool += 1;
-                assert_eq!(a.mba_pct, 100, "{n}");
+    let (mut be_on, mut be_off, mut qos_on, mut qos_off) = (0.0, 0.0, 0.0, 0.0);
+    let seeds = [13, 114, 215, 316];
+    for seed in seeds {
+        let sc = Arc::new(Scenario {
+            seed,
+            ..base.clone()
+        });
+        let run_with = |cfg: MlConfig| {
+            run(
+                &sc,
+                &mut MlPolicy::new(c.clone(), Arc::clone(&model), cfg),
+                600,
+            )
+        };
+        let on = run_with(MlConfig::default());
+        let off = run_with(MlConfig {
+            pool_ways_for_insensitive: false,
+            ..MlConfig::default()
+        });
+        for r in &on {
+            r.plan.validate(sc.capacity(), &sc.specs()).unwrap();
+            let pool = r.plan.best_effort;
+            for (n, a) in &r.plan.services {
+                if a.llc_ways == pool.llc_ways && !c.shares_pool_group(n) {
+                    on_pool += 1;
+                    assert_eq!(a.mba_pct, 100, "{n}");
+                }
             }
         }
+        let mean = |records: &[DecisionRecord], f: &dyn Fn(&DecisionRecord) -> f64| {
+            records.iter().map(f).sum::<f64>() / records.len() as f64
+        };
+        let be = |r: &DecisionRecord| r.truth.as_ref().unwrap().be_throughput;
+        let qos = |r: &DecisionRecord| f64::from(u8::from(met(&sc, r)));
+        be_on += mean(&on, &be);
+        be_off += mean(&off, &be);
+        qos_on += mean(&on, &qos);
+        qos_off += mean(&off, &qos);
     }
     assert!(
-        on_pool >= 600,
+        on_pool >= 600 * seeds.len(),
         "{on_pool} service-intervals on the pool's ways"
     );
-    let mean = |records: &[DecisionRecord], f: &dyn Fn(&DecisionRecord) -> f64| {
-        records.iter().map(f).sum::<f64>() / records.len() as f64
-    };
-    let be = |r: &DecisionRecord| r.truth.as_ref().unwrap().be_throughput;
-    let qos = |records: &[DecisionRecord]| {
-        records.iter().filter(|r| met(&sc, r)).count() as f64 / records.len() as f64
-    };
-    let (be_on, be_off) = (mean(&on, &be), mean(&off, &be));
     assert!(
         be_on > 1.05 * be_off,
-        "best effort {be_on:.3} with, {be_off:.3} without"
+        "best effort {be_on:.3} with, {be_off:.3} without (sums over the seeds)"
     );
-    assert!(qos(&on) >= qos(&off) - 0.01, "{} {}", qos(&on), qos(&off));
+    let n = seeds.len() as f64;
+    assert!(qos_on / n >= qos_off / n - 0.01, "{qos_on} {qos_off}");
 }
 
 #[test]

@@ -149,10 +149,9 @@ impl MlPolicy {
                 ..self.room()
             };
             let all_ways = pack::pack(room, &costs, &demands);
-            let u = pack::unmet(&demands, &all_ways.alloc);
-            if u < unmet {
+            if pack::takes_the_pools_way(self.room(), &demands, &packing.alloc, &all_ways.alloc) {
+                unmet = pack::unmet(&demands, &all_ways.alloc);
                 packing = all_ways;
-                unmet = u;
             }
         }
         let fallbacks = plans

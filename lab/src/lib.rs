@@ -7,6 +7,7 @@
 //! - [`metrics`]: the comparison metrics of a run and their table.
 //! - [`bench`]: `cohabit bench`, every scenario × policy on two platforms, with `ml`'s targets.
 //! - [`rundir`]: the only code that lays out or reads a run directory.
+//! - [`outdir`]: output directories and files, reached through no symbolic link.
 //! - [`report`]: decision plots and the self-contained HTML report.
 //! - [`commands`]: the lab's subcommands of `cohabit` (the CLI only parses and dispatches).
 
@@ -15,6 +16,7 @@ pub mod bench;
 pub mod commands;
 pub mod metrics;
 pub mod oracle;
+pub mod outdir;
 pub mod report;
 pub mod rundir;
 pub mod simulate;

@@ -2,6 +2,9 @@
 //! `summary.json`) or a comparison (`summary.json` holding every policy's summary, and one
 //! `<scenario>/<policy>/decisions.jsonl` per run). A daemon's log directory reads as a
 //! single run.
+//!
+//! Directories and files are written through [`crate::outdir`]: no symbolic link is followed
+//! anywhere in the path, so a link planted under `/tmp` cannot redirect a run's files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use cohabit_core::{DecisionLogReader, DecisionLogWriter, DecisionRecord, LogHeader};
 
 use crate::metrics::RunSummary;
+use crate::outdir::OutDir;
 
 /// One run's decision log and summary.
 #[derive(Debug, Clone)]
@@ -51,24 +55,21 @@ pub const SUMMARY: &str = "summary.json";
 /// Streams one run's decision log into `dir/decisions.jsonl` as records are made.
 #[derive(Debug)]
 pub struct SingleRunWriter {
-    dir: PathBuf,
+    dir: OutDir,
     log: DecisionLogWriter<std::io::BufWriter<std::fs::File>>,
 }
 
 impl SingleRunWriter {
-    /// Creates `dir` (if missing) and a decision log in it that starts with `header`.
+    /// Creates `dir` (if missing, through no symbolic link) and a decision log in it that
+    /// starts with `header`.
     pub fn create(dir: &Path, header: &LogHeader) -> Result<Self> {
-        std::fs::create_dir_all(dir)
+        let dir = OutDir::create(dir)
             .with_context(|| format!("creating output directory {}", dir.display()))?;
-        let path = dir.join(LOG);
-        let file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let file = dir.create_file(LOG)?;
+        let path = dir.path().join(LOG);
         let log = DecisionLogWriter::new(std::io::BufWriter::new(file), header)
             .with_context(|| format!("writing {}", path.display()))?;
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            log,
-        })
+        Ok(Self { dir, log })
     }
 
     /// Appends one record.
@@ -79,19 +80,18 @@ impl SingleRunWriter {
     /// Flushes the log, writes `summary.json` beside it and returns the paths written and
     /// the number of records.
     pub fn finish(mut self, summary: &RunSummary) -> Result<(PathBuf, PathBuf, usize)> {
-        let log = self.dir.join(LOG);
+        let log = self.dir.path().join(LOG);
         self.log
             .flush()
             .with_context(|| format!("writing {}", log.display()))?;
-        let path = self.dir.join(SUMMARY);
-        std::fs::write(&path, serde_json::to_string_pretty(summary)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        let text = serde_json::to_string_pretty(summary)? + "\n";
+        let path = self.dir.write(SUMMARY, text.as_bytes())?;
         Ok((log, path, self.log.records()))
     }
 }
 
 /// Writes one comparison's run into `dir/<scenario>/<policy>/decisions.jsonl`, headed by
-/// `header`.
+/// `header`; the directories are made through no symbolic link.
 pub fn write_comparison_run(
     dir: &Path,
     summary: &RunSummary,
@@ -99,10 +99,9 @@ pub fn write_comparison_run(
     records: &[DecisionRecord],
 ) -> Result<()> {
     let d = dir.join(&summary.scenario).join(&summary.policy);
-    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    let path = d.join(LOG);
-    let file =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let d = OutDir::create(&d).with_context(|| format!("creating {}", d.display()))?;
+    let file = d.create_file(LOG)?;
+    let path = d.path().join(LOG);
     let write = || -> std::io::Result<()> {
         let mut log = DecisionLogWriter::new(std::io::BufWriter::new(file), header)?;
         for rec in records {
@@ -115,9 +114,10 @@ pub fn write_comparison_run(
 
 /// Writes a comparison's `summary.json` (every run's summary).
 pub fn write_comparison_summary(dir: &Path, summaries: &[RunSummary]) -> Result<()> {
-    let path = dir.join(SUMMARY);
-    std::fs::write(&path, serde_json::to_string_pretty(summaries)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
+    let text = serde_json::to_string_pretty(summaries)? + "\n";
+    let d = OutDir::create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    d.write(SUMMARY, text.as_bytes())?;
+    Ok(())
 }
 
 /// Reads a decision log (any version [`cohabit_core::log`] reads); a bad line is an error
@@ -254,6 +254,98 @@ mod tests {
         };
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].records, run.records);
+    }
+
+    #[test]
+    fn a_nested_run_directory_is_created_as_before() {
+        let (sc, run) = demo();
+        let header = LogHeader::new("static", true, sc.capacity().clone());
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a").join("b").join("run");
+        let mut w = SingleRunWriter::create(&nested, &header).unwrap();
+        for r in &run.records {
+            w.record(r).unwrap();
+        }
+        let (log, summary, _) = w.finish(&run.summary).unwrap();
+        assert_eq!((log, summary), (nested.join(LOG), nested.join(SUMMARY)));
+        let RunDir::Single(back) = load(&nested).unwrap() else {
+            panic!("a single run")
+        };
+        assert_eq!(back.records, run.records);
+        let cmp = dir.path().join("x").join("cmp");
+        write_comparison_run(&cmp, &run.summary, &header, &run.records).unwrap();
+        write_comparison_summary(&cmp, std::slice::from_ref(&run.summary)).unwrap();
+        assert!(matches!(load(&cmp).unwrap(), RunDir::Comparison(r) if r.len() == 1));
+    }
+
+    /// Every run-directory writer, on `dir`.
+    fn write_everything(dir: &Path) -> Vec<anyhow::Error> {
+        let (sc, run) = demo();
+        let header = LogHeader::new("static", true, sc.capacity().clone());
+        let mut errors = Vec::new();
+        match SingleRunWriter::create(dir, &header) {
+            Ok(w) => {
+                if let Err(e) = w.finish(&run.summary) {
+                    errors.push(e);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+        if let Err(e) = write_comparison_run(dir, &run.summary, &header, &run.records) {
+            errors.push(e);
+        }
+        if let Err(e) = write_comparison_summary(dir, std::slice::from_ref(&run.summary)) {
+            errors.push(e);
+        }
+        errors
+    }
+
+    fn assert_refused_naming(errors: &[anyhow::Error], link: &Path) {
+        assert_eq!(errors.len(), 3, "every writer refuses: {errors:?}");
+        for e in errors {
+            let e = format!("{e:#}");
+            assert!(
+                e.contains(&format!("{}: it is a symbolic link", link.display())),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_symlink_as_the_run_directory_is_refused_and_nothing_is_written_through_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        let link = tmp.path().join("run");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_refused_naming(&write_everything(&link), &link);
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_to_the_run_directory_is_refused_and_nothing_is_written_through_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        let link = tmp.path().join("shared");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_refused_naming(&write_everything(&link.join("runs").join("run")), &link);
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_decision_log_is_refused_and_its_target_kept() {
+        let (sc, _) = demo();
+        let header = LogHeader::new("static", true, sc.capacity().clone());
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(LOG)).unwrap();
+        let e = format!("{:#}", SingleRunWriter::create(&dir, &header).unwrap_err());
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use base64::Engine;
 
 use super::plot::{self, PlotFormat};
 use crate::metrics::RunSummary;
+use crate::outdir::OutDir;
 use crate::rundir::{self as data, Run, RunDir};
 
 /// Most decision rows the table shows (the log has them all).
@@ -171,7 +172,7 @@ document.body.dataset.plots=n;document.body.dataset.rows=document.querySelectorA
 /// into `out` (default: `dir`). Returns the page's path.
 pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf> {
     let out = out.unwrap_or(dir);
-    std::fs::create_dir_all(out)?;
+    let out_dir = OutDir::create(out)?;
     let plots_dir = out.join("plots");
     let loaded = data::load(dir)?;
     let mut body = String::new();
@@ -234,9 +235,7 @@ pub fn write_report(dir: &Path, out: Option<&Path>) -> Result<PathBuf> {
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title><style>{STYLE}</style></head>\n<body><h1>{t}</h1>\n{banner}\n{body}{CHECK}</body></html>\n",
         t = esc(&title)
     );
-    let path = out.join("report.html");
-    std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    Ok(out_dir.write("report.html", page.as_bytes())?)
 }
 
 fn dedup_join<'a>(it: impl Iterator<Item = &'a str>) -> String {

@@ -11,6 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::outdir::OutDir;
 use crate::rundir::Run;
 
 /// Image format of the plots.
@@ -607,9 +608,10 @@ fn dedup(it: impl Iterator<Item = String>) -> Vec<String> {
     out
 }
 
-/// Draws the plots of one run into `out`; returns the files written.
+/// Draws the plots of one run into `out` (made through no symbolic link; plotters then
+/// creates the images by path); returns the files written.
 pub fn plot_run(run: &Run, out: &Path, fmt: PlotFormat) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(out)?;
+    OutDir::create(out)?;
     let n = run.targets().len().max(1);
     let qos_path = out.join(format!("qos.{}", fmt.ext()));
     let qos_size = (WIDTH, 300 * u32::try_from(n).unwrap_or(1).min(12));
@@ -620,9 +622,9 @@ pub fn plot_run(run: &Run, out: &Path, fmt: PlotFormat) -> Result<Vec<PathBuf>> 
     Ok(vec![qos_path, alloc_path])
 }
 
-/// Draws the plots of a comparison into `out`; returns the files written.
+/// Draws the plots of a comparison into `out` (as [`plot_run`]); returns the files written.
 pub fn plot_comparison(runs: &[Run], out: &Path, fmt: PlotFormat) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(out)?;
+    OutDir::create(out)?;
     let m = out.join(format!("compare_metrics.{}", fmt.ext()));
     render!(&m, fmt, (WIDTH, 800), compare_metrics, runs);
     let c = out.join(format!("cdf.{}", fmt.ext()));

@@ -23,6 +23,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod cgroup;
+mod histogram;
 pub mod kfs;
 pub mod kubepods;
 pub mod latency;

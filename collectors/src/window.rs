@@ -34,7 +34,8 @@ use std::collections::VecDeque;
 
 use hdrhistogram::Histogram;
 
-use crate::latency::{quantile_between, Buckets};
+pub use crate::histogram::compact;
+use crate::histogram::{quantile_between, Buckets};
 
 /// Most control intervals one window may hold.
 pub use cohabit_core::window::MAX_LATENCY_WINDOW;
@@ -97,18 +98,6 @@ fn sum_common_bounds(a: &[(f64, f64)], b: &[(f64, f64)]) -> Vec<(f64, f64)> {
         }
     }
     out
-}
-
-/// A copy of `h` sized to its largest value: what a window keeps of one interval. An HDR
-/// histogram's counts grow with the largest value it can hold (about 8 KB per doubling,
-/// 190 KB for an hour in µs), so a copy that only reaches the interval's slowest request
-/// is usually several times smaller. Bucket boundaries stay the same, so every quantile
-/// is the same.
-pub fn compact(h: &Histogram<u64>) -> Histogram<u64> {
-    let copy = Histogram::new_with_bounds(h.low(), h.max().max(2 * h.low()), h.sigfig())
-        .ok()
-        .and_then(|mut c| c.add(h).ok().map(|()| c));
-    copy.unwrap_or_else(|| h.clone())
 }
 
 /// The intervals one latency p99 rests on: the last few control intervals' histograms of
@@ -338,7 +327,7 @@ mod tests {
         let s3 = add(&s2, &cumulative([95.0, 4.0, 0.0, 1.0]));
         let mut w = PromWindow::new(5, 1000.0);
         for (prev, cur) in [(&s0, &s1), (&s1, &s2), (&s2, &s3)] {
-            let d = crate::latency::interval_between(Some(prev), cur);
+            let d = crate::histogram::interval_between(Some(prev), cur);
             let n = d.0.last().unwrap().1;
             w.push(d, n);
         }
@@ -363,7 +352,7 @@ mod tests {
         let s3 = add(&s2, &cumulative([75.0, 20.0, 5.0, 0.0]));
         let mut w = PromWindow::new(5, 1.0);
         for (prev, cur) in [(&s0, &s1), (&s1, &s2), (&s2, &s3)] {
-            let d = crate::latency::interval_between(Some(prev), cur);
+            let d = crate::histogram::interval_between(Some(prev), cur);
             let n = d.0.last().unwrap().1;
             assert_eq!(n, 100.0, "each interval counts its own requests");
             w.push(d, n);

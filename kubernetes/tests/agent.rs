@@ -644,6 +644,11 @@ fn a_server_that_accepts_and_then_says_nothing_is_dropped_and_listed_afresh() {
     wait_until(5, "the fresh list's view", || names(&a.agent) == ["a", "b"]);
     let v = a.agent.view();
     assert!(v.api_reachable && v.last_error.is_none(), "{v:?}");
+    // The view comes from the fresh list; the watch that follows it may reach the fake
+    // server a little later on a loaded machine.
+    wait_until(5, "the watch after the fresh list", || {
+        api.pod_requests().len() >= 4
+    });
     let kinds: Vec<(bool, Option<String>)> = api
         .pod_requests()
         .iter()

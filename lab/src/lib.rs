@@ -7,7 +7,8 @@
 //! - [`metrics`]: the comparison metrics of a run and their table.
 //! - [`bench`]: `cohabit bench`, every scenario × policy on two platforms, with `ml`'s targets.
 //! - [`rundir`]: the only code that lays out or reads a run directory.
-//! - [`outdir`]: output directories and files, reached through no symbolic link.
+//! - [`outdir`]: output directories and files, reached through no symbolic link another
+//!   user owns.
 //! - [`report`]: decision plots and the self-contained HTML report.
 //! - [`commands`]: the lab's subcommands of `cohabit` (the CLI only parses and dispatches).
 

@@ -1,5 +1,5 @@
 //! Directories the lab writes into (`simulate --out`, `compare --out`, `plot --out`,
-//! `report --out`), reached without following a symbolic link.
+//! `report --out`), reached without following a symbolic link another user owns.
 //!
 //! The lab's commands are often run as root with an output path under a directory other
 //! users can write (`/tmp`). A symbolic link planted there as the directory, or as one on
@@ -8,14 +8,17 @@
 //! (`cohabit-host`'s `files::Dir`): from `/` (or the working directory, for a relative path)
 //! one component at a time, each opened with `openat(O_NOFOLLOW | O_DIRECTORY)` relative to
 //! the one before and made with `mkdirat` when missing ([`OutDir::create`]). A symbolic link
-//! anywhere in the path is refused, naming it, even one root made (`/var/run`): give the
-//! path it leads to. Files are then created through the directory's descriptor with
-//! `O_NOFOLLOW` ([`OutDir::create_file`]), never through the path again.
+//! on the way is followed only when root or the caller owns it (a home directory linked
+//! elsewhere by the administrator or the user): any other user's link is refused, naming
+//! it, since that user may have planted it (a followed link's target is resolved by the
+//! kernel: its owner chose it). Files are then created through the
+//! directory's descriptor with `O_NOFOLLOW` ([`OutDir::create_file`]), never through the
+//! path again, and a link in a file's place is refused whoever owns it.
 //!
 //! Written here, not shared with `cohabit-host`: the lab sits beside the controller, not
 //! above the real host (DESIGN §2), and would otherwise build the host's collectors; core
-//! does no I/O. Unlike the daemon's directories, no owner or mode is checked: the lab runs
-//! as whoever calls it, into directories they choose.
+//! does no I/O. Unlike the daemon's directories, no directory's owner or mode is checked:
+//! the lab runs as whoever calls it, into directories they choose.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -40,12 +43,22 @@ pub enum OutDirError {
         /// The OS error.
         source: io::Error,
     },
-    /// `path` is a symbolic link, which the lab does not write through.
+    /// `path`, a file to write, is a symbolic link, which the lab does not write through.
     #[error(
-        "{}: it is a symbolic link; the lab writes through no link in an output path (give the path it leads to)",
+        "{}: it is a symbolic link; the lab writes no file through a link",
         path.display()
     )]
     Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// `path`, a directory on the way, is a symbolic link another user owns (they may have
+    /// planted it).
+    #[error(
+        "{}: it is a symbolic link owned by another user; the lab follows only root's and the caller's links in an output path (give the path it leads to)",
+        path.display()
+    )]
+    ForeignLink {
         /// The link.
         path: PathBuf,
     },
@@ -72,7 +85,7 @@ const DIR_FLAGS: OFlag = OFlag::O_RDONLY
     .union(OFlag::O_NOFOLLOW)
     .union(OFlag::O_CLOEXEC);
 
-/// An output directory reached without following a symbolic link, held open: the files
+/// An output directory reached through no link another user owns, held open: the files
 /// written in it are created through this descriptor.
 #[derive(Debug)]
 pub struct OutDir {
@@ -81,8 +94,8 @@ pub struct OutDir {
 }
 
 impl OutDir {
-    /// Walks to `dir` one component at a time without following a link, making missing
-    /// directories (mode 0777 less the umask, as `create_dir_all` does).
+    /// Walks to `dir` one component at a time, following no link another user owns, making
+    /// missing directories (mode 0777 less the umask, as `create_dir_all` does).
     pub fn create(dir: &Path) -> Result<OutDir, OutDirError> {
         let start = if dir.is_absolute() { "/" } else { "." };
         let mut fd = nix::fcntl::openat(nix::fcntl::AT_FDCWD, start, DIR_FLAGS, Mode::empty())
@@ -164,34 +177,77 @@ fn step(parent: &OwnedFd, name: &OsStr, at: &Path) -> Result<OwnedFd, OutDirErro
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => return Err(errno("creating", at)(e)),
             }
-            // A link swapped in since mkdirat is refused here like any other.
+            // A link swapped in since mkdirat is judged here like any other.
             nix::fcntl::openat(parent, name, DIR_FLAGS, Mode::empty())
-                .map_err(|e| refusal(parent, name, at, e))
+                .or_else(|e| follow_or_refuse(parent, name, at, e))
         }
-        Err(e) => Err(refusal(parent, name, at, e)),
+        Err(e) => follow_or_refuse(parent, name, at, e),
     }
 }
 
-/// Why `name` in `parent` could not be opened as a directory: a symbolic link, something
-/// else than a directory, or the OS error `e`.
-fn refusal(parent: &OwnedFd, name: &OsStr, at: &Path, e: Errno) -> OutDirError {
+/// `name` in `parent` could not be opened as a directory without following a link (`e`):
+/// opened through the link when root or the caller owns it, else refused as a symbolic
+/// link; refused as not a directory, or with the OS error `e`, when it is no link.
+fn follow_or_refuse(
+    parent: &OwnedFd,
+    name: &OsStr,
+    at: &Path,
+    e: Errno,
+) -> Result<OwnedFd, OutDirError> {
     if !matches!(e, Errno::ELOOP | Errno::ENOTDIR) {
-        return errno("opening", at)(e);
+        return Err(errno("opening", at)(e));
     }
-    let st = match nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st) => st,
-        Err(e) => return errno("checking", at)(e),
-    };
+    let st = nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(errno("checking", at))?;
     match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
-        SFlag::S_IFLNK => OutDirError::Symlink {
+        SFlag::S_IFLNK if trusted_owner(st.st_uid) => {
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+            nix::fcntl::openat(parent, name, flags, Mode::empty()).map_err(|e| match e {
+                Errno::ENOTDIR => OutDirError::Wrong {
+                    path: at.to_path_buf(),
+                    what: "a link to something that is not a directory",
+                },
+                e => errno("opening", at)(e),
+            })
+        }
+        SFlag::S_IFLNK => Err(OutDirError::ForeignLink {
             path: at.to_path_buf(),
-        },
-        SFlag::S_IFDIR => errno("opening", at)(e),
-        _ => OutDirError::Wrong {
+        }),
+        SFlag::S_IFDIR => Err(errno("opening", at)(e)),
+        _ => Err(OutDirError::Wrong {
             path: at.to_path_buf(),
             what: "not a directory",
-        },
+        }),
     }
+}
+
+/// A link owner whose links are followed: root, or the caller (effective uid).
+fn trusted_owner(uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw()
+}
+
+/// Makes `link` a symbolic link to `target` owned by another user (uid 65534, `nobody`),
+/// as one planted by them would be: true when done; false, the test's skip recorded, where
+/// this process is not root (only root gives a link away).
+#[cfg(test)]
+pub(crate) fn foreign_symlink(target: &Path, link: &Path) -> bool {
+    if !cohabit_testkit::is_root() {
+        cohabit_testkit::skip(
+            cohabit_testkit::Need::Root,
+            "a link owned by another user needs root to make",
+        );
+        return false;
+    }
+    std::os::unix::fs::symlink(target, link).unwrap();
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        link,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        None,
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    true
 }
 
 #[cfg(test)]
@@ -203,6 +259,32 @@ mod tests {
     fn is_symlink_error(e: &OutDirError, path: &Path) -> bool {
         matches!(e, OutDirError::Symlink { path: p } if p == path)
             && e.to_string().contains("symbolic link")
+    }
+
+    fn is_foreign_link_error(e: &OutDirError, path: &Path) -> bool {
+        matches!(e, OutDirError::ForeignLink { path: p } if p == path)
+            && e.to_string().contains("owned by another user")
+    }
+
+    #[test]
+    fn a_link_the_caller_owns_is_followed() {
+        // A home directory linked elsewhere: the caller's (or root's) own link.
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        let link = tmp.path().join("home");
+        symlink(&target, &link).unwrap();
+        let out = OutDir::create(&link.join("runs").join("a")).unwrap();
+        out.write("f.txt", b"x").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(target.join("runs").join("a").join("f.txt")).unwrap(),
+            "x"
+        );
+        // Even so, a link to a file on the way is not a directory.
+        std::fs::write(tmp.path().join("file"), "").unwrap();
+        symlink(tmp.path().join("file"), tmp.path().join("to-file")).unwrap();
+        let e = OutDir::create(&tmp.path().join("to-file").join("run")).unwrap_err();
+        assert!(matches!(e, OutDirError::Wrong { .. }), "{e}");
     }
 
     #[test]
@@ -227,33 +309,37 @@ mod tests {
     }
 
     #[test]
-    fn a_symlink_as_the_directory_is_refused_and_nothing_is_written_through_it() {
+    fn another_users_link_as_the_directory_is_refused_and_nothing_is_written_through_it() {
         let tmp = tempfile::tempdir().unwrap();
         let target = tmp.path().join("target");
         std::fs::create_dir(&target).unwrap();
         let link = tmp.path().join("run");
-        symlink(&target, &link).unwrap();
+        if !foreign_symlink(&target, &link) {
+            return;
+        }
         let e = OutDir::create(&link).unwrap_err();
-        assert!(is_symlink_error(&e, &link), "{e}");
+        assert!(is_foreign_link_error(&e, &link), "{e}");
         assert!(e.to_string().contains(&link.display().to_string()), "{e}");
         assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
         // A dangling link is refused too, and nothing is made where it points.
         let dangling = tmp.path().join("dangling");
-        symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+        assert!(foreign_symlink(&tmp.path().join("nowhere"), &dangling));
         let e = OutDir::create(&dangling).unwrap_err();
-        assert!(is_symlink_error(&e, &dangling), "{e}");
+        assert!(is_foreign_link_error(&e, &dangling), "{e}");
         assert!(!tmp.path().join("nowhere").exists());
     }
 
     #[test]
-    fn a_symlink_on_the_way_is_refused_naming_it() {
+    fn another_users_link_on_the_way_is_refused_naming_it() {
         let tmp = tempfile::tempdir().unwrap();
         let target = tmp.path().join("target");
         std::fs::create_dir(&target).unwrap();
         let link = tmp.path().join("link");
-        symlink(&target, &link).unwrap();
+        if !foreign_symlink(&target, &link) {
+            return;
+        }
         let e = OutDir::create(&link.join("sub").join("run")).unwrap_err();
-        assert!(is_symlink_error(&e, &link), "{e}");
+        assert!(is_foreign_link_error(&e, &link), "{e}");
         assert!(!target.join("sub").exists());
     }
 

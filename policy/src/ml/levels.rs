@@ -149,9 +149,10 @@ impl MlPolicy {
                 ..self.room()
             };
             let all_ways = pack::pack(room, &costs, &demands);
-            if pack::takes_the_pools_way(self.room(), &demands, &packing.alloc, &all_ways.alloc) {
-                unmet = pack::unmet(&demands, &all_ways.alloc);
+            let u = pack::unmet(&demands, &all_ways.alloc);
+            if u < unmet {
                 packing = all_ways;
+                unmet = u;
             }
         }
         let fallbacks = plans

@@ -78,10 +78,7 @@
 //!    fallback they grow by cores alone.
 //! 6. **Degrade** (the overload rule, [`pack`]) when the needs cannot all fit: the
 //!    best-effort pool yields first (the services may take every way, the pool sharing the
-//!    top one, where that leaves fewer services short, or as many but takes only the
-//!    pool's last way and gives it to a service over its target, nobody getting less,
-//!    [`pack::takes_the_pools_way`]; and its memory
-//!    bandwidth goes to the least level tried); nobody of the same
+//!    top one, and its memory bandwidth goes to the least level tried); nobody of the same
 //!    or a higher `priority` is cut to make room, unless it misses its target whatever it
 //!    gets (the triage). Each service keeps what it has (or its
 //!    need, when that is smaller in every resource; while a service is saturated, at

@@ -700,33 +700,6 @@ fn take_from(
     Some(need)
 }
 
-/// Whether the services take every way, the pool sharing its top one (`all_ways`), instead
-/// of the packing that leaves the pool a way of its own (`reserved`, packed in `room`), when
-/// some service is short in the latter (latency-critical services before best effort):
-/// where it leaves fewer services short; or as many, where the pool is down to its one way
-/// in `reserved` (so `all_ways` takes that way and no other), a service measured over its
-/// target gets more ways and no service gets less of anything. Without the second case a
-/// service short either way never got the pool's last way, however near its target one more
-/// way would have put it (docs/EXPERIMENTS.md, "The pool's last way for a service short
-/// either way"); a pool with more ways than one keeps them in a tie (taking them cost the
-/// graph job on the Gold `few-closids` with 16 CLOSIDs more than half its throughput).
-pub(super) fn takes_the_pools_way(
-    room: Room,
-    demands: &[Demand],
-    reserved: &[(u32, u32)],
-    all_ways: &[(u32, u32)],
-) -> bool {
-    let (short_reserved, short_all) = (unmet(demands, reserved), unmet(demands, all_ways));
-    if short_all != short_reserved {
-        return short_all < short_reserved;
-    }
-    let pool_down_to_one = free_after(room, demands, reserved).1 == 0;
-    let pairs = || demands.iter().zip(reserved.iter().zip(all_ways));
-    pool_down_to_one
-        && pairs().all(|(_, (r, a))| a.0 >= r.0 && a.1 >= r.1)
-        && pairs().any(|(d, (r, a))| d.violating && !d.shares_pool_ways && a.1 > r.1)
-}
-
 /// How many demands the allocation `alloc` leaves short: below every option (a fixed
 /// demand, a kept allocation or any frontier point) in some resource.
 pub(super) fn unmet(demands: &[Demand], alloc: &[(u32, u32)]) -> usize {
@@ -1404,39 +1377,6 @@ mod tests {
         let w = priority_weights(&[d(0), d(0), d(5), d(0)]);
         assert_eq!(w, vec![1, 1, 5, 1]);
         assert!(w[2] > w[0] + w[1] + w[3]);
-    }
-
-    #[test]
-    fn the_pools_last_way_goes_to_a_service_over_its_target_short_either_way() {
-        // Both short of (4, 12) whatever they get; b is over its target.
-        let a = frontier((4, 6), &[(4, 12)]);
-        let b = violating(frontier((4, 6), &[(4, 12)]));
-        let demands = [a, b];
-        // 13 ways, the pool's one kept: the services use the other 12 in `reserved`.
-        let room = Room {
-            cores: 16,
-            ways: 12,
-            llc_ways: 13,
-        };
-        let reserved = [(4, 6), (4, 6)];
-        let takes =
-            |d: &[Demand], r: &[(u32, u32)], a: &[(u32, u32)]| takes_the_pools_way(room, d, r, a);
-        // One more way for b, nobody worse off: taken.
-        assert!(takes(&demands, &reserved, &[(4, 6), (4, 7)]));
-        // The way to a, which meets its target: not.
-        assert!(!takes(&demands, &reserved, &[(4, 7), (4, 6)]));
-        // b's way taken from a: not.
-        assert!(!takes(&demands, &reserved, &[(4, 5), (4, 8)]));
-        // The same packing: not.
-        assert!(!takes(&demands, &reserved, &reserved));
-        // The pool holds two ways of its own in `reserved`: a tie keeps them.
-        assert!(!takes(&demands, &[(4, 6), (4, 5)], &[(4, 6), (4, 6)]));
-        // Fewer services short: taken, whoever gives.
-        let c = frontier((4, 6), &[(4, 7)]);
-        let demands = [c, demands[1].clone()];
-        assert!(takes(&demands, &reserved, &[(4, 7), (4, 5)]));
-        // More services short: not, though b gains.
-        assert!(!takes(&demands, &[(4, 7), (4, 5)], &[(4, 6), (4, 7)]));
     }
 
     #[test]

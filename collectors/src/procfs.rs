@@ -154,14 +154,19 @@ impl Procfs {
     }
 
     /// Every process now, indexed by command name: one pass over the proc root that serves
-    /// every matcher of a tick.
+    /// every matcher of a tick. A process that has exited and waits to be reaped (a
+    /// zombie) is left out: it runs nothing, and the kernel shows it in every hierarchy's
+    /// root, so a matcher that found one would take the service for one cohabit cannot
+    /// manage (a batch job's killed worker, not yet reaped, stopped a daemon's start).
     pub fn scan(&self) -> Result<ProcIndex, IoError> {
         let mut index = ProcIndex::default();
         for p in self.processes()? {
             let (Ok(stat), Ok(pid)) = (p.stat(), u32::try_from(p.pid())) else {
                 continue; // gone while listing
             };
-            index.insert(proc_entry(pid, stat));
+            if !exited(&stat) {
+                index.insert(proc_entry(pid, stat));
+            }
         }
         Ok(index)
     }
@@ -200,7 +205,7 @@ impl Procfs {
     /// such as in a cgroup, after the scan).
     pub fn entry(&self, pid: u32) -> Option<ProcEntry> {
         let stat = self.process(pid)?.stat().ok()?;
-        Some(proc_entry(pid, stat))
+        (!exited(&stat)).then(|| proc_entry(pid, stat))
     }
 
     /// The effective uid of a process (`Uid:` in `status`), if it still exists.
@@ -249,6 +254,12 @@ impl Procfs {
 /// The kernel's flag for a kernel thread in `stat` field 9 (`PF_KTHREAD`,
 /// `include/linux/sched.h`).
 const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Whether `stat` is that of a process that has exited (`Z`, a zombie waiting to be
+/// reaped; `X`/`x`, dead): listed in the proc root, running nothing.
+fn exited(stat: &Stat) -> bool {
+    matches!(stat.state, 'Z' | 'X' | 'x')
+}
 
 fn proc_entry(pid: u32, stat: Stat) -> ProcEntry {
     ProcEntry {
@@ -776,6 +787,24 @@ mod tests {
         }
         let procfs = Procfs::new(dir.path());
         (dir, procfs)
+    }
+
+    #[test]
+    fn a_zombie_is_not_indexed() {
+        // A killed worker not yet reaped: the kernel lists it, in every hierarchy's root.
+        let mut zombie = FakeProcess::new(11, "stress-ng-cpu");
+        zombie.cgroup = "4:cpuset:/\n0::/\n".into();
+        let (dir, p) = tree(&[FakeProcess::new(10, "stress-ng-cpu"), zombie]);
+        let stat = dir.path().join("11").join("stat");
+        let line = std::fs::read_to_string(&stat).unwrap();
+        std::fs::write(&stat, line.replacen(") S ", ") Z ", 1)).unwrap();
+        let index = p.scan().unwrap();
+        let named: Vec<u32> = index.named("stress-ng-cpu").map(|e| e.pid).collect();
+        assert_eq!(named, vec![10]);
+        assert!(p.entry(11).is_none() && p.entry(10).is_some());
+        // The incremental scan reads a new pid the same way.
+        let next = p.scan_since(&ProcIndex::default()).unwrap();
+        assert!(next.get(11).is_none() && next.get(10).is_some());
     }
 
     #[test]

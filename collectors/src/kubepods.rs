@@ -260,7 +260,7 @@ fn clean_root(root: &str) -> Result<String, KubepodsError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundContainer {
     /// The cgroup path from the hierarchy's root, with a leading `/` (as
-    /// `/proc/PID/cgroup` and [`Cgroups::processes_at`] write it).
+    /// `/proc/PID/cgroup` and [`Cgroups::processes_at_cgroup_path`] write it).
     pub path: String,
 }
 

@@ -129,7 +129,7 @@ fn a_bare_process_moves_into_cohabits_group_in_the_cpu_hierarchies_only_and_back
         cg.make_dir(d.parent().unwrap()).unwrap();
         cg.make_dir(d).unwrap();
         assert!(cg.move_process(d, pid).unwrap());
-        assert_eq!(cg.processes_in(d).unwrap(), vec![pid]);
+        assert_eq!(cg.processes_in_dir(d).unwrap(), vec![pid]);
     }
     let now = procfs.cgroups(pid).unwrap();
     for (id, ctrls, path) in &now {

@@ -144,11 +144,11 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// Rate-limits warnings that could fire every tick (STYLE 10): each key at most once per
 /// [`WARN_EVERY`].
 #[derive(Debug, Default)]
-struct Throttle {
+struct WarnLimit {
     last: HashMap<String, Instant>,
 }
 
-impl Throttle {
+impl WarnLimit {
     /// True if a warning under `key` may be logged now.
     fn allow(&mut self, key: &str) -> bool {
         let now = Instant::now();
@@ -225,7 +225,7 @@ pub struct RealHost {
     start: Instant,
     last_collect: Instant,
     bw: BandwidthRate,
-    warn: Throttle,
+    warn: WarnLimit,
     /// The last tick's process index (name matchers), and when /proc was last read whole.
     proc_index: ProcIndex,
     last_full_scan: Option<Instant>,
@@ -316,7 +316,7 @@ impl RealHost {
             dry_run,
             start: now,
             last_collect: now,
-            warn: Throttle::default(),
+            warn: WarnLimit::default(),
             proc_index: ProcIndex::default(),
             last_full_scan: None,
             perf: PerfAccess::kernel(),
@@ -764,18 +764,23 @@ impl RealHost {
             Matcher::PidFile(p) => Ok(self.services[i].vetting.pid_file(p, &tick)),
             Matcher::Cgroup(path) => Ok(self
                 .cgroups_any()
-                .map(|c| c.processes_at(path))
+                .map(|c| c.processes_at_cgroup_path(path))
                 .unwrap_or_default()),
             Matcher::Pod { cgroups, .. } => Ok(self
                 .cgroups_any()
-                .map(|c| cgroups.iter().flat_map(|p| c.processes_at(p)).collect())
+                .map(|c| {
+                    cgroups
+                        .iter()
+                        .flat_map(|p| c.processes_at_cgroup_path(p))
+                        .collect()
+                })
                 .unwrap_or_default()),
             Matcher::SystemdUnit(unit) => Ok(self
                 .cgroups_any()
                 .map(|c| {
-                    let mut v = c.processes_at(&format!("/system.slice/{unit}"));
+                    let mut v = c.processes_at_cgroup_path(&format!("/system.slice/{unit}"));
                     if v.is_empty() {
-                        v = c.processes_at(&format!("/systemd/system.slice/{unit}"));
+                        v = c.processes_at_cgroup_path(&format!("/systemd/system.slice/{unit}"));
                     }
                     v
                 })

@@ -36,7 +36,7 @@ use cohabit_collectors::window::{
 };
 use cohabit_core::Sample;
 
-use super::{HostError, Throttle};
+use super::{HostError, WarnLimit};
 use crate::spec::{LatencySource, ManagedService, PushAccess};
 
 /// Where a service's latency comes from, with the window of its last intervals' requests.
@@ -414,7 +414,7 @@ impl Telemetry {
         dt_s: f64,
         clk_tck: f64,
         bw: &mut BandwidthRate,
-        warn: &mut Throttle,
+        warn: &mut WarnLimit,
     ) -> Sample {
         let cur = self.read(src, service, pids, warn);
         let s = derive(self.last.as_ref(), &cur, dt_s, clk_tck, bw);
@@ -427,7 +427,7 @@ impl Telemetry {
         src: &Sources<'_>,
         service: &str,
         pids: &BTreeSet<u32>,
-        warn: &mut Throttle,
+        warn: &mut WarnLimit,
     ) -> Readings {
         let mut r = Readings::default();
         if !pids.is_empty() {
@@ -481,7 +481,7 @@ impl Telemetry {
         dir: &Path,
         src: &Sources<'_>,
         service: &str,
-        warn: &mut Throttle,
+        warn: &mut WarnLimit,
     ) -> Option<PerfTotals> {
         if matches!(self.counters, PerfState::Untried) {
             self.counters = match src.perf.open(dir, src.cpus) {
@@ -560,7 +560,7 @@ impl Telemetry {
         service: &str,
         pids: &BTreeSet<u32>,
         scraped: Option<&Scraped>,
-        warn: &mut Throttle,
+        warn: &mut WarnLimit,
     ) -> LatencyWindow {
         match &mut self.latency {
             Some(LatencyReader::Push(l, window)) => {
@@ -700,7 +700,7 @@ mod tests {
             gpu: None,
             scraped: None,
         };
-        let mut warn = Throttle::default();
+        let mut warn = WarnLimit::default();
         (0..n)
             .map(|_| {
                 t.sample(
@@ -738,7 +738,7 @@ mod tests {
             scraped: None,
         };
         let mut t = silent();
-        let mut warn = Throttle::default();
+        let mut warn = WarnLimit::default();
         let mut sample = |pids: &[u32]| {
             let pids: BTreeSet<u32> = pids.iter().copied().collect();
             t.sample(&src, "llm", &pids, 1.0, 100.0, &mut bw(), &mut warn)

@@ -99,15 +99,19 @@ pub fn scenario_names(only: Option<&[String]>) -> Result<Vec<&'static str>> {
 }
 
 /// Runs the benchmark: each scenario (all the built-in and crowded ones, or those named in
-/// `only`) on its own platform, then on `second`.
-pub fn run(second: &str, seed: Option<u64>, only: Option<&[String]>) -> Result<Vec<PlatformRuns>> {
+/// `only`) on its own platform, then on `other_platform`.
+pub fn run(
+    other_platform: &str,
+    seed: Option<u64>,
+    only: Option<&[String]>,
+) -> Result<Vec<PlatformRuns>> {
     let scenarios: Vec<Scenario> = scenario_names(only)?
         .into_iter()
         .map(Scenario::load)
         .collect::<Result<_, _>>()?;
     let mut own: Vec<PlatformRuns> = Vec::new();
     let mut other = PlatformRuns {
-        platform: second.to_string(),
+        platform: other_platform.to_string(),
         runs: vec![],
         skipped: vec![],
     };
@@ -125,21 +129,26 @@ pub fn run(second: &str, seed: Option<u64>, only: Option<&[String]>) -> Result<V
             }),
         }
     }
-    for sc in scenarios.iter().filter(|sc| sc.host.preset != second) {
-        match sc.on_platform(second) {
+    for sc in scenarios
+        .iter()
+        .filter(|sc| sc.host.preset != other_platform)
+    {
+        match sc.on_platform(other_platform) {
             Ok(moved) => {
                 let moved = Arc::new(moved);
                 let runs = summaries(
                     &moved,
                     simulate::compare(&moved, &LabPolicy::ALL, seed, None),
                 )
-                .with_context(|| format!("comparing policies on {} on {second}", sc.name))?;
+                .with_context(|| {
+                    format!("comparing policies on {} on {other_platform}", sc.name)
+                })?;
                 other.runs.extend(runs);
             }
             Err(e) => other.skipped.push(e.to_string()),
         }
     }
-    // Scenarios whose own platform is the second one ran there already: one table.
+    // Scenarios whose own platform is the other one ran there already: one table.
     match own.iter_mut().find(|p| p.platform == other.platform) {
         Some(p) => {
             p.runs.extend(other.runs);

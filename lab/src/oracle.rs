@@ -189,8 +189,8 @@ pub struct OraclePolicy {
     /// Those of the interval being planned.
     gpu_now: GpuTick,
     last: Option<Last>,
-    /// The range options of the search under way, by what a round freezes ([`OptionMemo`]).
-    memo: RefCell<OptionMemo>,
+    /// The range options of the search under way, by what a round freezes ([`PlacementMemo`]).
+    memo: RefCell<PlacementMemo>,
     /// The fewest cores of every range option found in the search under way ([`Answers`]).
     answers: RefCell<Vec<Answers>>,
 }
@@ -234,7 +234,7 @@ impl Answers {
 /// ranges takes the single-service ones of the same set. The first round of every MBA
 /// step and sharing mode freezes the same values (the quiet latency, the first margin):
 /// on the Gold, 20 subspaces computed the same options 20 times.
-type OptionMemo = HashMap<(bool, (u64, u64, Vec<u64>)), Arc<[Option_]>>;
+type PlacementMemo = HashMap<(bool, (u64, u64, Vec<u64>)), Arc<[Placement]>>;
 
 /// The last search: the loads it was for, and what it found.
 #[derive(Debug, Clone)]
@@ -308,13 +308,13 @@ enum Place {
 
 /// One option of the packing: a placement of `members` with each member's cores.
 #[derive(Debug, Clone)]
-struct Option_ {
+struct Placement {
     members: u32,
     place: Place,
     cores: Vec<(usize, u32)>,
 }
 
-impl Option_ {
+impl Placement {
     fn total_cores(&self) -> u32 {
         self.cores.iter().map(|(_, c)| c).sum()
     }
@@ -334,7 +334,7 @@ impl Option_ {
 /// A packing of the services to satisfy: the options chosen, and the ways they use.
 #[derive(Debug, Clone)]
 struct Packing {
-    options: Vec<Option_>,
+    options: Vec<Placement>,
     ways: u32,
     cores: u32,
 }
@@ -359,7 +359,7 @@ impl OraclePolicy {
             gpu: GpuSchedule::default(),
             gpu_now: GpuTick::default(),
             last: None,
-            memo: RefCell::new(OptionMemo::new()),
+            memo: RefCell::new(PlacementMemo::new()),
             answers: RefCell::new(Vec::new()),
         };
         me.gpu = me.gpu_schedule();
@@ -963,7 +963,7 @@ impl OraclePolicy {
     /// packings, the best by `value` first.
     fn best_packings(
         &self,
-        options: &[Option_],
+        options: &[Placement],
         n: usize,
         alone: u32,
         w_cap: u32,

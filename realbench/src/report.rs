@@ -226,7 +226,7 @@ pub struct Report {
     pub host_model: Option<crate::host_model::HostModel>,
 }
 
-fn f2(x: f64) -> String {
+fn two_decimals(x: f64) -> String {
     if x.is_finite() {
         format!("{x:.2}")
     } else {
@@ -284,7 +284,7 @@ impl Report {
                     .map(|b| format!("{:.0}/s", b.throughput.ops_per_s))
                     .collect::<Vec<_>>()
                     .join(","),
-                _ => r.batch_relative().map_or("-".into(), f2),
+                _ => r.batch_relative().map_or("-".into(), two_decimals),
             };
             if r.services.is_empty() {
                 let _ = writeln!(
@@ -298,16 +298,16 @@ impl Report {
                 let met = format!("{}/{} {:>3.0}%", u.met, u.windows, u.met_share * 100.0);
                 let spread = format!(
                     "{}/{}/{}",
-                    f2(u.window_p99.p50_ms),
-                    f2(u.window_p99.p90_ms),
-                    f2(u.window_p99.max_ms)
+                    two_decimals(u.window_p99.p50_ms),
+                    two_decimals(u.window_p99.p90_ms),
+                    two_decimals(u.window_p99.max_ms)
                 );
                 let _ = writeln!(
                     t,
                     "{scenario:<8} {policy:<14} {:<10} {:>7} {met:>11} {spread:>22} {:>8} {:>7} {thr:>9}",
                     s.service,
                     format!("{}ms", s.p99_target_ms),
-                    f2(u.overall_p99_ms),
+                    two_decimals(u.overall_p99_ms),
                     u.failed,
                 );
             }
@@ -375,13 +375,13 @@ impl Report {
             let thr = if batch.is_empty() {
                 "-".to_string()
             } else {
-                f2(batch.iter().sum::<f64>() / batch.len() as f64)
+                two_decimals(batch.iter().sum::<f64>() / batch.len() as f64)
             };
             let _ = writeln!(
                 t,
                 "{scenario:<8} {policy:<14} {service:<10} {:>13} {:>16} {thr:>9}",
                 format!("{met}/{windows}"),
-                f2(quantile(&p50s, 0.5)),
+                two_decimals(quantile(&p50s, 0.5)),
             );
         }
         t
@@ -464,7 +464,7 @@ impl Report {
                 };
                 let pct =
                     |u: &Summary| format!("{}/{} {:>3.0}%", u.met, u.windows, u.met_share * 100.0);
-                let thr = |r: &RunResult| r.batch_relative().map_or("-".into(), f2);
+                let thr = |r: &RunResult| r.batch_relative().map_or("-".into(), two_decimals);
                 let _ = writeln!(
                     t,
                     "{sc:<8} {:<10} {:>16} {:>16} {:>10} {:>10}",

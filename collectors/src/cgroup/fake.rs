@@ -805,11 +805,14 @@ mod tests {
             !cg.move_process(&own, 99).unwrap(),
             "an unknown pid is absence"
         );
-        assert_eq!(cg.processes_in(&own).unwrap(), vec![40]);
+        assert_eq!(cg.processes_in_dir(&own).unwrap(), vec![40]);
         assert!(cg.remove_dir(&own).is_err(), "not empty");
         assert!(cg.move_process(&home, 40).unwrap());
         cg.remove_dir(&own).unwrap();
         cg.remove_dir(own.parent().unwrap()).unwrap();
-        assert_eq!(cg.processes_at("/system.slice/kv.service"), vec![40]);
+        assert_eq!(
+            cg.processes_at_cgroup_path("/system.slice/kv.service"),
+            vec![40]
+        );
     }
 }

@@ -732,7 +732,7 @@ impl Cgroups {
     }
 
     /// Processes in the cgroup `dir` (not its children).
-    pub fn processes_in(&self, dir: &Path) -> Result<Vec<u32>, CgroupError> {
+    pub fn processes_in_dir(&self, dir: &Path) -> Result<Vec<u32>, CgroupError> {
         self.mount_of(dir)?;
         let path = dir.join("cgroup.procs");
         let text = self
@@ -744,7 +744,7 @@ impl Cgroups {
 
     /// Processes in an arbitrary cgroup path (e.g. `/system.slice/nginx.service`), looked
     /// up in every hierarchy; empty if the path exists nowhere.
-    pub fn processes_at(&self, cgroup_path: &str) -> Vec<u32> {
+    pub fn processes_at_cgroup_path(&self, cgroup_path: &str) -> Vec<u32> {
         let rel = Path::new(cgroup_path.trim_start_matches('/'));
         if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             return vec![];
@@ -976,7 +976,7 @@ mod tests {
             cg.own_dir(Controller::Cpuset, "../x"),
             Err(CgroupError::BadName(_))
         ));
-        assert!(cg.processes_at("/../etc").is_empty());
+        assert!(cg.processes_at_cgroup_path("/../etc").is_empty());
     }
 
     #[test]

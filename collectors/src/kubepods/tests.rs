@@ -150,7 +150,7 @@ fn a_systemd_tree_on_cgroup_v2_is_detected_and_every_container_found() {
             .unwrap()
             .unwrap_or_else(|| panic!("{uid} not found"));
         assert_eq!(Some(found.path.clone()), f.cgroup_of(pid), "{uid}");
-        assert_eq!(k.cgroups().processes_at(&found.path), vec![pid]);
+        assert_eq!(k.cgroups().processes_at_cgroup_path(&found.path), vec![pid]);
         let dir = k.pod_dir(Controller::Cpu, qos, uid).unwrap().unwrap();
         assert!(dir.ends_with(pod_path(Driver::Systemd, qos, uid).unwrap()));
         // Another runtime's name, or a QoS class the pod is not in, finds nothing.
@@ -347,7 +347,7 @@ fn on_the_real_v1_tree_a_cgroupfs_kubepods_tree_is_found_and_written_in_place() 
             found.path,
             format!("/{root}/kubepods/burstable/pod{uid}/abc123")
         );
-        assert_eq!(cg.processes_at(&found.path), vec![pid]);
+        assert_eq!(cg.processes_at_cgroup_path(&found.path), vec![pid]);
         let before = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
         let dir = cg.dir_at(Controller::Cpuset, &found.path).unwrap();
         let cpus = cg.cpus_at(&dir).unwrap();

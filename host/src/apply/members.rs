@@ -81,7 +81,7 @@ pub(crate) fn attach_resctrl(
     record: &Record,
     procfs: &Procfs,
     m: &Members<'_>,
-    warn: &mut Throttle,
+    warn: &mut WarnLimit,
 ) {
     let (Some(r), Some(rg)) = (&k.resctrl, record.resctrl_group_of(m.group)) else {
         return;
@@ -138,7 +138,7 @@ pub(crate) fn prune_mon_groups(
     k: &Kernel,
     ctrl: &str,
     wanted: &BTreeSet<&str>,
-    warn: &mut Throttle,
+    warn: &mut WarnLimit,
 ) {
     let Some(r) = &k.resctrl else { return };
     let Ok(present) = r.mon_groups(ctrl) else {

@@ -58,7 +58,7 @@ use cohabit_core::BEST_EFFORT_GROUP;
 use super::changes::{Change, ChangeLog, HostChanges, InMemory};
 use super::layout::{self, HostWrites};
 use super::placement::{Move, Target, Targets};
-use super::{HostError, Throttle};
+use super::{HostError, WarnLimit};
 use crate::gpu::{self, GpuActuator, GpuError, NoteFailed};
 
 mod cgroup;

@@ -195,7 +195,7 @@ pub(super) fn remove_created(
     let to = origins.get(mount).unwrap_or(mount);
     let mut attempt = 1;
     loop {
-        for pid in cg.processes_in(dir)? {
+        for pid in cg.processes_in_dir(dir)? {
             tracing::info!(pid, to = %to.display(), "a process cohabit did not move leaves its group");
             cg.move_process(to, pid)?;
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cohabit_core::{WayRange, MBA_MAX_PCT};
 use cohabit_sim::world::{self, Tenant};
 
-use super::{Answers, Frozen, Option_, OraclePolicy, Place};
+use super::{Answers, Frozen, OraclePolicy, Place, Placement};
 
 /// The closed-form evaluations of one round.
 pub(super) struct Evaluator<'a> {
@@ -149,7 +149,7 @@ impl Evaluator<'_> {
 
     /// Every option: each service alone in 1..=W ways, each pair (and all services together)
     /// in a shared range (with `share_ways`), each service in the pool's range.
-    pub(super) fn options(&self, share_ways: bool) -> Vec<Option_> {
+    pub(super) fn options(&self, share_ways: bool) -> Vec<Placement> {
         let n = self.lc.len();
         let frozen = (
             self.frozen.latency.to_bits(),
@@ -170,14 +170,14 @@ impl Evaluator<'_> {
                 .cloned()
         };
         let ranges = found.unwrap_or_else(|| {
-            let r: Arc<[Option_]> = self.range_options(share).into();
+            let r: Arc<[Placement]> = self.range_options(share).into();
             self.oracle
                 .memo
                 .borrow_mut()
                 .insert((share, frozen), Arc::clone(&r));
             r
         });
-        let mut out: Vec<Option_> = ranges
+        let mut out: Vec<Placement> = ranges
             .iter()
             .filter(|o| share || o.members.count_ones() == 1)
             .cloned()
@@ -188,7 +188,7 @@ impl Evaluator<'_> {
 
     /// Every range option: each service alone in 1..=W ways and, with `share`, each pair
     /// and all services together in a shared range.
-    pub(super) fn range_options(&self, share: bool) -> Vec<Option_> {
+    pub(super) fn range_options(&self, share: bool) -> Vec<Placement> {
         let n = self.lc.len();
         let w_max = self.oracle.ctx.host.llc_ways;
         let mut groups: Vec<Vec<usize>> = (0..n).map(|k| vec![k]).collect();
@@ -251,7 +251,7 @@ impl Evaluator<'_> {
                     *h = f.or(*h);
                 }
                 if let Some(cores) = cores {
-                    out.push(Option_ {
+                    out.push(Placement {
                         members: mask,
                         place: Place::Range {
                             members: mask,
@@ -274,10 +274,10 @@ impl Evaluator<'_> {
 
     /// Each service's options in the pool's ways: in its group, and beside a throttled pool
     /// in a group of its own at full bandwidth.
-    fn pool_options(&self, n: usize, out: &mut Vec<Option_>) {
+    fn pool_options(&self, n: usize, out: &mut Vec<Placement>) {
         for k in 0..n {
             if let Some(c) = self.fewest(k, self.frozen.pool_cache[k], self.be_mba) {
-                out.push(Option_ {
+                out.push(Placement {
                     members: 1 << k,
                     place: Place::Pool,
                     cores: vec![(k, c)],
@@ -287,7 +287,7 @@ impl Evaluator<'_> {
             // cache-insensitive service).
             if self.be_mba < MBA_MAX_PCT {
                 if let Some(c) = self.fewest(k, self.frozen.pool_cache[k], MBA_MAX_PCT) {
-                    out.push(Option_ {
+                    out.push(Placement {
                         members: 1 << k,
                         place: Place::PoolWays,
                         cores: vec![(k, c)],

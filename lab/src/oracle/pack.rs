@@ -1,7 +1,7 @@
 //! The oracle's packing: one option per service to satisfy within the ways, resctrl groups
 //! and cores left, with the fewest cores for every number of ways used.
 
-use super::{Option_, Packing};
+use super::{Packing, Placement};
 
 /// Packings of the services in `met` (each in exactly one option) within `w_cap` ways,
 /// `budget` resctrl groups besides the pool's and `c_cap` cores: for every number of ways
@@ -11,7 +11,7 @@ use super::{Option_, Packing};
 /// members) × ways used (× groups used, only when the budget could bind), each option
 /// covering the lowest member not yet placed, so every packing is found once.
 pub(super) fn pack(
-    options: &[Option_],
+    options: &[Placement],
     met: u32,
     w_cap: u32,
     budget: usize,

@@ -26,40 +26,37 @@ impl Evaluator<'_> {
     }
 
     fn outcome(&self, k: usize, cores: u32, cache: f64, mba: u8) -> world::Outcome {
-        let i = self.lc[k];
         let t = Tenant {
             cores: f64::from(cores),
             mba_pct: f64::from(mba),
-            ..self.tenants[i].clone()
+            ..self.tenants[self.lc[k]].clone()
         };
-        world::isolated(
-            self.host(),
-            &t,
-            cache,
-            self.frozen.latency,
-            self.frozen.interference[k],
-        )
+        self.isolated(k, &t, cache)
     }
 
     /// LLC misses per second of service `k` with `cores` holding `cache` bytes at full
     /// bandwidth: its outcome without the p99 (a tenant without a target skips the queue
     /// model, most of an outcome's cost; the misses do not depend on it).
     fn misses(&self, k: usize, cores: u32, cache: f64) -> f64 {
-        let i = self.lc[k];
         let t = Tenant {
             cores: f64::from(cores),
             mba_pct: f64::from(MBA_MAX_PCT),
             p99_target_ms: None,
-            ..self.tenants[i].clone()
+            ..self.tenants[self.lc[k]].clone()
         };
+        self.isolated(k, &t, cache).llc_misses_per_s
+    }
+
+    /// Service `k` run as tenant `t` holding `cache` bytes, under the round's frozen memory
+    /// latency and its interference.
+    fn isolated(&self, k: usize, t: &Tenant, cache: f64) -> world::Outcome {
         world::isolated(
             self.host(),
-            &t,
+            t,
             cache,
             self.frozen.latency,
             self.frozen.interference[k],
         )
-        .llc_misses_per_s
     }
 
     pub(super) fn target(&self, k: usize) -> f64 {

@@ -70,7 +70,7 @@ struct Ceiling {
     rps: Option<f64>,
 }
 
-/// A growth judged not to have lowered the p99: back to `to`.
+/// A growth judged not to have lowered the p99: back to `back_to`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Undo {
     /// (cores, ways) to go back to.

@@ -124,9 +124,9 @@ impl MlPolicy {
         let second = self.plan_level_once(obs, now_ms, level);
         if second.unmet > first.unmet {
             // Beside the grown pool more services are short than the host can serve: the
-            // first plan stands (taking the second, which sends the pool's level down
-            // under the pressure of needs that do not fit, cost 0.01 of the oracle's best
-            // effort over 200 runs, 0.05 on `few-closids`, for 3 more runs meeting QoS).
+            // first plan stands (taking the second sends the pool's level down under the
+            // pressure of needs that do not fit, and it stays there; docs/EXPERIMENTS.md,
+            // "A give-back beside a streaming pool").
             self.state = first_state;
             self.pool_growth = 1.0;
             return first;

@@ -167,8 +167,8 @@ impl OutDir {
     }
 }
 
-/// Opens the directory `name` in `parent` (at `at`) without following a link, making it
-/// when missing.
+/// Opens the directory `name` in `parent` (at `at`), following a link only where
+/// [`follow_or_refuse`] trusts it, making the directory when missing.
 fn step(parent: &OwnedFd, name: &OsStr, at: &Path) -> Result<OwnedFd, OutDirError> {
     match nix::fcntl::openat(parent, name, DIR_FLAGS, Mode::empty()) {
         Ok(fd) => Ok(fd),

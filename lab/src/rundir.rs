@@ -3,8 +3,9 @@
 //! `<scenario>/<policy>/decisions.jsonl` per run). A daemon's log directory reads as a
 //! single run.
 //!
-//! Directories and files are written through [`crate::outdir`]: no symbolic link is followed
-//! anywhere in the path, so a link planted under `/tmp` cannot redirect a run's files.
+//! Directories and files are written through [`crate::outdir`]: no symbolic link another
+//! user owns is followed anywhere in the path, so a link planted under `/tmp` cannot
+//! redirect a run's files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,7 +61,7 @@ pub struct SingleRunWriter {
 }
 
 impl SingleRunWriter {
-    /// Creates `dir` (if missing, through no symbolic link) and a decision log in it that
+    /// Creates `dir` (if missing, through no other user's symbolic link) and a decision log in it that
     /// starts with `header`.
     pub fn create(dir: &Path, header: &LogHeader) -> Result<Self> {
         let dir = OutDir::create(dir)
@@ -91,7 +92,7 @@ impl SingleRunWriter {
 }
 
 /// Writes one comparison's run into `dir/<scenario>/<policy>/decisions.jsonl`, headed by
-/// `header`; the directories are made through no symbolic link.
+/// `header`; the directories are made through no other user's symbolic link.
 pub fn write_comparison_run(
     dir: &Path,
     summary: &RunSummary,

@@ -608,7 +608,7 @@ fn dedup(it: impl Iterator<Item = String>) -> Vec<String> {
     out
 }
 
-/// Draws the plots of one run into `out` (made through no symbolic link; plotters then
+/// Draws the plots of one run into `out` (made through no other user's symbolic link; plotters then
 /// creates the images by path); returns the files written.
 pub fn plot_run(run: &Run, out: &Path, fmt: PlotFormat) -> Result<Vec<PathBuf>> {
     OutDir::create(out)?;

@@ -36,8 +36,8 @@ done
 LIBTORCH="${LIBTORCH:-$(./scripts/setup-libtorch.sh)}"
 export LIBTORCH
 # The package is the full daemon: with the Kubernetes node agent (the DaemonSet's image is
-# made from it), which a plain `cargo build` leaves out. scripts/test.sh builds with the same
-# features, so --profile dev reuses the test build's binaries.
+# made from it), which a plain `cargo build` leaves out. scripts/test.sh runs this same build
+# before the tests, so --profile dev packages the binaries the tests ran and builds nothing.
 cargo build "${cargo_profile[@]}" --locked --features cohabit-controller/kubernetes \
     -p cohabit-controller --bin cohabit -p cohabit-training --bin cohabit-train >&2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)

@@ -20,6 +20,15 @@ if [ -z "${COHABIT_SKIP_LOG:-}" ]; then
 fi
 export COHABIT_SKIP_LOG
 : >"$COHABIT_SKIP_LOG"
+# The daemon and the trainer as the Debian packages hold them, built once: the real-services
+# tests run these (REALBENCH_COHABIT, REALBENCH_COHABIT_TRAIN) instead of building their own
+# with other features, and scripts/build-deb.sh, with the same command, then builds nothing.
+# Each differently featured build is another copy of most dependencies on disk.
+cargo build --locked "${features[@]}" -p cohabit-controller --bin cohabit \
+    -p cohabit-training --bin cohabit-train
+bin_dir="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
+export REALBENCH_COHABIT="${REALBENCH_COHABIT:-$bin_dir/cohabit}"
+export REALBENCH_COHABIT_TRAIN="${REALBENCH_COHABIT_TRAIN:-$bin_dir/cohabit-train}"
 status=0
 cargo test --workspace --locked "${features[@]}" || status=$?
 ./scripts/skip-summary.sh "$COHABIT_SKIP_LOG"

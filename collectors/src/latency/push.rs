@@ -653,7 +653,10 @@ mod tests {
         // Each drop used to wait for the thread's 100 ms read time-out (50 ms on average).
         let dir = tempfile::tempdir().unwrap();
         let any = UnixAccess::default();
-        let udp = PushListener::bind(&PushAddr::Udp("127.0.0.1:0".parse().unwrap()), &any).unwrap();
+        // A loopback address of its own: another test binding 127.0.0.1:0 could be given the
+        // port between a drop and the next bind.
+        let udp =
+            PushListener::bind(&PushAddr::Udp("127.80.85.83:0".parse().unwrap()), &any).unwrap();
         let port = udp.local.clone();
         drop(udp);
         let t = Instant::now();

@@ -56,21 +56,16 @@ pub struct HostFacts {
     pub perf: PerfSupport,
     /// The unit of process CPU time (ticks per second).
     pub clk_tck: f64,
-    /// Which cache unmanaged processes may use (`[host] unmanaged_cache`).
-    pub unmanaged_cache: super::layout::UnmanagedCache,
     /// The kernel offers the idle class for groups (`cpu.idle`).
     pub idle_class: bool,
-    /// Where the pool may run (`[host] best_effort_cpus`).
-    pub best_effort_cpus: super::layout::BestEffortCpus,
 }
 
 impl HostFacts {
-    /// The pool runs on every managed CPU in the idle class: asked for, and the kernel
-    /// has the class and cohabit writes the cpu controller.
-    pub fn pool_on_every_cpu(&self) -> bool {
-        self.best_effort_cpus == super::layout::BestEffortCpus::All
-            && self.idle_class
-            && self.can_quota
+    /// Whether the pool runs on every managed CPU in the idle class: `asked` for it
+    /// (`[host] best_effort_cpus`), and the kernel has the class and cohabit writes the cpu
+    /// controller.
+    pub fn pool_on_every_cpu(&self, asked: super::layout::BestEffortCpus) -> bool {
+        asked == super::layout::BestEffortCpus::All && self.idle_class && self.can_quota
     }
 }
 
@@ -218,16 +213,16 @@ pub(super) fn discover(
         resctrl: info.cloned(),
         perf,
         clk_tck,
-        unmanaged_cache: spec.unmanaged_cache,
         // Pods' cgroups are the kubelet's: it writes their weights (at start, on an
         // in-place resize), and the kernel refuses a weight for a group in the idle class.
         idle_class: cg.idle_class && !spec.pods,
-        best_effort_cpus: spec.best_effort_cpus,
     };
     if cg.idle_class && spec.pods {
         tracing::info!("with [kubernetes] the best-effort pool gets the lowest CPU weight, not the idle class: the kubelet writes pods' weights, which the kernel refuses for a group in the class");
     }
-    if facts.best_effort_cpus == super::layout::BestEffortCpus::All && !facts.pool_on_every_cpu() {
+    if spec.best_effort_cpus == super::layout::BestEffortCpus::All
+        && !facts.pool_on_every_cpu(spec.best_effort_cpus)
+    {
         tracing::warn!("best_effort_cpus = \"all\" needs the kernel's idle class for groups (cpu.idle, Linux 5.15) and a writable cpu controller; the pool keeps to the CPUs no service holds");
     }
     Ok(Discovered {

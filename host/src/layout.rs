@@ -90,8 +90,27 @@ pub struct TooManyGroups {
 }
 
 // `[host] unmanaged_cache` and `best_effort_cpus`: the configuration owns them; the layout
-// reads them.
+// reads them ([`Choices`]).
 pub use crate::spec::{BestEffortCpus, UnmanagedCache};
+
+/// What the configuration chose for the layout; discovery finds the rest ([`HostFacts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Choices {
+    /// Which cache unmanaged processes may use (`[host] unmanaged_cache`).
+    pub unmanaged_cache: UnmanagedCache,
+    /// Where the pool may run (`[host] best_effort_cpus`).
+    pub best_effort_cpus: BestEffortCpus,
+}
+
+impl Choices {
+    /// The choices of a host's configuration.
+    pub fn of(spec: &crate::spec::HostSpec) -> Self {
+        Self {
+            unmanaged_cache: spec.unmanaged_cache,
+            best_effort_cpus: spec.best_effort_cpus,
+        }
+    }
+}
 
 /// Everything cohabit writes to the host for one plan.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -213,11 +232,12 @@ pub fn plan_group(spec: &ServiceSpec) -> &str {
     }
 }
 
-/// Every write for `plan` on a host with `facts`; `services` in configuration order,
-/// `gpu_clients` the services whose GPU share cohabit manages.
+/// Every write for `plan` on a host with `facts` as configured (`choices`); `services` in
+/// configuration order, `gpu_clients` the services whose GPU share cohabit manages.
 pub fn layout(
     plan: &Plan,
     facts: &HostFacts,
+    choices: &Choices,
     services: &[ServiceSpec],
     gpu_clients: &BTreeSet<String>,
 ) -> Result<HostWrites, TooManyGroups> {
@@ -234,7 +254,7 @@ pub fn layout(
         }
         None => (vec![], vec![]),
     };
-    let root_cache = match facts.unmanaged_cache {
+    let root_cache = match choices.unmanaged_cache {
         UnmanagedCache::Pool => resctrl
             .iter()
             .find(|g| g.members.iter().any(|m| m == BEST_EFFORT_GROUP))
@@ -243,7 +263,7 @@ pub fn layout(
         UnmanagedCache::Shared => None,
     };
     let mut cpus = cpu_layout(plan, services, &facts.cpus);
-    if facts.pool_on_every_cpu() {
+    if facts.pool_on_every_cpu(choices.best_effort_cpus) {
         cpus.insert(BEST_EFFORT_GROUP.to_string(), CpuList(facts.cpus.clone()));
     }
     let cgroups = plan
@@ -580,9 +600,7 @@ mod tests {
             resctrl: closids.map(rdt),
             perf: PerfSupport::Unsupported("test".into()),
             clk_tck: 100.0,
-            unmanaged_cache: Default::default(),
             idle_class: true,
-            best_effort_cpus: Default::default(),
         }
     }
 
@@ -605,7 +623,14 @@ mod tests {
             ],
             alloc(3, 8, 4, 50),
         );
-        let w = layout(&p, &facts(None), &three(), &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts(None),
+            &Choices::default(),
+            &three(),
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(cpus_of(&w, "kv"), "0-1");
         assert_eq!(cpus_of(&w, "web"), "2");
         assert_eq!(cpus_of(&w, "db"), "3-4");
@@ -629,8 +654,22 @@ mod tests {
         let mut after = before.clone();
         after.services.get_mut("kv").unwrap().cores = 4; // kv grows by 2
         after.services.get_mut("db").unwrap().cores = 1; // db shrinks by 1
-        let a = layout(&before, &facts(None), &specs, &BTreeSet::new()).unwrap();
-        let b = layout(&after, &facts(None), &specs, &BTreeSet::new()).unwrap();
+        let a = layout(
+            &before,
+            &facts(None),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
+        let b = layout(
+            &after,
+            &facts(None),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         // kv 0-3, web 4 (moved though its size did not change), db 5, pool 6-7.
         assert_eq!(cpus_of(&b, "kv"), "0-3");
         assert_eq!(cpus_of(&b, "web"), "4");
@@ -653,7 +692,14 @@ mod tests {
             ],
             alloc(0, 8, 4, 100),
         );
-        let w = layout(&p, &facts(None), &three(), &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts(None),
+            &Choices::default(),
+            &three(),
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(cpus_of(&w, "kv"), "0-5");
         assert_eq!(cpus_of(&w, "web"), "6-7", "what is left");
         assert_eq!(cpus_of(&w, "db"), "7", "0 cores still get one CPU");
@@ -672,14 +718,24 @@ mod tests {
         let specs = &three()[..2];
         let idle = |w: &HostWrites, g: &str| w.cgroup(g).unwrap().idle;
         // Default: the spare CPUs, in the idle class (services explicitly out of it).
-        let spare = layout(&p, &facts(None), specs, &BTreeSet::new()).unwrap();
+        let spare = layout(
+            &p,
+            &facts(None),
+            &Choices::default(),
+            specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(cpus_of(&spare, "best-effort"), "3-7");
         assert_eq!(idle(&spare, "best-effort"), Some(true));
         assert_eq!(idle(&spare, "kv"), Some(false));
         // All: every managed CPU for the pool; the services' sets stay disjoint.
         let mut f = facts(None);
-        f.best_effort_cpus = BestEffortCpus::All;
-        let all = layout(&p, &f, specs, &BTreeSet::new()).unwrap();
+        let asked = Choices {
+            best_effort_cpus: BestEffortCpus::All,
+            ..Choices::default()
+        };
+        let all = layout(&p, &f, &asked, specs, &BTreeSet::new()).unwrap();
         assert_eq!(cpus_of(&all, "best-effort"), "0-7");
         assert_eq!(
             (cpus_of(&all, "kv"), cpus_of(&all, "web")),
@@ -687,7 +743,7 @@ mod tests {
         );
         // Without the kernel's idle class, neither: the lowest weight on the spare CPUs.
         f.idle_class = false;
-        let old = layout(&p, &f, specs, &BTreeSet::new()).unwrap();
+        let old = layout(&p, &f, &asked, specs, &BTreeSet::new()).unwrap();
         assert_eq!(cpus_of(&old, "best-effort"), "3-7");
         assert_eq!(idle(&old, "best-effort"), None);
         assert_eq!(
@@ -697,7 +753,7 @@ mod tests {
         // Nor without a writable cpu controller (the class is a cpu controller file).
         f.idle_class = true;
         f.can_quota = false;
-        let no_cpu = layout(&p, &f, specs, &BTreeSet::new()).unwrap();
+        let no_cpu = layout(&p, &f, &asked, specs, &BTreeSet::new()).unwrap();
         assert_eq!(cpus_of(&no_cpu, "best-effort"), "3-7");
         assert_eq!(idle(&no_cpu, "best-effort"), None);
     }
@@ -713,7 +769,14 @@ mod tests {
             ],
             alloc(3, 8, 4, 50),
         );
-        let w = layout(&p, &facts(Some(16)), &three(), &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts(Some(16)),
+            &Choices::default(),
+            &three(),
+            &BTreeSet::new(),
+        )
+        .unwrap();
         let names: Vec<(&str, &[String])> = w
             .resctrl
             .iter()
@@ -735,7 +798,14 @@ mod tests {
         // Same ways, different MBA: separate groups.
         let mut p2 = p.clone();
         p2.services.get_mut("web").unwrap().mba_pct = 60;
-        let w2 = layout(&p2, &facts(Some(16)), &three(), &BTreeSet::new()).unwrap();
+        let w2 = layout(
+            &p2,
+            &facts(Some(16)),
+            &Choices::default(),
+            &three(),
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(w2.resctrl.len(), 4);
     }
 
@@ -767,7 +837,14 @@ mod tests {
             alloc(1, 6, 6, 100),
         );
         let specs = vec![lc("web"), lc("kv"), be("batch")];
-        let w = layout(&p, &facts_min_bits(2, 0), &specs, &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts_min_bits(2, 0),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(l3_mask(&w, "kv"), 0b11_0000);
         assert_eq!(l3_mask(&w, "web"), 0xf);
         assert_eq!(l3_mask(&w, "best-effort"), 0xfc0);
@@ -783,7 +860,14 @@ mod tests {
             }
         }
         // Without min_cbm_bits the range is its own mask.
-        let w = layout(&p, &facts_min_bits(1, 0), &specs, &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts_min_bits(1, 0),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(l3_mask(&w, "kv"), 0b10_0000);
     }
 
@@ -795,7 +879,14 @@ mod tests {
             alloc(1, 6, 6, 100),
         );
         let specs = vec![lc("web"), lc("kv"), be("batch")];
-        let w = layout(&p, &facts_min_bits(2, 0), &specs, &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts_min_bits(2, 0),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(l3_mask(&w, "kv"), 0b110_0000, "the kernel's default place");
         assert_eq!(
             w.overlaps,
@@ -811,7 +902,14 @@ mod tests {
             "{text}"
         );
         // Ways the hardware shares with I/O are reported for whoever holds them.
-        let w = layout(&p, &facts_min_bits(1, 0xc00), &specs, &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts_min_bits(1, 0xc00),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(
             w.overlaps,
             vec![WayOverlap {
@@ -831,7 +929,14 @@ mod tests {
             alloc(1, 2, 10, 100),
         );
         let specs = vec![lc("web"), lc("kv"), be("batch")];
-        let w = layout(&p, &facts_min_bits(2, 0), &specs, &BTreeSet::new()).unwrap();
+        let w = layout(
+            &p,
+            &facts_min_bits(2, 0),
+            &Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert!(w.overlaps.is_empty(), "{:?}", w.overlaps);
     }
 
@@ -846,7 +951,14 @@ mod tests {
             alloc(3, 10, 2, 50),
         );
         // 4 CLOSIDs: the root's and 3 for cohabit; the plan needs 4.
-        let e = layout(&p, &facts(Some(4)), &three(), &BTreeSet::new()).unwrap_err();
+        let e = layout(
+            &p,
+            &facts(Some(4)),
+            &Choices::default(),
+            &three(),
+            &BTreeSet::new(),
+        )
+        .unwrap_err();
         assert_eq!(
             e,
             TooManyGroups {
@@ -859,10 +971,16 @@ mod tests {
         let mut shared = p.clone();
         shared.services.insert("db".into(), alloc(2, 4, 4, 100));
         assert_eq!(
-            layout(&shared, &facts(Some(4)), &three(), &BTreeSet::new())
-                .unwrap()
-                .resctrl
-                .len(),
+            layout(
+                &shared,
+                &facts(Some(4)),
+                &Choices::default(),
+                &three(),
+                &BTreeSet::new()
+            )
+            .unwrap()
+            .resctrl
+            .len(),
             3
         );
     }
@@ -878,7 +996,14 @@ mod tests {
             alloc(0, 8, 4, 100),
         );
         let q = |w: &HostWrites, g: &str| w.cgroup(g).unwrap().cpu_max.unwrap().quota_us;
-        let with_sets = layout(&p, &facts(None), &three(), &BTreeSet::new()).unwrap();
+        let with_sets = layout(
+            &p,
+            &facts(None),
+            &Choices::default(),
+            &three(),
+            &BTreeSet::new(),
+        )
+        .unwrap();
         assert_eq!(q(&with_sets, "kv"), None, "the set is the limit");
         assert_eq!(
             q(&with_sets, "best-effort"),
@@ -891,7 +1016,7 @@ mod tests {
         );
         let mut f = facts(None);
         f.can_cpuset = false;
-        let quotas = layout(&p, &f, &three(), &BTreeSet::new()).unwrap();
+        let quotas = layout(&p, &f, &Choices::default(), &three(), &BTreeSet::new()).unwrap();
         assert_eq!(q(&quotas, "kv"), Some(200_000));
         assert_eq!(q(&quotas, "web"), Some(100_000));
         assert_eq!(q(&quotas, "best-effort"), None);
@@ -900,7 +1025,7 @@ mod tests {
             "no CPU sets written"
         );
         f.can_quota = false;
-        let neither = layout(&p, &f, &three(), &BTreeSet::new()).unwrap();
+        let neither = layout(&p, &f, &Choices::default(), &three(), &BTreeSet::new()).unwrap();
         assert!(neither
             .cgroups
             .iter()
@@ -928,7 +1053,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let w = layout(&p, &facts(None), &three(), &clients).unwrap();
+        let w = layout(&p, &facts(None), &Choices::default(), &three(), &clients).unwrap();
         assert_eq!(
             w.gpu,
             vec![

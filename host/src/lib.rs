@@ -688,7 +688,8 @@ impl RealHost {
             .filter(|s| self.gpu.manages(&s.spec.name))
             .map(|s| s.spec.name.clone())
             .collect();
-        layout::layout(plan, &self.facts, &self.specs(), &gpu_clients)
+        let choices = layout::Choices::of(&self.spec);
+        layout::layout(plan, &self.facts, &choices, &self.specs(), &gpu_clients)
     }
 
     /// Writes `writes` for `targets` through the journal (see [`apply::apply`]); a GPU

@@ -151,9 +151,7 @@ fn facts(cpus: Vec<u32>) -> HostFacts {
         resctrl: None,
         perf: PerfSupport::Unsupported("test".into()),
         clk_tck: 100.0,
-        unmanaged_cache: Default::default(),
         idle_class: true,
-        best_effort_cpus: Default::default(),
     }
 }
 
@@ -246,7 +244,14 @@ fn an_owners_cgroup_is_written_in_place_its_process_stays_and_restore_puts_it_ba
         best_effort: alloc(n - 1),
         gpu_memory_mib: Default::default(),
     };
-    let writes = layout::layout(&plan, &facts, &specs, &BTreeSet::new()).unwrap();
+    let writes = layout::layout(
+        &plan,
+        &facts,
+        &layout::Choices::default(),
+        &specs,
+        &BTreeSet::new(),
+    )
+    .unwrap();
     let t = targets(&cg, &procfs, &[("kv", pid)]);
     let mut record = Record::default();
     let mut gpu = GpuActuator::new(&[], None);
@@ -317,7 +322,14 @@ fn a_batch_owners_cgroup_joins_the_real_idle_class_and_gets_its_weight_back() {
         best_effort: alloc(n.saturating_sub(1)),
         gpu_memory_mib: Default::default(),
     };
-    let writes = layout::layout(&plan, &facts, &[lc("kv"), batch()], &BTreeSet::new()).unwrap();
+    let writes = layout::layout(
+        &plan,
+        &facts,
+        &layout::Choices::default(),
+        &[lc("kv"), batch()],
+        &BTreeSet::new(),
+    )
+    .unwrap();
     let be = placement::place(
         &cg,
         &procfs,
@@ -423,7 +435,16 @@ fn growing_a_service_between_two_others_never_makes_two_share_a_cpu_on_the_real_
         p.best_effort.cores = n.saturating_sub(used);
         p
     };
-    let writes = |p: &Plan| layout::layout(p, &facts, &specs, &BTreeSet::new()).unwrap();
+    let writes = |p: &Plan| {
+        layout::layout(
+            p,
+            &facts,
+            &layout::Choices::default(),
+            &specs,
+            &BTreeSet::new(),
+        )
+        .unwrap()
+    };
     let mut record = Record::default();
     let mut gpu = GpuActuator::new(&[], None);
     assert!(watch.observe().len() <= names.len() * (names.len() - 1) / 2);

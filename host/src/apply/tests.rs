@@ -18,6 +18,7 @@ struct Host {
     cg: FakeCgroup2,
     kernel: Kernel,
     facts: HostFacts,
+    choices: layout::Choices,
     gpu: GpuActuator,
     procfs: Procfs,
 }
@@ -64,9 +65,7 @@ fn host_with_closids(closids: u32) -> Host {
         resctrl: Some(info),
         perf: PerfSupport::Unsupported("test".into()),
         clk_tck: 100.0,
-        unmanaged_cache: Default::default(),
         idle_class: true,
-        best_effort_cpus: Default::default(),
     };
     Host {
         procfs: Procfs::new(cg.base().join("proc")),
@@ -77,6 +76,7 @@ fn host_with_closids(closids: u32) -> Host {
         resctrl_fake,
         cg,
         facts,
+        choices: layout::Choices::default(),
         gpu: GpuActuator::new(&[], None),
     }
 }
@@ -122,7 +122,7 @@ fn plan(kv_cores: u32, kv_ways: u32, pool_cores: u32) -> Plan {
 }
 
 fn writes(h: &Host, p: &Plan) -> HostWrites {
-    layout::layout(p, &h.facts, &specs(), &BTreeSet::new()).unwrap()
+    layout::layout(p, &h.facts, &h.choices, &specs(), &BTreeSet::new()).unwrap()
 }
 
 /// Where kv's and batch's values go, with batch's placement.
@@ -634,7 +634,7 @@ fn unmanaged_processes_get_the_pools_ways_when_asked_and_them_back_after() {
         .any(|c| matches!(c, Change::ResctrlRootCache { .. })));
     // Asked for: the root group's cache is the pool's (ways 6-11), its bandwidth kept,
     // the original noted; kv's own ways are nobody else's.
-    h.facts.unmanaged_cache = layout::UnmanagedCache::Pool;
+    h.choices.unmanaged_cache = layout::UnmanagedCache::Pool;
     apply(
         &h.kernel,
         &mut record,
@@ -682,7 +682,7 @@ fn unmanaged_processes_get_the_pools_ways_when_asked_and_them_back_after() {
 #[test]
 fn a_root_cache_the_kernel_refuses_is_rolled_back_with_the_rest_of_the_apply() {
     let mut h = host();
-    h.facts.unmanaged_cache = layout::UnmanagedCache::Pool;
+    h.choices.unmanaged_cache = layout::UnmanagedCache::Pool;
     let t = targets(&h, &[50], Placement::InPlace);
     let mut record = Record::default();
     let good = writes(&h, &plan(2, 6, 6));
@@ -893,7 +893,7 @@ fn growing_a_service_between_two_others_never_makes_them_share_a_cpu() {
         best_effort: a(5 - (b - 1)),
         gpu_memory_mib: Default::default(),
     };
-    let w = |p: &Plan| layout::layout(p, &h.facts, &specs, &BTreeSet::new()).unwrap();
+    let w = |p: &Plan| layout::layout(p, &h.facts, &h.choices, &specs, &BTreeSet::new()).unwrap();
     let mut record = Record::default();
     apply(&h.kernel, &mut record, w(&plan(1)), &t, &mut h.gpu, None).unwrap();
     assert_eq!(lc_sharing(&h.cg, &units), Vec::<(String, String)>::new());
@@ -1078,7 +1078,8 @@ fn a_regrouping_at_the_exact_closid_budget_applies_at_once() {
         best_effort: a(4, 8),
         gpu_memory_mib: Default::default(),
     };
-    let layout_of = |p: &Plan| layout::layout(p, &h.facts, &specs, &BTreeSet::new()).unwrap();
+    let layout_of =
+        |p: &Plan| layout::layout(p, &h.facts, &h.choices, &specs, &BTreeSet::new()).unwrap();
     let t = targets(&h, &[50], Placement::InPlace);
     let mut record = Record::default();
     // kv and web share kv's group; the pool has its own: every CLOSID is used.

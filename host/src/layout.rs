@@ -604,6 +604,11 @@ mod tests {
         }
     }
 
+    /// The writes for `p` on `facts`, configured as by default, with no GPU clients.
+    fn writes(p: &Plan, facts: &HostFacts, services: &[ServiceSpec]) -> HostWrites {
+        layout(p, facts, &Choices::default(), services, &BTreeSet::new()).unwrap()
+    }
+
     fn three() -> Vec<ServiceSpec> {
         vec![lc("kv"), lc("web"), lc("db"), be("batch")]
     }
@@ -623,14 +628,7 @@ mod tests {
             ],
             alloc(3, 8, 4, 50),
         );
-        let w = layout(
-            &p,
-            &facts(None),
-            &Choices::default(),
-            &three(),
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts(None), &three());
         assert_eq!(cpus_of(&w, "kv"), "0-1");
         assert_eq!(cpus_of(&w, "web"), "2");
         assert_eq!(cpus_of(&w, "db"), "3-4");
@@ -654,22 +652,8 @@ mod tests {
         let mut after = before.clone();
         after.services.get_mut("kv").unwrap().cores = 4; // kv grows by 2
         after.services.get_mut("db").unwrap().cores = 1; // db shrinks by 1
-        let a = layout(
-            &before,
-            &facts(None),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
-        let b = layout(
-            &after,
-            &facts(None),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let a = writes(&before, &facts(None), &specs);
+        let b = writes(&after, &facts(None), &specs);
         // kv 0-3, web 4 (moved though its size did not change), db 5, pool 6-7.
         assert_eq!(cpus_of(&b, "kv"), "0-3");
         assert_eq!(cpus_of(&b, "web"), "4");
@@ -692,14 +676,7 @@ mod tests {
             ],
             alloc(0, 8, 4, 100),
         );
-        let w = layout(
-            &p,
-            &facts(None),
-            &Choices::default(),
-            &three(),
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts(None), &three());
         assert_eq!(cpus_of(&w, "kv"), "0-5");
         assert_eq!(cpus_of(&w, "web"), "6-7", "what is left");
         assert_eq!(cpus_of(&w, "db"), "7", "0 cores still get one CPU");
@@ -718,14 +695,7 @@ mod tests {
         let specs = &three()[..2];
         let idle = |w: &HostWrites, g: &str| w.cgroup(g).unwrap().idle;
         // Default: the spare CPUs, in the idle class (services explicitly out of it).
-        let spare = layout(
-            &p,
-            &facts(None),
-            &Choices::default(),
-            specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let spare = writes(&p, &facts(None), specs);
         assert_eq!(cpus_of(&spare, "best-effort"), "3-7");
         assert_eq!(idle(&spare, "best-effort"), Some(true));
         assert_eq!(idle(&spare, "kv"), Some(false));
@@ -769,14 +739,7 @@ mod tests {
             ],
             alloc(3, 8, 4, 50),
         );
-        let w = layout(
-            &p,
-            &facts(Some(16)),
-            &Choices::default(),
-            &three(),
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts(Some(16)), &three());
         let names: Vec<(&str, &[String])> = w
             .resctrl
             .iter()
@@ -798,14 +761,7 @@ mod tests {
         // Same ways, different MBA: separate groups.
         let mut p2 = p.clone();
         p2.services.get_mut("web").unwrap().mba_pct = 60;
-        let w2 = layout(
-            &p2,
-            &facts(Some(16)),
-            &Choices::default(),
-            &three(),
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w2 = writes(&p2, &facts(Some(16)), &three());
         assert_eq!(w2.resctrl.len(), 4);
     }
 
@@ -837,14 +793,7 @@ mod tests {
             alloc(1, 6, 6, 100),
         );
         let specs = vec![lc("web"), lc("kv"), be("batch")];
-        let w = layout(
-            &p,
-            &facts_min_bits(2, 0),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts_min_bits(2, 0), &specs);
         assert_eq!(l3_mask(&w, "kv"), 0b11_0000);
         assert_eq!(l3_mask(&w, "web"), 0xf);
         assert_eq!(l3_mask(&w, "best-effort"), 0xfc0);
@@ -860,14 +809,7 @@ mod tests {
             }
         }
         // Without min_cbm_bits the range is its own mask.
-        let w = layout(
-            &p,
-            &facts_min_bits(1, 0),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts_min_bits(1, 0), &specs);
         assert_eq!(l3_mask(&w, "kv"), 0b10_0000);
     }
 
@@ -879,14 +821,7 @@ mod tests {
             alloc(1, 6, 6, 100),
         );
         let specs = vec![lc("web"), lc("kv"), be("batch")];
-        let w = layout(
-            &p,
-            &facts_min_bits(2, 0),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts_min_bits(2, 0), &specs);
         assert_eq!(l3_mask(&w, "kv"), 0b110_0000, "the kernel's default place");
         assert_eq!(
             w.overlaps,
@@ -902,14 +837,7 @@ mod tests {
             "{text}"
         );
         // Ways the hardware shares with I/O are reported for whoever holds them.
-        let w = layout(
-            &p,
-            &facts_min_bits(1, 0xc00),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts_min_bits(1, 0xc00), &specs);
         assert_eq!(
             w.overlaps,
             vec![WayOverlap {
@@ -929,14 +857,7 @@ mod tests {
             alloc(1, 2, 10, 100),
         );
         let specs = vec![lc("web"), lc("kv"), be("batch")];
-        let w = layout(
-            &p,
-            &facts_min_bits(2, 0),
-            &Choices::default(),
-            &specs,
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let w = writes(&p, &facts_min_bits(2, 0), &specs);
         assert!(w.overlaps.is_empty(), "{:?}", w.overlaps);
     }
 
@@ -970,19 +891,7 @@ mod tests {
         // Sharing brings it within the limit.
         let mut shared = p.clone();
         shared.services.insert("db".into(), alloc(2, 4, 4, 100));
-        assert_eq!(
-            layout(
-                &shared,
-                &facts(Some(4)),
-                &Choices::default(),
-                &three(),
-                &BTreeSet::new()
-            )
-            .unwrap()
-            .resctrl
-            .len(),
-            3
-        );
+        assert_eq!(writes(&shared, &facts(Some(4)), &three()).resctrl.len(), 3);
     }
 
     #[test]
@@ -996,14 +905,7 @@ mod tests {
             alloc(0, 8, 4, 100),
         );
         let q = |w: &HostWrites, g: &str| w.cgroup(g).unwrap().cpu_max.unwrap().quota_us;
-        let with_sets = layout(
-            &p,
-            &facts(None),
-            &Choices::default(),
-            &three(),
-            &BTreeSet::new(),
-        )
-        .unwrap();
+        let with_sets = writes(&p, &facts(None), &three());
         assert_eq!(q(&with_sets, "kv"), None, "the set is the limit");
         assert_eq!(
             q(&with_sets, "best-effort"),
@@ -1016,7 +918,7 @@ mod tests {
         );
         let mut f = facts(None);
         f.can_cpuset = false;
-        let quotas = layout(&p, &f, &Choices::default(), &three(), &BTreeSet::new()).unwrap();
+        let quotas = writes(&p, &f, &three());
         assert_eq!(q(&quotas, "kv"), Some(200_000));
         assert_eq!(q(&quotas, "web"), Some(100_000));
         assert_eq!(q(&quotas, "best-effort"), None);
@@ -1025,7 +927,7 @@ mod tests {
             "no CPU sets written"
         );
         f.can_quota = false;
-        let neither = layout(&p, &f, &Choices::default(), &three(), &BTreeSet::new()).unwrap();
+        let neither = writes(&p, &f, &three());
         assert!(neither
             .cgroups
             .iter()

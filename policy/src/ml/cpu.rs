@@ -47,9 +47,9 @@ impl NoCandidate {
         obs: &Observation,
         name: &str,
         shares_pool: bool,
-        known_good: Option<(u32, u32)>,
+        evidence: Evidence,
     ) -> ServicePlan {
-        let plan = fallback(obs, name, &self.to_string(), true, shares_pool, known_good);
+        let plan = fallback(obs, name, &self.to_string(), true, shares_pool, evidence);
         ServicePlan {
             unsure: self.unsure(),
             ..plan
@@ -126,8 +126,18 @@ struct Noted {
     busy: Option<f64>,
     /// The allocation in force, (cores, ways of its own).
     in_force: (u32, u32),
-    /// The fallback's way back to an allocation measured safe ([`known_good`]).
+    /// What the fallback goes by besides the reading.
+    evidence: Evidence,
+}
+
+/// What the fallback knows of a service from its past readings.
+#[derive(Debug, Clone, Copy, Default)]
+struct Evidence {
+    /// The way back to an allocation measured safe ([`known_good`]).
     known_good: Option<(u32, u32)>,
+    /// The most cores and ways it has been measured saturated on since it last was not
+    /// ([`super::state::ServiceState::saturated_at`]).
+    saturated_at: Option<(u32, u32)>,
 }
 
 /// Where one CPU service stands this tick, for the points it may be given
@@ -310,7 +320,7 @@ impl MlPolicy {
                 },
             busy,
             in_force,
-            known_good,
+            evidence,
         } = noted;
         let predictor = Predictor {
             model: &self.model,
@@ -327,7 +337,7 @@ impl MlPolicy {
         let probe = predictor.features(&v.current);
         if let Some((feature, z)) = out_of_range(&self.model.meta, &probe, cfg.z_limit) {
             let why = format!("input {feature} outside the training range (z = {z:.1})");
-            return fallback(obs, name, &why, false, v.shares_pool, known_good);
+            return fallback(obs, name, &why, false, v.shares_pool, evidence);
         }
         if self.posterior_model.is_some() {
             if let Some(st) = self.state.get_mut(name).filter(|st| st.posterior.is_none()) {
@@ -343,7 +353,7 @@ impl MlPolicy {
         let meeting = v.measured.is_some_and(|q| q <= 0.0);
         let found = match self.search(&predictor, held, meeting, &ways, v.cand_mba) {
             Ok(found) => found,
-            Err(none) => return none.fallback(obs, name, v.shares_pool, known_good),
+            Err(none) => return none.fallback(obs, name, v.shares_pool, evidence),
         };
         let (cur_mean, cur_sigma) = Self::in_force_prediction(&found, &predictor, &v);
         // Measured safe; and when the plan grows a streaming pool, predicted safe beside
@@ -430,11 +440,15 @@ impl MlPolicy {
             in_force,
             |c, w| costs.of(c, w, v.shares_pool),
         );
+        let saturated_at = st.note_saturation(in_force, measured);
         Noted {
             tick,
             busy,
             in_force,
-            known_good,
+            evidence: Evidence {
+                known_good,
+                saturated_at,
+            },
         }
     }
 
@@ -475,7 +489,7 @@ impl MlPolicy {
         let cfg = self.cfg;
         let st = self.state.entry(name.to_string()).or_default();
         st.on_fallback(now_ms, &cfg)
-            .map(|why| fallback(obs, name, &why, true, v.shares_pool, noted.known_good))
+            .map(|why| fallback(obs, name, &why, true, v.shares_pool, noted.evidence))
     }
 
     /// The way counts step 4 searches for CPU service `v`. A sharer's ways are the pool's:
@@ -783,7 +797,7 @@ fn fallback(
     why: &str,
     predictable: bool,
     shares_pool: bool,
-    known_good: Option<(u32, u32)>,
+    evidence: Evidence,
 ) -> ServicePlan {
     let cur = obs
         .current
@@ -791,7 +805,7 @@ fn fallback(
         .get(name)
         .map_or((1, 1), |a| (a.cores, a.llc_ways.count));
     let slack = slack(obs, name);
-    if let (Some((cores, ways)), Some(v)) = (known_good, slack) {
+    if let (Some((cores, ways)), Some(v)) = (evidence.known_good, slack) {
         if v < 0.0 {
             let what = format!(
                 "back to {cores} cores / {ways} ways, measured safe at this load (slack {v:.2})"
@@ -800,7 +814,7 @@ fn fallback(
             return ServicePlan::fixed(name, cores, ways, reason, predictable);
         }
     }
-    let (cores, ways, what) = fallback_step(cur, slack, !shares_pool);
+    let (cores, ways, what) = fallback_step(cur, slack, !shares_pool, evidence.saturated_at);
     let reason = Reason::new(DecisionPath::Fallback, format!("{why}; {what}"));
     ServicePlan::fixed(name, cores, ways, reason, predictable)
 }
@@ -838,9 +852,38 @@ fn known_good(
 /// saturation (p99 at twice the target or more, a reading the glitch check let through)
 /// the cores double. One more way when it has `own_ways`; a service sharing the pool's
 /// ways cannot have more, so its step is cores alone (and its pool keeps its size).
-fn fallback_step(cur: (u32, u32), slack: Option<f64>, own_ways: bool) -> (u32, u32, String) {
-    match slack {
-        Some(v) if v < 0.05 => {
+///
+/// A saturated service with ways of its own that holds less than the most it has been
+/// measured saturated on (`saturated_at`: it was cut, or given up by the overload rule)
+/// steps to twice that in cores and in ways instead: a saturated queue reads the time-out
+/// however far short it is, so a step from what it was left would try again what already
+/// failed, and one way a step never reaches what it lacks (sphinx on the crowded E5,
+/// saturated on its floor and a few cores and ways for whole runs, while the oracle serves
+/// it on five cores and nine ways).
+fn fallback_step(
+    cur: (u32, u32),
+    slack: Option<f64>,
+    own_ways: bool,
+    saturated_at: Option<(u32, u32)>,
+) -> (u32, u32, String) {
+    let failed = saturated_at.filter(|s| own_ways && (s.0 > cur.0 || s.1 > cur.1));
+    match (slack, failed) {
+        (Some(v), Some(s)) if v <= 1.0 - SATURATED => {
+            let (cores, ways) = (2 * s.0.max(cur.0), 2 * s.1.max(cur.1));
+            (
+                cores,
+                ways,
+                format!(
+                    "+{} cores +{} ways, twice the most it read saturated on, {} cores / {} \
+                     ways (slack {v:.2})",
+                    cores - cur.0,
+                    ways - cur.1,
+                    s.0,
+                    s.1
+                ),
+            )
+        }
+        (Some(v), _) if v < 0.05 => {
             let frac = if v <= 1.0 - SATURATED {
                 1.0
             } else {
@@ -862,8 +905,8 @@ fn fallback_step(cur: (u32, u32), slack: Option<f64>, own_ways: bool) -> (u32, u
                 )
             }
         }
-        Some(v) => (cur.0, cur.1, format!("hold (slack {v:.2})")),
-        None => (cur.0, cur.1, "hold (no latency reading)".into()),
+        (Some(v), _) => (cur.0, cur.1, format!("hold (slack {v:.2})")),
+        (None, _) => (cur.0, cur.1, "hold (no latency reading)".into()),
     }
 }
 
@@ -971,39 +1014,68 @@ mod tests {
     fn the_fallback_grows_a_violating_service_in_proportion_to_how_far_off() {
         // 12 % over the target: 12 % of 10 cores, rounded up: +2, and one way.
         assert_eq!(
-            fallback_step((10, 4), Some(-0.12), true),
+            fallback_step((10, 4), Some(-0.12), true, None),
             (12, 5, "+2 cores +1 way (slack -0.12)".to_string())
         );
         // Far over (p99 1.6 × the target): a quarter at most, +3.
-        assert_eq!(fallback_step((10, 4), Some(-0.6), true).0, 13);
+        assert_eq!(fallback_step((10, 4), Some(-0.6), true, None).0, 13);
         // Just inside the target but within 5 %: the smallest step, 10 %: +1.
-        assert_eq!(fallback_step((10, 4), Some(0.02), true).0, 11);
+        assert_eq!(fallback_step((10, 4), Some(0.02), true, None).0, 11);
     }
 
     #[test]
     fn the_fallback_doubles_the_cores_of_a_saturated_service() {
         // p99 at twice the target: slack -1.
-        assert_eq!(fallback_step((10, 4), Some(-1.0), true).0, 20);
+        assert_eq!(fallback_step((10, 4), Some(-1.0), true, None).0, 20);
+    }
+
+    #[test]
+    fn a_saturated_service_left_less_than_it_read_saturated_on_steps_to_twice_that() {
+        // Saturated on (4, 6) before, given up to (1, 1) since: twice (4, 6).
+        assert_eq!(
+            fallback_step((1, 1), Some(-19.0), true, Some((4, 6))),
+            (
+                8,
+                12,
+                "+7 cores +11 ways, twice the most it read saturated on, 4 cores / 6 ways \
+                 (slack -19.00)"
+                    .to_string()
+            )
+        );
+        // Short in ways only: twice the most of each.
+        assert_eq!(fallback_step((5, 2), Some(-3.0), true, Some((3, 6))).0, 10);
+        assert_eq!(fallback_step((5, 2), Some(-3.0), true, Some((3, 6))).1, 12);
+        // Holding all it read saturated on: the usual step (double the cores, one way).
+        assert_eq!(
+            fallback_step((4, 6), Some(-19.0), true, Some((4, 6))),
+            (8, 7, "+4 cores +1 way (slack -19.00)".to_string())
+        );
+        // Over its target but not saturated, or sharing the pool's ways: the usual step.
+        assert_eq!(
+            fallback_step((1, 1), Some(-0.5), true, Some((4, 6))),
+            (2, 2, "+1 cores +1 way (slack -0.50)".to_string())
+        );
+        assert_eq!(fallback_step((1, 3), Some(-19.0), false, Some((4, 3))).1, 3);
     }
 
     #[test]
     fn the_fallback_grows_a_service_sharing_the_pools_ways_by_cores_alone() {
         // 12 % over the target with the pool's 3 ways: +2 cores, the ways stay the pool's.
         assert_eq!(
-            fallback_step((10, 3), Some(-0.12), false),
+            fallback_step((10, 3), Some(-0.12), false, None),
             (12, 3, "+2 cores, the pool's ways (slack -0.12)".to_string())
         );
-        assert_eq!(fallback_step((10, 3), Some(-1.0), false).0, 20);
+        assert_eq!(fallback_step((10, 3), Some(-1.0), false, None).0, 20);
     }
 
     #[test]
     fn the_fallback_never_cuts() {
         assert_eq!(
-            fallback_step((10, 4), Some(0.6), true),
+            fallback_step((10, 4), Some(0.6), true, None),
             (10, 4, "hold (slack 0.60)".to_string())
         );
         assert_eq!(
-            fallback_step((10, 4), None, true),
+            fallback_step((10, 4), None, true, None),
             (10, 4, "hold (no latency reading)".to_string())
         );
     }

@@ -130,6 +130,10 @@ pub(super) struct ServiceState {
     pub(super) over_ticks: u32,
     /// Until when it may not take in the packer's triage, having given in one.
     pub(super) yielded_until_ms: Option<u64>,
+    /// The most cores and the most ways it has been measured saturated on (p99 at
+    /// [`SATURATED`] times its target or more) since a reading last said it was not
+    /// ([`ServiceState::note_saturation`]).
+    pub(super) saturated_at: Option<(u32, u32)>,
     /// Allocations measured within the margin for two intervals in a row, with the load
     /// and the neighbours' bandwidth then ([`ServiceState::certified`]). The newest
     /// [`MAX_MEASURED_SAFE`].
@@ -320,6 +324,7 @@ impl Default for ServiceState {
             measured_cliffs: Vec::new(),
             over_ticks: 0,
             yielded_until_ms: None,
+            saturated_at: None,
             measured_safe: Vec::new(),
             last_in_force: None,
             pool_ways_cliff: None,
@@ -567,6 +572,26 @@ impl ServiceState {
         if self.measured_cliffs.len() > MAX_MEASURED_CLIFFS {
             self.measured_cliffs.remove(0);
         }
+    }
+
+    /// Notes a reading `measured` (ln(p99/target); `None` without one, or where the ways in
+    /// force are not the service's own) of `in_force` (cores, ways): past saturation, the
+    /// most cores and ways measured saturated grow to cover it; under it, they are
+    /// forgotten. Returns them.
+    pub(super) fn note_saturation(
+        &mut self,
+        in_force: (u32, u32),
+        measured: Option<f64>,
+    ) -> Option<(u32, u32)> {
+        match measured {
+            Some(q) if q >= SATURATED.ln() => {
+                let (c, w) = self.saturated_at.unwrap_or(in_force);
+                self.saturated_at = Some((c.max(in_force.0), w.max(in_force.1)));
+            }
+            Some(_) => self.saturated_at = None,
+            None => {}
+        }
+        self.saturated_at
     }
 
     /// Notes this tick's reading `measured` of the allocation in force `current` (cores,
@@ -877,6 +902,20 @@ mod tests {
             step: 0.15,
             fallback: false,
         }
+    }
+
+    #[test]
+    fn the_most_a_service_read_saturated_on_grows_until_a_reading_under_saturation() {
+        let mut st = ServiceState::default();
+        let sat = SATURATED.ln() + 1.0;
+        assert_eq!(st.note_saturation((2, 2), Some(sat)), Some((2, 2)));
+        // No reading: nothing learnt.
+        assert_eq!(st.note_saturation((1, 1), None), Some((2, 2)));
+        // Saturated on more cores and fewer ways: the most of each.
+        assert_eq!(st.note_saturation((4, 1), Some(sat)), Some((4, 2)));
+        // Under saturation (still over the target): forgotten.
+        assert_eq!(st.note_saturation((4, 6), Some(0.5)), None);
+        assert_eq!(st.note_saturation((1, 1), Some(sat)), Some((1, 1)));
     }
 
     #[test]

@@ -150,6 +150,9 @@ struct Standing {
     held: bool,
     /// Safe to keep ([`safe_to_keep`]).
     safe: bool,
+    /// Another service has been over its target for `shrink_after` intervals in a row: the
+    /// host is crowded, not merely slow to resize after a load step.
+    crowded: bool,
 }
 
 impl MlPolicy {
@@ -365,12 +368,14 @@ impl MlPolicy {
         // The allocation in force as the packer counts it.
         let current = self.counted(name, &v.current);
         let neighbour_over = Self::neighbour_over_target(obs, name);
+        let crowded = self.crowded_beside(name);
         let st = self.state.entry(name.to_string()).or_default();
         let standing = Standing {
             in_force,
             busy,
             held,
             safe,
+            crowded,
         };
         let mut points = Self::admissible_points(
             st,
@@ -516,6 +521,14 @@ impl MlPolicy {
             .map_or((0.0, 0.0), |p| (p.mean, p.sigma))
     }
 
+    /// Whether another latency-critical service than `name` has been over its target for
+    /// `shrink_after` intervals in a row ([`Standing::crowded`]).
+    fn crowded_beside(&self, name: &str) -> bool {
+        self.ctx
+            .latency_critical()
+            .any(|s| s.name != name && self.persistently_over(&s.name))
+    }
+
     /// Whether a latency-critical service other than `name` is measured over its target.
     fn neighbour_over_target(obs: &Observation, name: &str) -> bool {
         obs.latency_critical().any(|o| {
@@ -544,6 +557,7 @@ impl MlPolicy {
             busy,
             held,
             safe,
+            crowded,
         } = standing;
         // A give-back stops short of saturation, whatever the model says, wherever one may
         // happen (measured within the margin, or safe to keep). The pool point is read off
@@ -559,7 +573,7 @@ impl MlPolicy {
             && st.pool_ways_allowed(v.on_pool, safe, v.sample.requests_per_s)
             && !relaxed
         {
-            points.extend(search::pool_point(&points));
+            points.extend(search::pool_point(&points, crowded));
         }
         // What this service was measured safe at, at this load or more and beside no busier
         // neighbours, is admissible whatever the model's spread says.

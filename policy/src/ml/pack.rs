@@ -763,13 +763,16 @@ fn grow_toward(
 /// back each time (the settings compared: docs/EXPERIMENTS.md, "A triage by the count").
 const LEND_NEAR: f64 = 0.5;
 
-/// A donor on measurements alone reads at most `1 - LEND_SLACK` of its target.
-const LEND_SLACK: f64 = 0.2;
+/// A donor on measurements alone reads at most `1 - LEND_SLACK` of its target: within the
+/// margin, so one the frontier would hold as it is. A fifth, with a donor keeping two ways,
+/// left moses on the crowded Gold short of ways beside neighbours at 0.85 of their targets
+/// (docs/EXPERIMENTS.md, "Ways for a crowded host's service short of them").
+const LEND_SLACK: f64 = 0.1;
 
 /// When no donor's options vouch for fewer ways: a borrower over its target for a while
 /// (persistent) but by no more than [`LEND_NEAR`] takes one way from the service of no higher
-/// priority that measured the most slack, at least [`LEND_SLACK`], and keeps two ways or
-/// more after it. The model's spread can leave a service some way over its target for
+/// priority that measured the most slack, at least [`LEND_SLACK`], and keeps a way or more
+/// after it. The model's spread can leave a service some way over its target for
 /// good beside a neighbour at 0.6 of its own (a retrained model on the E5 `mba-stream`,
 /// seed 0: moses at 1.04 of its target for the whole run, memcached at 0.61 on 11 ways);
 /// one way a tick, read back each time, is the feedback step PARTIES would take. Far over
@@ -786,7 +789,7 @@ fn measured_donor(
         return None;
     }
     (0..demands.len())
-        .filter(|&j| j != i && out[j].1 >= 3)
+        .filter(|&j| j != i && out[j].1 >= 2)
         .filter(|&j| {
             let o = &demands[j];
             !o.violating
@@ -1280,14 +1283,15 @@ mod tests {
         assert_eq!(p.given_up, vec![2]);
         assert_eq!(p.yielded, vec![2]);
         // Over its target but not hopeless (a third over it, and not given up lately): m
-        // is not given up, and the degrade rule decides (k keeps its ten ways).
+        // is not given up, and the degrade rule decides: k keeps its ten ways but the one m
+        // borrows on measurements alone (k reads 0.9 of its target).
         let m_near = Demand {
             slack: Some(-0.3),
             ..m.clone()
         };
         let p = pack(ROOM, &COSTS, &[k.clone(), s.clone(), m_near.clone()]);
         assert!(p.given_up.is_empty());
-        assert_eq!(p.alloc[0], (6, 10));
+        assert_eq!(p.alloc[0], (6, 9));
         // Given up lately and still over its target, it may be given up again.
         let m_gave = Demand {
             yielded: true,
@@ -1511,7 +1515,7 @@ mod tests {
         // Not from a donor with less slack, nor to a service far over its target (on a
         // crowded host it misses whatever it gets), nor to one over it for the first time.
         let tight = Demand {
-            slack: Some(0.15),
+            slack: Some(0.05),
             ..b.clone()
         };
         assert_eq!(pack(ROOM, &COSTS, &[a.clone(), tight]).alloc[1], (19, 11));
@@ -1522,9 +1526,23 @@ mod tests {
         assert_eq!(pack(ROOM, &COSTS, &[far, b.clone()]).alloc[1], (19, 11));
         let first = Demand {
             persistent: false,
-            ..a
+            ..a.clone()
         };
         assert_eq!(pack(ROOM, &COSTS, &[first, b]).alloc[1], (19, 11));
+        // A donor on two ways gives one and keeps one; on one way, none.
+        let small = |ways: u32| Demand {
+            slack: Some(0.4),
+            keep: Some((19, ways)),
+            ..frontier((19, ways), &[(19, ways)])
+        };
+        let a6 = Demand {
+            current: (17, 6),
+            ..a.clone()
+        };
+        let room = Room { ways: 8, ..ROOM };
+        assert_eq!(pack(room, &COSTS, &[a6.clone(), small(2)]).alloc[1], (19, 1));
+        let room = Room { ways: 7, ..ROOM };
+        assert_eq!(pack(room, &COSTS, &[a6, small(1)]).alloc[1], (19, 1));
     }
 
     #[test]

@@ -1540,7 +1540,10 @@ mod tests {
             ..a.clone()
         };
         let room = Room { ways: 8, ..ROOM };
-        assert_eq!(pack(room, &COSTS, &[a6.clone(), small(2)]).alloc[1], (19, 1));
+        assert_eq!(
+            pack(room, &COSTS, &[a6.clone(), small(2)]).alloc[1],
+            (19, 1)
+        );
         let room = Room { ways: 7, ..ROOM };
         assert_eq!(pack(room, &COSTS, &[a6, small(1)]).alloc[1], (19, 1));
     }

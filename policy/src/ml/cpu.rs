@@ -131,7 +131,7 @@ struct Noted {
 }
 
 /// What the fallback knows of a service from its past readings.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Evidence {
     /// The way back to an allocation measured safe ([`known_good`]).
     known_good: Option<(u32, u32)>,
@@ -871,9 +871,8 @@ fn known_good(
 /// measured saturated on (`saturated_at`: it was cut, or given up by the overload rule)
 /// steps to twice that in cores and in ways instead: a saturated queue reads the time-out
 /// however far short it is, so a step from what it was left would try again what already
-/// failed, and one way a step never reaches what it lacks (sphinx on the crowded E5,
-/// saturated on its floor and a few cores and ways for whole runs, while the oracle serves
-/// it on five cores and nine ways).
+/// failed, and one way a step never reaches what it lacks (docs/EXPERIMENTS.md, "A
+/// saturated service steps from what it read saturated on").
 fn fallback_step(
     cur: (u32, u32),
     slack: Option<f64>,

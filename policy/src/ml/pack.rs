@@ -764,8 +764,8 @@ fn grow_toward(
 const LEND_NEAR: f64 = 0.5;
 
 /// A donor on measurements alone reads at most `1 - LEND_SLACK` of its target: within the
-/// margin, so one the frontier would hold as it is. A fifth, with a donor keeping two ways,
-/// left moses on the crowded Gold short of ways beside neighbours at 0.85 of their targets
+/// margin, so one the frontier would hold as it is. A wider slack, with a donor keeping two
+/// ways, left a service short of ways beside neighbours just inside their margins
 /// (docs/EXPERIMENTS.md, "Ways for a crowded host's service short of them").
 const LEND_SLACK: f64 = 0.1;
 

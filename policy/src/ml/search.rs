@@ -58,11 +58,10 @@ pub(super) fn way_grid(max: u32) -> Vec<u32> {
 ///
 /// Why the crowded case: on a crowded host the ways, not the cores, run out, and the
 /// services that need few hold one each that a service short of ways lacks. The pool's
-/// range is at least one way, so a service the model vouches for on one way may run there;
-/// the oracle puts three such services on the crowded Gold on the pool's top way. One
-/// measured past its margin there is not put there again at that load
-/// (`ServiceState::pool_ways_allowed`). Offered beside a load step's transient miss as well,
-/// it cost the built-ins best effort on the E5 `load-spike` (docs/EXPERIMENTS.md, "A
+/// range is at least one way, so a service the model vouches for on one way may run there,
+/// as the oracle puts such services there. One measured past its margin there is not put
+/// there again at that load (`ServiceState::pool_ways_allowed`). Offered at a load step's
+/// transient miss as well, it cost the uncrowded hosts best effort (docs/EXPERIMENTS.md, "A
 /// service on the pool's ways when the host is crowded").
 pub(super) fn pool_point(points: &[(u32, u32)], crowded: bool) -> Option<(u32, u32)> {
     let fewest = points.iter().map(|p| p.0).min()?;

@@ -473,6 +473,52 @@ fn opt_in_exploration_cuts_calm_services_and_gains_best_effort() {
 }
 
 #[test]
+fn exploration_reaches_services_on_the_pools_ways() {
+    // A cache-insensitive service may run on the best-effort pool's ways (`pool_point`),
+    // planned as (cores, 0). The exploration rule asks whether the plan holds what is in
+    // force; it once compared the plan with the ways in force as read (the pool's count),
+    // so it never held and such a service was never probed (nor given back on the
+    // fallback). On the Gold `parties-mix` with exploration on, services run there.
+    let sc = Arc::new(
+        Scenario::load("parties-mix")
+            .and_then(|s| s.on_platform("xeon-gold-6338"))
+            .unwrap(),
+    );
+    let model = Arc::new(simulate::builtin_model(sc.host.preset).unwrap());
+    let cfg = MlConfig {
+        explore_step: 0.15,
+        ..MlConfig::default()
+    };
+    let mut ml = MlPolicy::new(ctx(&sc), model, cfg);
+    let records = run(&sc, &mut ml, sc.ticks());
+    let on_pool = |r: &DecisionRecord, name: &str| {
+        let pool = r.observation.current.best_effort.llc_ways;
+        r.observation.current.services[name].llc_ways == pool
+    };
+    let mut probed = 0;
+    for (r, next) in records.iter().zip(records.iter().skip(1)) {
+        for (name, why) in &r.reasons {
+            if why.path != DecisionPath::Explore || !why.text.contains("->") || !on_pool(r, name) {
+                continue;
+            }
+            probed += 1;
+            let (held, cut) = (
+                r.observation.current.services[name].cores,
+                r.plan.services[name].cores,
+            );
+            assert!(cut < held, "{name}: {held} -> {cut}: {}", why.text);
+            // The cut keeps it on the pool's ways.
+            assert!(
+                on_pool(next, name),
+                "{name} left the pool's ways: {}",
+                why.text
+            );
+        }
+    }
+    assert!(probed > 0, "no service on the pool's ways was probed");
+}
+
+#[test]
 fn a_service_the_model_is_unsure_of_gives_back_measured_and_keeps_qos() {
     // On the E5 `demo`, memcached's load steps down at 200 s; the model then vouches for
     // none of its candidates ("model unsure") and the fallback holds. Held calm for

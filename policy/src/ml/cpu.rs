@@ -215,7 +215,9 @@ impl MlPolicy {
         let Some(o) = obs.services.iter().find(|o| o.spec.name == name) else {
             return plan;
         };
-        let current = (a.cores, a.llc_ways.count);
+        // A service on the pool's ways is planned at (cores, 0) (`search::pool_point`).
+        let on_pool = self.on_pool.contains(name);
+        let current = (a.cores, if on_pool { 0 } else { a.llc_ways.count });
         let held = plan.keep == Some(current)
             || plan.need
                 == (Need::Fixed {
@@ -274,7 +276,10 @@ impl MlPolicy {
             // The model's mean already puts the cut past the margin: not worth a violation
             // to learn (the calm count restarts). Not asked where the model vouches for no
             // candidate: its mean is what it is unsure of, and the reading judges the cut.
-            ExploreStep::Cut(to) if !unsure && !predicted_within(&st.scored, to, x.limit) => {
+            // A cut on the pool's ways is judged by the one-way point it was offered from.
+            ExploreStep::Cut(to)
+                if !unsure && !predicted_within(&st.scored, (to.0, to.1.max(1)), x.limit) =>
+            {
                 st.probe = None;
                 return plan;
             }

@@ -476,9 +476,9 @@ fn opt_in_exploration_cuts_calm_services_and_gains_best_effort() {
 fn exploration_reaches_services_on_the_pools_ways() {
     // A cache-insensitive service may run on the best-effort pool's ways (`pool_point`),
     // planned as (cores, 0). The exploration rule asks whether the plan holds what is in
-    // force; it once compared the plan with the ways in force as read (the pool's count),
-    // so it never held and such a service was never probed (nor given back on the
-    // fallback). On the Gold `parties-mix` with exploration on, services run there.
+    // force, so it must count the ways in force the same way (not as the pool's count
+    // read back), or such a service is never probed (nor given back on the fallback). On
+    // the Gold `parties-mix` with exploration on, services run there.
     let sc = Arc::new(
         Scenario::load("parties-mix")
             .and_then(|s| s.on_platform("xeon-gold-6338"))

@@ -215,9 +215,8 @@ impl MlPolicy {
         let Some(o) = obs.services.iter().find(|o| o.spec.name == name) else {
             return plan;
         };
-        // A service on the pool's ways is planned at (cores, 0) (`search::pool_point`).
-        let on_pool = self.on_pool.contains(name);
-        let current = (a.cores, if on_pool { 0 } else { a.llc_ways.count });
+        // As the plan names it: (cores, 0) on the pool's ways (`search::pool_point`).
+        let current = self.counted(name, a);
         let held = plan.keep == Some(current)
             || plan.need
                 == (Need::Fixed {

@@ -48,9 +48,16 @@ impl Mlp {
             z.mapv_inplace(|v| v.max(0.0));
             h = z;
         }
-        let mut y = h.dot(&out.weight.t());
-        y += &out.bias;
-        (y.index_axis_move(Axis(1), 0), h)
+        let y = if out.weight.nrows() == 1 {
+            // One output: a matrix-vector product (a matrix product would pack the
+            // weights and the batch for a single column).
+            h.dot(&out.weight.row(0)) + out.bias[0]
+        } else {
+            let mut y = h.dot(&out.weight.t());
+            y += &out.bias;
+            y.index_axis_move(Axis(1), 0)
+        };
+        (y, h)
     }
 
     /// Width of the output layer's input (the last hidden layer), if the MLP has layers.

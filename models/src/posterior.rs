@@ -193,26 +193,23 @@ fn cholesky(a: &Array2<f64>) -> Option<Array2<f64>> {
 /// row: row `i` of `L⁻¹` from the rows above it).
 fn invert_lower(l: &Array2<f64>) -> Array2<f64> {
     let n = l.nrows();
-    let mut inv = Array2::<f64>::zeros((n, n));
+    let mut inv = vec![0.0; n * n];
     for i in 0..n {
+        // (L⁻¹)[i, ..i] = -(Σ_{k<i} L[i, k] (L⁻¹)[k, ..i]) / L[i, i]; (L⁻¹)[i, i] = 1 / L[i, i].
         let d = 1.0 / l[[i, i]];
-        inv[[i, i]] = d;
-        // (L⁻¹)[i, c] = -(Σ_{k=c..i-1} L[i, k] (L⁻¹)[k, c]) / L[i, i], for c < i.
-        let mut row = vec![0.0; i];
+        let (above, rest) = inv.split_at_mut(i * n);
+        let row = &mut rest[..n];
         for k in 0..i {
-            let lik = l[[i, k]];
-            if lik != 0.0 {
-                let rk = inv.row(k);
-                for (c, r) in row.iter_mut().enumerate().take(k + 1) {
-                    *r -= lik * rk[c];
+            let f = -l[[i, k]] * d;
+            if f != 0.0 {
+                for (r, x) in row[..=k].iter_mut().zip(&above[k * n..=k * n + k]) {
+                    *r += f * x;
                 }
             }
         }
-        for (c, r) in row.into_iter().enumerate() {
-            inv[[i, c]] = r * d;
-        }
+        row[i] = d;
     }
-    inv
+    Array2::from_shape_vec((n, n), inv).unwrap_or_else(|_| Array2::zeros((n, n)))
 }
 
 /// The factor of `precision` and the mean it gives with `shift`.
@@ -554,6 +551,34 @@ mod tests {
                 .wrapping_add(1_442_695_040_888_963_407);
             ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
         }
+    }
+
+    #[test]
+    fn the_factor_and_its_inverse_reproduce_the_matrix_and_a_non_definite_one_is_refused() {
+        let mut r = lcg(7);
+        for n in [1, 2, 5, 33] {
+            // B Bᵀ + n I: symmetric positive definite.
+            let b = Array2::from_shape_fn((n, n), |_| r());
+            let a = b.dot(&b.t()) + Array2::<f64>::eye(n) * n as f64;
+            let l = cholesky(&a).expect("positive definite");
+            assert!(
+                (0..n).all(|i| (i + 1..n).all(|j| l[[i, j]] == 0.0)),
+                "not lower"
+            );
+            let err = (&l.dot(&l.t()) - &a)
+                .iter()
+                .fold(0.0f64, |m, v| m.max(v.abs()));
+            assert!(err < 1e-9, "n = {n}: L Lᵀ off by {err}");
+            let inv = invert_lower(&l);
+            let err = (&inv.dot(&l) - &Array2::<f64>::eye(n))
+                .iter()
+                .fold(0.0f64, |m, v| m.max(v.abs()));
+            assert!(err < 1e-9, "n = {n}: L⁻¹ L off by {err}");
+        }
+        // Symmetric, one negative eigenvalue.
+        let a = ndarray::array![[1.0, 2.0], [2.0, 1.0]];
+        assert!(cholesky(&a).is_none());
+        assert!(cholesky(&ndarray::array![[f64::NAN]]).is_none());
     }
 
     #[test]

@@ -197,7 +197,7 @@ fn timing() -> Result<()> {
         println!("posterior, d = 33: one reading {per:.1} µs; 60 candidates {pr:.1} µs");
     }
     println!(
-        "{:<50} {:>7} {:>7} {:>7} {:>7}",
+        "{:<56} {:>7} {:>7} {:>7} {:>7}",
         "case (decision µs)", "p50", "p99", "run_p50", "run_p99"
     );
     for preset in simulate::LAB_PLATFORMS {
@@ -214,7 +214,7 @@ fn timing() -> Result<()> {
                 let q = |p| quantile(&t, p).unwrap_or(f64::NAN);
                 let s = run.summary;
                 println!(
-                    "{:<50} {:>7.0} {:>7.0} {:>7.0} {:>7.0}",
+                    "{:<56} {:>7.0} {:>7.0} {:>7.0} {:>7.0}",
                     format!("{preset}{case}, {name}"),
                     q(0.5),
                     q(0.99),

@@ -190,9 +190,12 @@ fn cholesky(a: &Array2<f64>) -> Option<Array2<f64>> {
 }
 
 /// `L⁻¹` of a lower-triangular `l` with a positive diagonal (forward substitution, row by
-/// row: row `i` of `L⁻¹` from the rows above it).
-fn invert_lower(l: &Array2<f64>) -> Array2<f64> {
+/// row: row `i` of `L⁻¹` from the rows above it); `None` when `l` is not square.
+fn invert_lower(l: &Array2<f64>) -> Option<Array2<f64>> {
     let n = l.nrows();
+    if l.ncols() != n {
+        return None;
+    }
     let mut inv = vec![0.0; n * n];
     for i in 0..n {
         // (L⁻¹)[i, ..i] = -(Σ_{k<i} L[i, k] (L⁻¹)[k, ..i]) / L[i, i]; (L⁻¹)[i, i] = 1 / L[i, i].
@@ -209,13 +212,13 @@ fn invert_lower(l: &Array2<f64>) -> Array2<f64> {
         }
         row[i] = d;
     }
-    Array2::from_shape_vec((n, n), inv).unwrap_or_else(|_| Array2::zeros((n, n)))
+    Array2::from_shape_vec((n, n), inv).ok()
 }
 
 /// The factor of `precision` and the mean it gives with `shift`.
 fn factor(precision: &Array2<f64>, shift: &Array1<f64>) -> Option<Factor> {
     let l = cholesky(precision)?;
-    let inv_chol = invert_lower(&l);
+    let inv_chol = invert_lower(&l)?;
     // mean = A⁻¹ shift = L⁻ᵀ L⁻¹ shift.
     let mean = inv_chol.t().dot(&inv_chol.dot(shift));
     let d = inv_chol.nrows();
@@ -488,10 +491,11 @@ pub fn fold(
         // The marginal of the basis's coefficients: their block of the covariance.
         let cov = blr.covariance();
         let block = cov.slice(ndarray::s![..width, ..width]).to_owned();
-        let l = cholesky(&block).ok_or(PosteriorError::NotPositiveDefinite {
-            what: "a posterior's marginal",
-        })?;
-        let inv = invert_lower(&l);
+        let inv = cholesky(&block).and_then(|l| invert_lower(&l)).ok_or(
+            PosteriorError::NotPositiveDefinite {
+                what: "a posterior's marginal",
+            },
+        )?;
         let marginal = inv.t().dot(&inv);
         let mean = blr.mean().slice(ndarray::s![..width]).to_owned();
         weighted = weighted + marginal.dot(&mean);
@@ -569,7 +573,7 @@ mod tests {
                 .iter()
                 .fold(0.0f64, |m, v| m.max(v.abs()));
             assert!(err < 1e-9, "n = {n}: L Lᵀ off by {err}");
-            let inv = invert_lower(&l);
+            let inv = invert_lower(&l).expect("square");
             let err = (&inv.dot(&l) - &Array2::<f64>::eye(n))
                 .iter()
                 .fold(0.0f64, |m, v| m.max(v.abs()));
@@ -579,6 +583,7 @@ mod tests {
         let a = ndarray::array![[1.0, 2.0], [2.0, 1.0]];
         assert!(cholesky(&a).is_none());
         assert!(cholesky(&ndarray::array![[f64::NAN]]).is_none());
+        assert!(invert_lower(&Array2::zeros((2, 3))).is_none());
     }
 
     #[test]

@@ -16,10 +16,14 @@
 //! before going on asks for the first request's outcome ([`Probe::first_answer`]); the
 //! daemon does so only for the services of its configuration file, at start.
 //!
-//! Algorithm: request `k` is due at `start + k / rate_hz` (the first at once). Its latency
-//! is measured from that due time, not from when it was actually sent, so a slow response
-//! that delays the next requests is charged to them as well (no coordinated omission); a
-//! late thread sends the requests it owes at once. A request not answered by
+//! Algorithm: request `k` is due at `start + k / rate_hz` (the first at once). A request is
+//! charged what the service cost it: from when it was sent to when its answer arrived
+//! (the kernel's receive time of the answer's last segment, `SO_TIMESTAMPNS`, where the
+//! socket gives one), plus the time it was due while the thread still waited for the
+//! previous answer. So a slow response that delays the next requests is charged to them as
+//! well (no coordinated omission), while the probe thread's own scheduling (waking late
+//! from its sleep, or reading an answer late on a busy host) is not charged to the service;
+//! a late thread sends the requests it owes at once. A request not answered by
 //! `due + timeout` is a violation recorded as the time-out value, and the connection is
 //! replaced (a late answer would be taken for the next one). A request already past its
 //! deadline when its turn comes, and a connection that cannot be made (refused, or not
@@ -29,14 +33,15 @@
 //!
 //! Properties: only the host and port named by the [`ProbeUrl`] are contacted (IP
 //! literals or `localhost`; names are never resolved); starting a probe does no network
-//! I/O; the thread's own CPU time is measured and reported per window; dropping a
-//! [`Probe`] never waits for the network: its thread sees the stop flag within
-//! [`STOP_POLL`], closes its connection and ends. Protocols: memcached text (`set` of the
-//! probe key once per connection, then `get`), redis RESP (`PING`) and HTTP/1.1 `GET` on
-//! plain TCP (no TLS).
+//! I/O; the thread's own CPU time is measured and reported per window (asking for receive
+//! times makes the kernel stamp every packet it receives, one clock read each, while any
+//! socket asks); dropping a [`Probe`] never waits for the network: its thread sees the
+//! stop flag within [`STOP_POLL`], closes its connection and ends. Protocols: memcached
+//! text (`set` of the probe key once per connection, then `get`), redis RESP (`PING`) and
+//! HTTP/1.1 `GET` on plain TCP (no TLS).
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::str::FromStr;
@@ -514,21 +519,48 @@ fn connect(addr: SocketAddr, deadline: Instant, stop: &AtomicBool) -> Result<Tcp
 struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
+    /// Room for one control message: the kernel's receive time of a segment.
+    cmsg: Vec<u8>,
 }
 
 impl Conn {
     fn open(url: &ProbeUrl, deadline: Instant, stop: &AtomicBool) -> Result<Self, Miss> {
+        use nix::sys::socket::{setsockopt, sockopt};
         let stream = connect(url.addr, deadline, stop)?;
         let _ = stream.set_nodelay(true);
+        // Without receive times the answer is timed when the thread reads it.
+        let _ = setsockopt(&stream, sockopt::ReceiveTimestampns, &true);
         let mut c = Self {
             stream,
             buf: Vec::with_capacity(4096),
+            cmsg: nix::cmsg_space!(nix::sys::time::TimeSpec),
         };
         if url.scheme == Scheme::Memcached {
             let set = format!("set {MEMCACHED_KEY} 0 0 1\r\nx\r\n");
             c.exchange(set.as_bytes(), parse_memcached, deadline, stop)?;
         }
         Ok(c)
+    }
+
+    /// Reads what has arrived into `chunk`: the byte count and the kernel's receive time
+    /// (`CLOCK_REALTIME`) of the segment, where the socket gives one.
+    fn recv(&mut self, chunk: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        let mut iov = [io::IoSliceMut::new(chunk)];
+        let msg = recvmsg::<()>(
+            self.stream.as_raw_fd(),
+            &mut iov,
+            Some(&mut self.cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        let stamp = msg.cmsgs().ok().and_then(|mut c| {
+            c.find_map(|m| match m {
+                ControlMessageOwned::ScmTimestampns(ts) => Some(Duration::from(ts)),
+                _ => None,
+            })
+        });
+        Ok((msg.bytes, stamp))
     }
 
     /// Sends all of `req` by `deadline`.
@@ -547,22 +579,24 @@ impl Conn {
         Ok(())
     }
 
-    /// Sends a request and reads its whole response by `deadline`.
+    /// Sends a request and reads its whole response by `deadline`; returns the kernel's
+    /// receive time of the response's last segment, where the socket gave one.
     fn exchange(
         &mut self,
         req: &[u8],
         parse: fn(&[u8]) -> Parse,
         deadline: Instant,
         stop: &AtomicBool,
-    ) -> Result<(), Miss> {
+    ) -> Result<Option<Duration>, Miss> {
         self.send(req, deadline, stop)?;
         let mut chunk = [0u8; 4096];
+        let mut stamp = None;
         loop {
             match parse(&self.buf) {
                 Parse::Ok(n) => {
                     self.buf.drain(..n);
                     return if self.buf.is_empty() {
-                        Ok(())
+                        Ok(stamp)
                     } else {
                         Err(Miss::Failed("more bytes than one response".into()))
                     };
@@ -581,15 +615,18 @@ impl Conn {
             self.stream
                 .set_read_timeout(Some(slice(deadline, stop)?))
                 .map_err(|e| io_miss(&e))?;
-            match self.stream.read(&mut chunk) {
-                Ok(0) if http_close_delimited(&self.buf) => {
+            match self.recv(&mut chunk) {
+                Ok((0, _)) if http_close_delimited(&self.buf) => {
                     self.buf.clear();
                     return Err(Miss::Failed(
                         "the server closes after each response (no keep-alive)".into(),
                     ));
                 }
-                Ok(0) => return Err(Miss::Failed("connection closed by the server".into())),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok((0, _)) => return Err(Miss::Failed("connection closed by the server".into())),
+                Ok((n, at)) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    stamp = at;
+                }
                 // The slice ran out: look at the deadline and the stop flag again.
                 Err(e) if waited(&e) => {}
                 Err(e) => return Err(io_miss(&e)),
@@ -841,6 +878,8 @@ impl Worker {
         let start = Instant::now();
         let period_ns = u64::try_from(self.period.as_nanos()).unwrap_or(u64::MAX);
         let mut k: u64 = 0;
+        // When the service last let the thread go: its last answer, or the miss's end.
+        let mut held_until = start;
         while !self.stop.load(Ordering::Relaxed) {
             let due = start + Duration::from_nanos(period_ns.saturating_mul(k));
             let now = Instant::now();
@@ -850,18 +889,28 @@ impl Worker {
             }
             k += 1;
             let deadline = due + self.timeout;
+            let sent = Clocks::now();
             let result = match conn.take() {
                 Some(c) => Ok(c),
                 None => Conn::open(&self.url, deadline, &self.stop),
             }
-            .and_then(|mut c| c.exchange(&req, parse, deadline, &self.stop).map(|()| c));
+            .and_then(|mut c| {
+                c.exchange(&req, parse, deadline, &self.stop)
+                    .map(|stamp| (c, stamp))
+            });
             match result {
-                Ok(c) => {
+                Ok((c, stamp)) => {
                     conn = Some(c);
-                    self.record(Ok(due.elapsed()));
+                    let answered = sent.answer_time(stamp);
+                    let held = held_until.saturating_duration_since(due);
+                    held_until = answered;
+                    self.record(Ok(answered.saturating_duration_since(sent.mono) + held));
                 }
                 Err(Miss::Stopped) => break,
-                Err(m) => self.record(Err(m)),
+                Err(m) => {
+                    held_until = Instant::now();
+                    self.record(Err(m));
+                }
             }
             self.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
         }
@@ -907,6 +956,39 @@ impl Worker {
     }
 }
 
+/// One moment read on the monotonic clock and on the wall clock (which the kernel's
+/// receive times are on).
+#[derive(Debug, Clone, Copy)]
+struct Clocks {
+    mono: Instant,
+    real: Option<Duration>,
+}
+
+impl Clocks {
+    fn now() -> Self {
+        let real = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME)
+            .ok()
+            .map(Duration::from);
+        Self {
+            mono: Instant::now(),
+            real,
+        }
+    }
+
+    /// When the answer that ends an exchange begun at `self` arrived: the kernel's receive
+    /// time where there is one that falls between the start and now (a wall-clock step
+    /// makes it fall outside), else now.
+    fn answer_time(&self, stamp: Option<Duration>) -> Instant {
+        let now = Instant::now();
+        self.real
+            .zip(stamp)
+            .and_then(|(real, rx)| rx.checked_sub(real))
+            .map(|d| self.mono + d)
+            .filter(|&t| t <= now)
+            .unwrap_or(now)
+    }
+}
+
 /// CPU time of the calling thread in nanoseconds (0 if the clock cannot be read).
 fn thread_cpu_ns() -> u64 {
     let Ok(ts) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID) else {
@@ -921,6 +1003,7 @@ fn thread_cpu_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::net::TcpListener;
 
     fn url(s: &str) -> ProbeUrl {
@@ -1261,5 +1344,100 @@ mod tests {
         assert_eq!(w.timeouts + w.errors, 0, "{w:?}");
         assert!(w.p99_ms.unwrap() < 500.0);
         assert_eq!(p.url().addr.port(), port);
+    }
+
+    /// A redis server that answers at once, except the `slow`-th PING (from 1), which it
+    /// answers after `stall`.
+    fn stalling_redis(slow: usize, stall: Duration) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            for s in l.incoming().take(50) {
+                let Ok(mut s) = s else { return };
+                let mut buf = [0u8; 256];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    seen += 1;
+                    if seen == slow {
+                        std::thread::sleep(stall);
+                    }
+                    let _ = s.write_all(b"+PONG\r\n");
+                }
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn requests_due_while_the_service_stalls_are_charged_from_their_due_time() {
+        let port = stalling_redis(20, Duration::from_millis(300));
+        let settings = ProbeSettings {
+            rate_hz: 100,
+            timeout: Duration::from_secs(2),
+        };
+        let mut p = Probe::start(&url(&format!("redis://127.0.0.1:{port}")), &settings).unwrap();
+        std::thread::sleep(Duration::from_millis(900));
+        let w = p.take();
+        assert_eq!(w.timeouts + w.errors, 0, "{w:?}");
+        // The stalled request took 300 ms; about 30 more fell due behind it, each charged
+        // what it waited: 290, 280, … ms. Charged from when they were sent instead, only
+        // the stalled one would exceed a few milliseconds.
+        let slow = w.hist.count_between(50_000, 400_000);
+        assert!((20..=34).contains(&slow), "{slow} slow requests: {w:?}");
+        assert!(w.hist.max() >= 290_000 && w.hist.max() <= 400_000, "{w:?}");
+        let mid = w.hist.count_between(120_000, 200_000);
+        assert!((5..=11).contains(&mid), "{mid} requests waited 120–200 ms");
+    }
+
+    #[test]
+    fn an_answer_is_timed_when_it_arrived_not_when_the_thread_read_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(b"+PONG\r\n").unwrap();
+            // Holds the connection open until the probe side is done.
+            let _ = s.read(&mut buf);
+        });
+        let stop = AtomicBool::new(false);
+        let u = url(&format!("redis://{addr}"));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut c = Conn::open(&u, deadline, &stop).unwrap();
+        let sent = Clocks::now();
+        c.send(b"PING\r\n", deadline, &stop).unwrap();
+        // The thread is busy elsewhere while the answer arrives.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut chunk = [0u8; 64];
+        let (n, stamp) = c.recv(&mut chunk).unwrap();
+        assert_eq!(&chunk[..n], b"+PONG\r\n");
+        assert!(stamp.is_some(), "loopback sockets give receive times");
+        let took = sent.answer_time(stamp).duration_since(sent.mono);
+        assert!(took < Duration::from_millis(100), "{took:?}");
+        drop(c);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_receive_time_outside_the_exchange_is_not_believed() {
+        let sent = Clocks::now();
+        let real = sent.real.unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let before = Instant::now();
+        // Before the exchange began (the wall clock stepped back), or after now (stepped
+        // forward), or none at all: the answer is timed now.
+        for stamp in [
+            Some(real - Duration::from_secs(1)),
+            Some(real + Duration::from_secs(3600)),
+            None,
+        ] {
+            assert!(sent.answer_time(stamp) >= before, "{stamp:?}");
+        }
+        let t = sent.answer_time(Some(real + Duration::from_millis(5)));
+        assert_eq!(t.duration_since(sent.mono), Duration::from_millis(5));
     }
 }

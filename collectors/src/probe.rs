@@ -902,9 +902,8 @@ impl Worker {
                 Ok((c, stamp)) => {
                     conn = Some(c);
                     let answered = sent.answer_time(stamp);
-                    let held = held_until.saturating_duration_since(due);
+                    self.record(Ok(charged(due, held_until, sent.mono, answered)));
                     held_until = answered;
-                    self.record(Ok(answered.saturating_duration_since(sent.mono) + held));
                 }
                 Err(Miss::Stopped) => break,
                 Err(m) => {
@@ -954,6 +953,13 @@ impl Worker {
         });
         self.first.known.notify_all();
     }
+}
+
+/// What a request due at `due`, sent at `sent` and answered at `answered` cost, when the
+/// service last let the thread go at `held_until`: its exchange, plus the time it was due
+/// while the service held the thread. The thread's own lateness past both is not charged.
+fn charged(due: Instant, held_until: Instant, sent: Instant, answered: Instant) -> Duration {
+    answered.saturating_duration_since(sent) + held_until.saturating_duration_since(due)
 }
 
 /// One moment read on the monotonic clock and on the wall clock (which the kernel's
@@ -1439,5 +1445,16 @@ mod tests {
         }
         let t = sent.answer_time(Some(real + Duration::from_millis(5)));
         assert_eq!(t.duration_since(sent.mono), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn a_request_is_charged_the_services_time_and_not_the_threads_own() {
+        let ms = Duration::from_millis;
+        let due = Instant::now();
+        // The thread was free at the due time and woke 5 ms late: the 2 ms exchange only.
+        assert_eq!(charged(due, due - ms(10), due + ms(5), due + ms(7)), ms(2));
+        // The service held the thread 3 ms past the due time, and the thread then took
+        // 1 ms more to send: the 3 ms and the exchange, not the thread's 1 ms.
+        assert_eq!(charged(due, due + ms(3), due + ms(4), due + ms(6)), ms(5));
     }
 }

@@ -1283,13 +1283,15 @@ mod tests {
         assert!(at.duration_since(dropped) < Duration::from_secs(5));
     }
 
-    /// A server that answers the first `answered` PINGs, then reads but never answers.
-    fn silent_redis(answered: usize) -> (u16, std::thread::JoinHandle<()>) {
+    /// A redis server that reads PINGs and answers the `n`-th (from 1) after `answer(n)`,
+    /// or never where that is `None`.
+    fn redis_server(
+        answer: impl Fn(usize) -> Option<Duration> + Send + 'static,
+    ) -> (u16, std::thread::JoinHandle<()>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let h = std::thread::spawn(move || {
-            let mut left = answered;
-            l.set_nonblocking(false).unwrap();
+            let mut seen = 0;
             // Serve connections until the test ends (the listener dies with the process).
             for s in l.incoming().take(50) {
                 let Ok(mut s) = s else { return };
@@ -1298,14 +1300,20 @@ mod tests {
                     if n == 0 {
                         break;
                     }
-                    if left > 0 {
-                        left -= 1;
+                    seen += 1;
+                    if let Some(after) = answer(seen) {
+                        std::thread::sleep(after);
                         let _ = s.write_all(b"+PONG\r\n");
                     }
                 }
             }
         });
         (port, h)
+    }
+
+    /// A server that answers the first `answered` PINGs, then reads but never answers.
+    fn silent_redis(answered: usize) -> (u16, std::thread::JoinHandle<()>) {
+        redis_server(move |n| (n <= answered).then_some(Duration::ZERO))
     }
 
     #[test]
@@ -1355,26 +1363,7 @@ mod tests {
     /// A redis server that answers at once, except the `slow`-th PING (from 1), which it
     /// answers after `stall`.
     fn stalling_redis(slow: usize, stall: Duration) -> u16 {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            let mut seen = 0;
-            for s in l.incoming().take(50) {
-                let Ok(mut s) = s else { return };
-                let mut buf = [0u8; 256];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen += 1;
-                    if seen == slow {
-                        std::thread::sleep(stall);
-                    }
-                    let _ = s.write_all(b"+PONG\r\n");
-                }
-            }
-        });
-        port
+        redis_server(move |n| Some(if n == slow { stall } else { Duration::ZERO })).0
     }
 
     #[test]
